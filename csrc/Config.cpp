@@ -1,0 +1,47 @@
+#include "Config.hpp"
+
+#include <c10/util/Exception.h>
+#include <c10/util/StringUtil.h>
+
+#include <climits>
+#include <cstdlib>
+#include <string>
+
+namespace mpigpu {
+namespace {
+
+const char* env(const char* name) {
+  const char* v = std::getenv(name);
+  return (v != nullptr && *v != '\0') ? v : nullptr;
+}
+
+int64_t parseInt(const char* name, int64_t fallback, int64_t lo, int64_t hi) {
+  const char* v = env(name);
+  if (v == nullptr) return fallback;
+  char* end = nullptr;
+  long long x = std::strtoll(v, &end, 10);
+  if (end == v || *end != '\0' || x < lo || x > hi) {
+    C10_THROW_ERROR(ValueError, c10::str("mpigpu: ", name, "=", v, " is not an integer in [", lo,
+                                         ", ", hi, "]; unset it or give a valid value"));
+  }
+  return x;
+}
+
+} // namespace
+
+Config Config::fromEnv() {
+  Config c;
+  c.maxElementsPerCall = parseInt("TORCH_MPIGPU_MAX_ELEMENTS_PER_CALL", INT_MAX, 1, INT_MAX);
+  c.debug = parseInt("TORCH_MPIGPU_DEBUG", 0, 0, 2) != 0;
+  if (const char* t = env("TORCH_MPIGPU_TIMEOUT")) {
+    char* end = nullptr;
+    c.timeoutSeconds = std::strtod(t, &end);
+    if (end == t || *end != '\0' || c.timeoutSeconds <= 0) {
+      C10_THROW_ERROR(ValueError, c10::str("mpigpu: TORCH_MPIGPU_TIMEOUT=", t,
+                                           " is not a positive number of seconds"));
+    }
+  }
+  return c;
+}
+
+} // namespace mpigpu

@@ -1,0 +1,119 @@
+// The c10d::Backend: checks arguments, prepares buffers for the op's data path and hands the MPI
+// work to the engine. The MPI calls themselves are in mpi/Collectives.cpp.
+#pragma once
+
+#include <torch/csrc/distributed/c10d/Backend.hpp>
+#include <torch/csrc/distributed/c10d/Store.hpp>
+
+#include <atomic>
+#include <memory>
+#include <mutex>
+#include <string>
+#include <vector>
+
+#include "Config.hpp"
+#include "WorkMPIGPU.hpp"
+#include "engine/Engine.hpp"
+#include "mpi/Collectives.hpp"
+
+namespace mpigpu {
+
+class ProcessGroupMPIGPU : public c10d::Backend {
+ public:
+  // `globalRanks` are the members' ranks in the default group (= MPI_COMM_WORLD ranks); empty for
+  // the default group itself.
+  ProcessGroupMPIGPU(c10::intrusive_ptr<c10d::Store> store, int rank, int size,
+                     std::vector<int64_t> globalRanks, std::chrono::milliseconds timeout,
+                     std::string groupName);
+  ~ProcessGroupMPIGPU() override;
+
+  const std::string getBackendName() const override { return "mpigpu"; }
+  bool supportsCoalescing() const override { return true; }
+  void setTimeout(std::chrono::milliseconds timeout) override { timeout_ = timeout; }
+  void startCoalescing() override;
+  c10::intrusive_ptr<c10d::Work> endCoalescing() override;
+  void setSequenceNumberForGroup() override {}
+  uint64_t getSequenceNumberForGroup() override { return seq_.load(); }
+  void shutdown() override;
+
+  c10::intrusive_ptr<c10d::Work> broadcast(std::vector<at::Tensor>& tensors,
+                                           const c10d::BroadcastOptions& opts) override;
+  c10::intrusive_ptr<c10d::Work> allreduce(std::vector<at::Tensor>& tensors,
+                                           const c10d::AllreduceOptions& opts) override;
+  c10::intrusive_ptr<c10d::Work> allreduce_sparse(std::vector<at::Tensor>& tensors,
+                                                  const c10d::AllreduceOptions& opts) override;
+  c10::intrusive_ptr<c10d::Work> allreduce_coalesced(
+      std::vector<at::Tensor>& tensors, const c10d::AllreduceCoalescedOptions& opts) override;
+  c10::intrusive_ptr<c10d::Work> reduce(std::vector<at::Tensor>& tensors,
+                                        const c10d::ReduceOptions& opts) override;
+  c10::intrusive_ptr<c10d::Work> allgather(std::vector<std::vector<at::Tensor>>& outputs,
+                                           std::vector<at::Tensor>& inputs,
+                                           const c10d::AllgatherOptions& opts) override;
+  c10::intrusive_ptr<c10d::Work> _allgather_base(at::Tensor& output, at::Tensor& input,
+                                                 const c10d::AllgatherOptions& opts) override;
+  c10::intrusive_ptr<c10d::Work> allgather_coalesced(
+      std::vector<std::vector<at::Tensor>>& outputLists, std::vector<at::Tensor>& inputs,
+      const c10d::AllgatherOptions& opts) override;
+  c10::intrusive_ptr<c10d::Work> allgather_into_tensor_coalesced(
+      std::vector<at::Tensor>& outputs, std::vector<at::Tensor>& inputs,
+      const c10d::AllgatherOptions& opts) override;
+  c10::intrusive_ptr<c10d::Work> gather(std::vector<std::vector<at::Tensor>>& outputs,
+                                        std::vector<at::Tensor>& inputs,
+                                        const c10d::GatherOptions& opts) override;
+  c10::intrusive_ptr<c10d::Work> scatter(std::vector<at::Tensor>& outputs,
+                                         std::vector<std::vector<at::Tensor>>& inputs,
+                                         const c10d::ScatterOptions& opts) override;
+  c10::intrusive_ptr<c10d::Work> reduce_scatter(std::vector<at::Tensor>& outputs,
+                                                std::vector<std::vector<at::Tensor>>& inputs,
+                                                const c10d::ReduceScatterOptions& opts) override;
+  c10::intrusive_ptr<c10d::Work> _reduce_scatter_base(
+      at::Tensor& output, at::Tensor& input, const c10d::ReduceScatterOptions& opts) override;
+  c10::intrusive_ptr<c10d::Work> reduce_scatter_tensor_coalesced(
+      std::vector<at::Tensor>& outputs, std::vector<at::Tensor>& inputs,
+      const c10d::ReduceScatterOptions& opts) override;
+  c10::intrusive_ptr<c10d::Work> alltoall_base(at::Tensor& output, at::Tensor& input,
+                                               std::vector<int64_t>& outputSplitSizes,
+                                               std::vector<int64_t>& inputSplitSizes,
+                                               const c10d::AllToAllOptions& opts) override;
+  c10::intrusive_ptr<c10d::Work> alltoall(std::vector<at::Tensor>& outputs,
+                                          std::vector<at::Tensor>& inputs,
+                                          const c10d::AllToAllOptions& opts) override;
+  c10::intrusive_ptr<c10d::Work> send(std::vector<at::Tensor>& tensors, int dstRank,
+                                      int tag) override;
+  c10::intrusive_ptr<c10d::Work> recv(std::vector<at::Tensor>& tensors, int srcRank,
+                                      int tag) override;
+  c10::intrusive_ptr<c10d::Work> recvAnysource(std::vector<at::Tensor>& tensors,
+                                               int tag) override;
+  c10::intrusive_ptr<c10d::Work> barrier(const c10d::BarrierOptions& opts) override;
+  void monitoredBarrier(const c10d::BarrierOptions& opts, bool waitAllRanks) override;
+
+  // One line per setting and path, for torch_mpi_gpu.info() and debug logs.
+  std::string describe() const;
+
+ private:
+  using Body = std::function<void()>;
+  c10::intrusive_ptr<c10d::Work> enqueue(c10d::OpType type, const char* op,
+                                         std::vector<at::Tensor> outputs,
+                                         std::vector<at::Tensor> inputs,
+                                         std::chrono::milliseconds optTimeout, Body body);
+  c10::intrusive_ptr<c10d::Work> enqueueP2P(c10d::OpType type, const char* op, at::Tensor tensor,
+                                            int peer, int tag);
+  std::chrono::milliseconds effectiveTimeout(std::chrono::milliseconds optTimeout) const;
+  void releaseCommunicators();
+
+  c10::intrusive_ptr<c10d::Store> store_;
+  const std::string groupName_;
+  const std::vector<int> worldRanks_;
+  Config config_;
+  std::chrono::milliseconds timeout_;
+  mpi::Comm comm_;
+  MPI_Comm controlComm_ = MPI_COMM_NULL;  // monitored_barrier traffic, apart from user tags
+  std::shared_ptr<Engine> engine_;
+  std::atomic<uint64_t> seq_{0};
+
+  std::mutex coalesceMutex_;
+  bool coalescing_ = false;
+  std::vector<c10::intrusive_ptr<WorkMPIGPU>> coalesced_;
+};
+
+} // namespace mpigpu

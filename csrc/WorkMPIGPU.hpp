@@ -1,0 +1,58 @@
+// The Work (and its future) handed back for every op: completion, exception, timeout, the source
+// rank of a receive-from-any.
+#pragma once
+
+#include <ATen/core/ivalue.h>
+#include <torch/csrc/distributed/c10d/Work.hpp>
+
+#include <chrono>
+#include <functional>
+#include <vector>
+
+namespace mpigpu {
+
+class WorkMPIGPU : public c10d::Work {
+ public:
+  WorkMPIGPU(int rank, c10d::OpType type, const char* opName, uint64_t seq,
+             std::vector<at::Tensor> outputs, std::chrono::milliseconds timeout,
+             const char* profilingTitle,
+             const std::optional<std::vector<at::Tensor>>& inputs);
+
+  // With no timeout argument the op's timeout (the group's, or the op option) applies: a op that
+  // has not finished by then raises DistBackendError naming it, instead of waiting forever.
+  bool wait(std::chrono::milliseconds timeout = kNoTimeout) override;
+  std::vector<at::Tensor> result() override { return outputs_; }
+  c10::intrusive_ptr<c10::ivalue::Future> getFuture() override { return future_; }
+  int sourceRank() const override;
+  uint64_t getSequencenumber() const override { return seq_; }
+  float getDuration() const override;
+
+  const char* opName() const { return opName_; }
+  void setSourceRank(int r) { sourceRank_ = r; }
+  void markStarted() { started_ = std::chrono::steady_clock::now(); }
+  // Exactly one of these is called, once, by the engine.
+  void markCompleted();
+  void markFailed(std::exception_ptr error);
+  // Runs `fn` when the work completes (at once if it already has): used to build one Work out of
+  // several (coalescing).
+  void onDone(std::function<void(WorkMPIGPU&)> fn);
+
+ private:
+  void runDoneCallbacks();
+
+  const char* opName_;
+  const uint64_t seq_;
+  std::vector<at::Tensor> outputs_;
+  const std::chrono::milliseconds timeout_;
+  c10::intrusive_ptr<c10::ivalue::Future> future_;
+  int sourceRank_ = -1;
+  std::chrono::steady_clock::time_point created_, started_, finished_;
+  std::vector<std::function<void(WorkMPIGPU&)>> doneCallbacks_;  // guarded by mutex_
+};
+
+// One Work for several: completes when all have, failing with the first failure.
+c10::intrusive_ptr<WorkMPIGPU> combineWorks(
+    int rank, const char* opName, uint64_t seq,
+    const std::vector<c10::intrusive_ptr<WorkMPIGPU>>& parts, std::chrono::milliseconds timeout);
+
+} // namespace mpigpu

@@ -1,0 +1,172 @@
+#include "engine/Engine.hpp"
+
+#include <ATen/core/grad_mode.h>
+
+#include "Errors.hpp"
+#include "mpi/Env.hpp"
+
+namespace mpigpu {
+namespace {
+
+std::mutex g_registryMutex;
+std::vector<std::weak_ptr<Engine>> g_engines;
+std::weak_ptr<Engine> g_shared;
+
+// While point-to-point requests are outstanding the worker polls them this often.
+constexpr auto kPollInterval = std::chrono::microseconds(20);
+
+} // namespace
+
+std::shared_ptr<Engine> Engine::create(const std::string& name) {
+  std::lock_guard<std::mutex> lock(g_registryMutex);
+  if (mpi::needsSerializedAccess()) {
+    if (auto shared = g_shared.lock()) return shared;
+    auto engine = std::make_shared<Engine>("mpigpu-shared");
+    g_shared = engine;
+    g_engines.push_back(engine);
+    return engine;
+  }
+  auto engine = std::make_shared<Engine>(name);
+  g_engines.push_back(engine);
+  return engine;
+}
+
+void Engine::shutdownAll() {
+  std::vector<std::shared_ptr<Engine>> alive;
+  {
+    std::lock_guard<std::mutex> lock(g_registryMutex);
+    for (auto& w : g_engines) {
+      if (auto e = w.lock()) alive.push_back(e);
+    }
+    g_engines.clear();
+  }
+  for (auto& e : alive) e->shutdown();
+}
+
+Engine::Engine(std::string name)
+    : name_(std::move(name)), rank_(mpi::ensureInitialized().worldRank), thread_([this] { loop(); }) {}
+
+Engine::~Engine() { shutdown(); }
+
+bool Engine::stopped() const {
+  std::lock_guard<std::mutex> lock(mutex_);
+  return stop_;
+}
+
+void Engine::submit(c10::intrusive_ptr<WorkMPIGPU> work, Task task) {
+  {
+    std::lock_guard<std::mutex> lock(mutex_);
+    if (!stop_) {
+      queue_.push_back({std::move(work), std::move(task)});
+      cv_.notify_one();
+      return;
+    }
+  }
+  work->markFailed(std::make_exception_ptr(c10::DistBackendError(
+      {__func__, __FILE__, static_cast<uint32_t>(__LINE__)},
+      opMessage(work->opName(), rank_, "the process group has been shut down (destroyed, or the "
+                                    "interpreter is exiting); create a new one"))));
+}
+
+void Engine::runAndWait(const char* opName, int rank, std::function<void()> task) {
+  auto work = c10::make_intrusive<WorkMPIGPU>(rank, c10d::OpType::UNKNOWN, opName, 0,
+                                              std::vector<at::Tensor>{},
+                                              std::chrono::hours(24 * 365), nullptr, std::nullopt);
+  submit(work, [task = std::move(task)] {
+    task();
+    return true;
+  });
+  work->wait();
+}
+
+void Engine::addPending(std::vector<MPI_Request> requests, c10::intrusive_ptr<WorkMPIGPU> work,
+                        Then then) {
+  pending_.push_back({std::move(requests), std::move(work), std::move(then)});
+}
+
+void Engine::shutdown() {
+  std::deque<Queued> orphans;
+  {
+    std::lock_guard<std::mutex> lock(mutex_);
+    if (stop_) return;
+    stop_ = true;
+    cv_.notify_all();
+  }
+  if (thread_.joinable()) thread_.join();
+  {
+    std::lock_guard<std::mutex> lock(mutex_);
+    orphans.swap(queue_);
+  }
+  for (auto& q : orphans) {
+    q.work->markFailed(std::make_exception_ptr(c10::DistBackendError(
+        {__func__, __FILE__, static_cast<uint32_t>(__LINE__)},
+        opMessage(q.work->opName(), rank_, "op #", q.work->getSequencenumber(),
+                  " was still queued when the process group was shut down"))));
+  }
+}
+
+void Engine::loop() {
+  // Ops write into tensors that may require grad (parameters, gradients); that is not autograd.
+  at::NoGradGuard noGrad;
+  while (true) {
+    Queued item;
+    {
+      std::unique_lock<std::mutex> lock(mutex_);
+      auto ready = [&] { return stop_ || !queue_.empty(); };
+      if (pending_.empty()) cv_.wait(lock, ready);
+      else cv_.wait_for(lock, kPollInterval, ready);
+      // On stop, queued ops are failed by shutdown(); outstanding requests are abandoned, since
+      // the peers may never post their side.
+      if (stop_) break;
+      if (!queue_.empty()) {
+        item = std::move(queue_.front());
+        queue_.pop_front();
+      }
+    }
+    if (item.work) {
+      item.work->markStarted();
+      try {
+        if (item.task()) item.work->markCompleted();
+      } catch (...) {
+        item.work->markFailed(std::current_exception());
+      }
+    }
+    if (!pending_.empty()) progressPending();
+  }
+  for (auto& p : pending_) {
+    p.work->markFailed(std::make_exception_ptr(c10::DistBackendError(
+        {__func__, __FILE__, static_cast<uint32_t>(__LINE__)},
+        opMessage(p.work->opName(), rank_, "op #", p.work->getSequencenumber(),
+                  " was still waiting for its peer when the process group was shut down"))));
+  }
+  pending_.clear();
+}
+
+void Engine::progressPending() {
+  for (size_t i = 0; i < pending_.size();) {
+    Pending& p = pending_[i];
+    int done = 0;
+    std::vector<MPI_Status> statuses(p.requests.size());
+    int rc = MPI_Testall(static_cast<int>(p.requests.size()), p.requests.data(), &done,
+                         statuses.data());
+    if (rc != MPI_SUCCESS || done) {
+      try {
+        if (rc != MPI_SUCCESS) {
+          char text[MPI_MAX_ERROR_STRING] = {0};
+          int len = 0;
+          MPI_Error_string(rc, text, &len);
+          MPIGPU_THROW_BACKEND(p.work->opName(), rank_, "MPI_Testall failed: ", text);
+        }
+        if (p.then) p.then(statuses[0]);
+        p.work->markCompleted();
+      } catch (...) {
+        p.work->markFailed(std::current_exception());
+      }
+      pending_.erase(pending_.begin() + static_cast<std::ptrdiff_t>(i));
+    } else {
+      ++i;
+    }
+  }
+}
+
+} // namespace mpigpu

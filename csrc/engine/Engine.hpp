@@ -1,0 +1,71 @@
+// The worker thread behind a process group: runs ops in issue order (MPI needs the same order on
+// every rank) and progresses non-blocking point-to-point requests between them.
+#pragma once
+
+#include <mpi.h>
+
+#include <condition_variable>
+#include <deque>
+#include <functional>
+#include <memory>
+#include <mutex>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "WorkMPIGPU.hpp"
+
+namespace mpigpu {
+
+class Engine {
+ public:
+  // Runs on the worker; returns true when the op is finished, false when it left requests with
+  // addPending (point-to-point). A throw fails the Work with that exception.
+  using Task = std::function<bool()>;
+  // Runs on the worker once all requests of a pending op completed (e.g. copy a receive back).
+  using Then = std::function<void(const MPI_Status&)>;
+
+  // One engine per process group, or one shared by all when the MPI library grants less than
+  // MPI_THREAD_MULTIPLE (then only one thread may be inside MPI at a time).
+  static std::shared_ptr<Engine> create(const std::string& name);
+  // Stops every engine (fails what is still queued); called at exit before MPI_Finalize.
+  static void shutdownAll();
+
+  explicit Engine(std::string name);
+  ~Engine();
+  Engine(const Engine&) = delete;
+  Engine& operator=(const Engine&) = delete;
+
+  void submit(c10::intrusive_ptr<WorkMPIGPU> work, Task task);
+  // Runs `task` on the worker and waits for it (communicator creation and release).
+  void runAndWait(const char* opName, int rank, std::function<void()> task);
+  void addPending(std::vector<MPI_Request> requests, c10::intrusive_ptr<WorkMPIGPU> work,
+                  Then then);
+  void shutdown();
+  bool stopped() const;
+
+ private:
+  struct Queued {
+    c10::intrusive_ptr<WorkMPIGPU> work;
+    Task task;
+  };
+  struct Pending {
+    std::vector<MPI_Request> requests;
+    c10::intrusive_ptr<WorkMPIGPU> work;
+    Then then;
+  };
+
+  void loop();
+  void progressPending();
+
+  const std::string name_;
+  const int rank_;  // world rank, for messages
+  mutable std::mutex mutex_;
+  std::condition_variable cv_;
+  std::deque<Queued> queue_;
+  bool stop_ = false;
+  std::vector<Pending> pending_;  // touched by the worker thread only
+  std::thread thread_;
+};
+
+} // namespace mpigpu

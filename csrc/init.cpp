@@ -1,0 +1,67 @@
+// Python bindings: the backend factory used by torch_mpi_gpu's registration, plus introspection.
+#include <torch/csrc/distributed/c10d/ProcessGroup.hpp>
+#include <torch/csrc/utils/pybind.h>
+
+#include <pybind11/chrono.h>
+#include <pybind11/stl.h>
+
+#include "ProcessGroupMPIGPU.hpp"
+#include "engine/Engine.hpp"
+#include "mpi/Collectives.hpp"
+#include "mpi/Env.hpp"
+
+namespace py = pybind11;
+using mpigpu::ProcessGroupMPIGPU;
+
+PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
+  m.doc() = "torch_mpi_gpu native core: the mpigpu c10d backend over MPI";
+
+  py::class_<ProcessGroupMPIGPU, c10d::Backend, c10::intrusive_ptr<ProcessGroupMPIGPU>>(
+      m, "ProcessGroupMPIGPU")
+      .def(py::init([](const c10::intrusive_ptr<c10d::Store>& store, int rank, int size,
+                       std::vector<int64_t> globalRanks, double timeoutSeconds,
+                       std::string groupName) {
+             // Communicator creation blocks in MPI; other Python threads may run meanwhile.
+             py::gil_scoped_release noGil;
+             return c10::make_intrusive<ProcessGroupMPIGPU>(
+                 store, rank, size, std::move(globalRanks),
+                 std::chrono::milliseconds(static_cast<int64_t>(timeoutSeconds * 1000)),
+                 std::move(groupName));
+           }),
+           py::arg("store"), py::arg("rank"), py::arg("size"), py::arg("global_ranks"),
+           py::arg("timeout_seconds"), py::arg("group_name"))
+      .def("describe", &ProcessGroupMPIGPU::describe);
+
+  m.def("mpi_info", [] {
+    const auto& e = mpigpu::mpi::ensureInitialized();
+    py::dict d;
+    d["library_version"] = e.libraryVersion;
+    d["standard"] = std::to_string(e.standardMajor) + "." + std::to_string(e.standardMinor);
+    d["thread_level"] = mpigpu::mpi::threadLevelName(e.threadLevel);
+    d["initialized_by_us"] = e.initializedByUs;
+    d["world_rank"] = e.worldRank;
+    d["world_size"] = e.worldSize;
+    d["cuda_aware_compile_time"] = e.cudaAwareCompileTime;
+    d["cuda_aware_run_time"] = e.cudaAwareRunTime;
+    return d;
+  }, "Initialises MPI if needed and describes it.");
+  m.def("bootstrap_address", [](const std::string& host, int port) {
+    mpigpu::mpi::Bootstrap b;
+    {
+      py::gil_scoped_release noGil;
+      b = mpigpu::mpi::bootstrapAddress(host, port);
+    }
+    return py::make_tuple(b.host, b.port, b.singleHost, b.worldRank, b.worldSize);
+  },
+     "Collective over MPI_COMM_WORLD: rank 0's (host, port) to every rank, whether all share a "
+     "host, and this process's world rank and size.");
+  m.def("mpi_call_count", &mpigpu::mpi::callCount,
+        "MPI communication calls made by this process so far (tests use it to prove fusion).");
+  m.def("with_cuda", [] { return MPIGPU_WITH_CUDA != 0; });
+  m.def("shutdown", [] {
+    mpigpu::Engine::shutdownAll();
+    mpigpu::mpi::finalizeIfOwned();
+  }, py::call_guard<py::gil_scoped_release>(),
+     "Stops every engine and finalises MPI if torch_mpi_gpu initialised it (runs at exit).");
+  m.def("is_finalized", &mpigpu::mpi::isFinalized);
+}

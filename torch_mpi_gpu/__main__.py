@@ -1,0 +1,5 @@
+import sys
+
+from .info import main
+
+sys.exit(main())

