@@ -22,8 +22,6 @@ using std::chrono::milliseconds;
 
 namespace {
 
-constexpr int kMonitoredBarrierTag = 1;
-
 // ---- argument checks (caller thread): ValueError / TypeError naming op and rank ----
 
 void checkTensor(const char* op, int rank, const at::Tensor& t) {
@@ -35,15 +33,20 @@ void checkTensor(const char* op, int rank, const at::Tensor& t) {
                     "communicate t.int_repr() and the scale/zero point instead");
 }
 
-void checkSameKind(const char* op, int rank, const at::Tensor& ref, const at::Tensor& t,
-                   const char* what) {
+void checkSameDevice(const char* op, int rank, const at::Tensor& ref, const at::Tensor& t,
+                     const char* what) {
   checkTensor(op, rank, t);
-  MPIGPU_CHECK_TYPE(t.scalar_type() == ref.scalar_type(), op, rank, what, " has dtype ",
-                    t.scalar_type(), " but the first tensor has ", ref.scalar_type(),
-                    "; all tensors of one call must share a dtype");
   MPIGPU_CHECK_TYPE(t.device().type() == ref.device().type(), op, rank, what, " is on ",
                     t.device(), " but the first tensor is on ", ref.device(),
                     "; all tensors of one call must be on one kind of device");
+}
+
+void checkSameKind(const char* op, int rank, const at::Tensor& ref, const at::Tensor& t,
+                   const char* what) {
+  checkSameDevice(op, rank, ref, t, what);
+  MPIGPU_CHECK_TYPE(t.scalar_type() == ref.scalar_type(), op, rank, what, " has dtype ",
+                    t.scalar_type(), " but the first tensor has ", ref.scalar_type(),
+                    "; all tensors of one call must share a dtype");
 }
 
 void checkSingle(const char* op, int rank, const std::vector<at::Tensor>& ts) {
@@ -140,7 +143,6 @@ ProcessGroupMPIGPU::ProcessGroupMPIGPU(c10::intrusive_ptr<c10d::Store> store, in
   engine_ = Engine::create("mpigpu-" + groupName_);
   engine_->runAndWait("new_group", rank, [this] {
     comm_.handle = mpi::createGroupComm(worldRanks_, tagFor(groupName_), rank_);
-    MPIGPU_MPI_CHECK(MPI_Comm_dup(comm_.handle, &controlComm_), "new_group", rank_);
     int commRank = -1;
     MPI_Comm_rank(comm_.handle, &commRank);
     if (commRank != rank_) {
@@ -165,7 +167,6 @@ void ProcessGroupMPIGPU::releaseCommunicators() {
   if (!engine_) return;
   if (!engine_->stopped() && !mpi::isFinalized()) {
     engine_->runAndWait("destroy_process_group", rank_, [this] {
-      mpi::freeComm(&controlComm_);
       mpi::freeComm(&comm_.handle);
     });
   }
@@ -239,7 +240,7 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupMPIGPU::allreduce(std::vector<at::Ten
                                                              const c10d::AllreduceOptions& opts) {
   const char* op = "allreduce";
   MPIGPU_CHECK_VALUE(!tensors.empty(), op, rank_, "got an empty tensor list");
-  for (const auto& t : tensors) checkSameKind(op, rank_, tensors[0], t, "a tensor");
+  for (const auto& t : tensors) checkSameDevice(op, rank_, tensors[0], t, "a tensor");
   // One MPI call per dtype: tensors of one dtype are packed into a single buffer.
   std::map<at::ScalarType, std::vector<size_t>> byDtype;
   std::map<at::ScalarType, mpi::Reduction> reductions;
@@ -670,80 +671,6 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupMPIGPU::barrier(const c10d::BarrierOp
   const char* op = "barrier";
   return enqueue(c10d::OpType::BARRIER, op, {}, {}, opts.timeout,
                  [this, op] { mpi::barrier(comm_, op); });
-}
-
-void ProcessGroupMPIGPU::monitoredBarrier(const c10d::BarrierOptions& opts, bool waitAllRanks) {
-  const char* op = "monitored_barrier";
-  const auto timeout = effectiveTimeout(opts.timeout);
-  // Rank 0 hears from every rank (naming the ones that do not arrive in time), then releases them.
-  auto work = c10::make_intrusive<WorkMPIGPU>(rank_, c10d::OpType::BARRIER, op, ++seq_,
-                                              std::vector<at::Tensor>{}, timeout * 2, op,
-                                              std::nullopt);
-  engine_->submit(work, [this, op, timeout, waitAllRanks] {
-    const auto deadline = std::chrono::steady_clock::now() + timeout;
-    char token = 0;
-    auto waitFor = [&](std::vector<MPI_Request>& reqs) {
-      std::vector<int> done(reqs.size(), 0);
-      while (std::chrono::steady_clock::now() < deadline) {
-        bool all = true;
-        for (size_t i = 0; i < reqs.size(); ++i) {
-          if (!done[i]) {
-            MPIGPU_MPI_CHECK(MPI_Test(&reqs[i], &done[i], MPI_STATUS_IGNORE), op, rank_);
-          }
-          all = all && done[i];
-        }
-        if (all) return done;
-        std::this_thread::sleep_for(std::chrono::microseconds(200));
-      }
-      for (size_t i = 0; i < reqs.size(); ++i) {
-        if (!done[i]) {
-          MPI_Cancel(&reqs[i]);
-          MPI_Request_free(&reqs[i]);
-        }
-      }
-      return done;
-    };
-    if (rank_ == 0) {
-      std::vector<MPI_Request> reqs(size_ - 1);
-      std::vector<char> tokens(size_);
-      for (int r = 1; r < size_; ++r) {
-        MPIGPU_MPI_CHECK(MPI_Irecv(&tokens[r], 1, MPI_CHAR, r, kMonitoredBarrierTag,
-                                   controlComm_, &reqs[r - 1]), op, rank_);
-      }
-      auto done = waitFor(reqs);
-      std::vector<int> missing;
-      for (int r = 1; r < size_; ++r) {
-        if (!done[r - 1]) missing.push_back(r);
-      }
-      if (!missing.empty()) {
-        std::ostringstream names;
-        for (size_t i = 0; i < (waitAllRanks ? missing.size() : 1); ++i) {
-          names << (i ? ", " : "") << missing[i];
-        }
-        MPIGPU_THROW_BACKEND(op, rank_, "rank", (missing.size() > 1 && waitAllRanks ? "s " : " "),
-                             names.str(), " did not reach monitored_barrier within ",
-                             timeout.count(), " ms");
-      }
-      for (int r = 1; r < size_; ++r) {
-        MPIGPU_MPI_CHECK(MPI_Send(&token, 1, MPI_CHAR, r, kMonitoredBarrierTag, controlComm_),
-                         op, rank_);
-      }
-    } else {
-      std::vector<MPI_Request> reqs(2);
-      MPIGPU_MPI_CHECK(MPI_Isend(&token, 1, MPI_CHAR, 0, kMonitoredBarrierTag, controlComm_,
-                                 &reqs[0]), op, rank_);
-      char ack = 0;
-      MPIGPU_MPI_CHECK(MPI_Irecv(&ack, 1, MPI_CHAR, 0, kMonitoredBarrierTag, controlComm_,
-                                 &reqs[1]), op, rank_);
-      auto done = waitFor(reqs);
-      if (!done[1]) {
-        MPIGPU_THROW_BACKEND(op, rank_, "rank 0 did not release monitored_barrier within ",
-                             timeout.count(), " ms (rank 0 reports which ranks are missing)");
-      }
-    }
-    return true;
-  });
-  work->wait();
 }
 
 } // namespace mpigpu

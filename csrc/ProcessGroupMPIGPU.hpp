@@ -85,7 +85,6 @@ class ProcessGroupMPIGPU : public c10d::Backend {
   c10::intrusive_ptr<c10d::Work> recvAnysource(std::vector<at::Tensor>& tensors,
                                                int tag) override;
   c10::intrusive_ptr<c10d::Work> barrier(const c10d::BarrierOptions& opts) override;
-  void monitoredBarrier(const c10d::BarrierOptions& opts, bool waitAllRanks) override;
 
   // One line per setting and path, for torch_mpi_gpu.info() and debug logs.
   std::string describe() const;
@@ -107,7 +106,6 @@ class ProcessGroupMPIGPU : public c10d::Backend {
   Config config_;
   std::chrono::milliseconds timeout_;
   mpi::Comm comm_;
-  MPI_Comm controlComm_ = MPI_COMM_NULL;  // monitored_barrier traffic, apart from user tags
   std::shared_ptr<Engine> engine_;
   std::atomic<uint64_t> seq_{0};
 

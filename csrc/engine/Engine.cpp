@@ -152,10 +152,16 @@ void Engine::progressPending() {
     if (rc != MPI_SUCCESS || done) {
       try {
         if (rc != MPI_SUCCESS) {
+          if (rc == MPI_ERR_IN_STATUS) {  // the request's own error says what went wrong
+            for (const auto& st : statuses) {
+              if (st.MPI_ERROR != MPI_SUCCESS && st.MPI_ERROR != MPI_ERR_PENDING) rc = st.MPI_ERROR;
+            }
+          }
           char text[MPI_MAX_ERROR_STRING] = {0};
           int len = 0;
           MPI_Error_string(rc, text, &len);
-          MPIGPU_THROW_BACKEND(p.work->opName(), rank_, "MPI_Testall failed: ", text);
+          MPIGPU_THROW_BACKEND(p.work->opName(), rank_, "MPI_Testall failed: ", text,
+                               " (a receive smaller than the message sent, or a peer that failed)");
         }
         if (p.then) p.then(statuses[0]);
         p.work->markCompleted();

@@ -4,6 +4,7 @@
 #include <c10/util/Half.h>
 
 #include <algorithm>
+#include <type_traits>
 
 #include "Errors.hpp"
 
@@ -18,6 +19,39 @@ MPI_Datatype g_bytes16 = MPI_DATATYPE_NULL;
 MPI_Op g_halfOps[4] = {MPI_OP_NULL, MPI_OP_NULL, MPI_OP_NULL, MPI_OP_NULL};
 MPI_Op g_bf16Ops[4] = {MPI_OP_NULL, MPI_OP_NULL, MPI_OP_NULL, MPI_OP_NULL};
 enum Arith { kSum = 0, kProd = 1, kMin = 2, kMax = 3 };
+
+// Open MPI's op/avx component saturates 8- and 16-bit integer SUM (open-mpi/ompi#8045, "wontfix")
+// while torch wraps; these ops wrap, as torch does. Index: [dtype][kSum or kProd].
+enum Narrow { kI8 = 0, kU8 = 1, kI16 = 2, kU16 = 3 };
+MPI_Op g_wrapOps[4][2] = {{MPI_OP_NULL, MPI_OP_NULL}, {MPI_OP_NULL, MPI_OP_NULL},
+                          {MPI_OP_NULL, MPI_OP_NULL}, {MPI_OP_NULL, MPI_OP_NULL}};
+
+template <typename T, Arith A>
+void wrapInt(void* in, void* inout, int* len, MPI_Datatype*) {
+  using U = std::make_unsigned_t<T>;  // unsigned arithmetic wraps without undefined behaviour
+  const T* a = static_cast<const T*>(in);
+  T* b = static_cast<T*>(inout);
+  for (int i = 0; i < *len; ++i) {
+    const unsigned x = static_cast<U>(a[i]), y = static_cast<U>(b[i]);
+    b[i] = static_cast<T>(static_cast<U>(A == kSum ? x + y : x * y));
+  }
+}
+
+template <typename T>
+void createWrapOps(MPI_Op* ops) {
+  MPI_Op_create(&wrapInt<T, kSum>, 1, &ops[0]);
+  MPI_Op_create(&wrapInt<T, kProd>, 1, &ops[1]);
+}
+
+int narrowIndex(at::ScalarType t) {
+  switch (t) {
+    case at::kChar: return kI8;
+    case at::kByte: return kU8;
+    case at::kShort: return kI16;
+    case at::kUInt16: return kU16;
+    default: return -1;
+  }
+}
 
 template <typename T, Arith A>
 void reduce16(void* in, void* inout, int* len, MPI_Datatype*) {
@@ -83,6 +117,10 @@ void registerCustomTypes() {
   MPI_Type_commit(&g_bytes16);
   createOps<c10::Half>(g_halfOps);
   createOps<c10::BFloat16>(g_bf16Ops);
+  createWrapOps<int8_t>(g_wrapOps[kI8]);
+  createWrapOps<uint8_t>(g_wrapOps[kU8]);
+  createWrapOps<int16_t>(g_wrapOps[kI16]);
+  createWrapOps<uint16_t>(g_wrapOps[kU16]);
 }
 
 void releaseCustomTypes() {
@@ -92,6 +130,11 @@ void releaseCustomTypes() {
   for (MPI_Op* ops : {g_halfOps, g_bf16Ops}) {
     for (int i = 0; i < 4; ++i) {
       if (ops[i] != MPI_OP_NULL) MPI_Op_free(&ops[i]);
+    }
+  }
+  for (auto& ops : g_wrapOps) {
+    for (MPI_Op& op : ops) {
+      if (op != MPI_OP_NULL) MPI_Op_free(&op);
     }
   }
 }
@@ -141,10 +184,11 @@ Reduction resolveReduction(const c10d::ReduceOp& reduceOp, at::ScalarType dtype,
   const bool boolean = dtype == at::kBool;
   const bool is16 = dtype == at::kHalf || dtype == at::kBFloat16;
   MPI_Op* ops16 = dtype == at::kHalf ? g_halfOps : g_bf16Ops;
+  const int narrow = narrowIndex(dtype);
 
   switch (r.kind) {
     case c10d::ReduceOp::SUM:
-      r.op = boolean ? MPI_LOR : is16 ? ops16[kSum] : MPI_SUM;
+      r.op = boolean ? MPI_LOR : is16 ? ops16[kSum] : narrow >= 0 ? g_wrapOps[narrow][0] : MPI_SUM;
       break;
     case c10d::ReduceOp::AVG:
       if (!(floating || complex)) {
@@ -173,7 +217,7 @@ Reduction resolveReduction(const c10d::ReduceOp& reduceOp, at::ScalarType dtype,
     }
     case c10d::ReduceOp::PRODUCT:
       if (complex) unsupported(r.kind, dtype, op, rank, "complex products are not supported");
-      r.op = boolean ? MPI_LAND : is16 ? ops16[kProd] : MPI_PROD;
+      r.op = boolean ? MPI_LAND : is16 ? ops16[kProd] : narrow >= 0 ? g_wrapOps[narrow][1] : MPI_PROD;
       break;
     case c10d::ReduceOp::MIN:
       if (complex) unsupported(r.kind, dtype, op, rank, "complex numbers are not ordered");

@@ -1,0 +1,249 @@
+"""Every collective x reduce op x dtype x size, in-place and out-of-place, against a reference
+computed locally from every rank's (seed, rank)-derived input. Run under mpirun at 1-4 ranks."""
+
+import os
+
+import torch
+import torch.distributed as dist
+
+from common import (ALL_DTYPES, FLOAT_DTYPES, INT_DTYPES, Checker, make_input,
+                    reference_reduce, run)
+
+RED_OPS = {
+    "sum": dist.ReduceOp.SUM, "avg": dist.ReduceOp.AVG, "product": dist.ReduceOp.PRODUCT,
+    "min": dist.ReduceOp.MIN, "max": dist.ReduceOp.MAX, "band": dist.ReduceOp.BAND,
+    "bor": dist.ReduceOp.BOR, "bxor": dist.ReduceOp.BXOR,
+}
+
+
+def valid(op, dtype):
+    if op in ("band", "bor", "bxor"):
+        return not dtype.is_floating_point
+    if op in ("avg", "premul_sum"):
+        return dtype.is_floating_point
+    return True
+
+
+def reduce_op(op, factor):
+    if op == "premul_sum":
+        return dist._make_nccl_premul_sum(factor)
+    return RED_OPS[op]
+
+
+def main():
+    dist.init_process_group("mpigpu")
+    rank, world = dist.get_rank(), dist.get_world_size()
+    c = Checker(f"collectives(np={world}, max_elements={os.environ.get('TORCH_MPIGPU_MAX_ELEMENTS_PER_CALL', 'default')})")
+    sizes = [0, 1, 7, 1000]
+    seed = 1
+    ops = list(RED_OPS) + ["premul_sum"]
+
+    # all_reduce / reduce / reduce_scatter_tensor / reduce_scatter, every op x dtype x size
+    for op in ops:
+        for dtype in ALL_DTYPES:
+            if not valid(op, dtype):
+                continue
+            kind = "prod" if op == "product" else "any"
+            factor = 0.5 if op == "premul_sum" else None
+            for n in sizes:
+                seed += 1
+                inputs = [make_input(seed, r, n, dtype, kind) for r in range(world)]
+                expected = reference_reduce(op, inputs, dtype, factor)
+                case = f"all_reduce {op} {dtype} n={n}"
+                t = inputs[rank].clone()
+                dist.all_reduce(t, op=reduce_op(op, factor))
+                c.close(case, t, expected, dtype, world)
+
+                # async + non-contiguous (every other element of a 2n buffer)
+                base = torch.zeros(2 * n, dtype=dtype)
+                view = base[::2]
+                view.copy_(inputs[rank])
+                w = dist.all_reduce(view, op=reduce_op(op, factor), async_op=True)
+                w.wait()
+                c.close(case + " non-contiguous async", view, expected, dtype, world)
+                c.true(case + " non-contiguous keeps gaps", bool((base[1::2] == 0).all()))
+
+                root = (seed % world)
+                t = inputs[rank].clone()
+                dist.reduce(t, dst=root, op=reduce_op(op, factor))
+                if rank == root:
+                    c.close(f"reduce {op} {dtype} n={n} root={root}", t, expected, dtype, world)
+                else:
+                    c.close(f"reduce {op} {dtype} n={n} non-root unchanged", t, inputs[rank])
+
+                # reduce_scatter_tensor: input has world * n elements
+                big = [make_input(seed + 10_000, r, world * n, dtype, kind) for r in range(world)]
+                full = reference_reduce(op, big, dtype, factor)
+                out = torch.empty(n, dtype=dtype)
+                dist.reduce_scatter_tensor(out, big[rank].clone(), op=reduce_op(op, factor))
+                c.close(f"reduce_scatter_tensor {op} {dtype} n={n}", out,
+                        full[rank * n:(rank + 1) * n], dtype, world)
+                out = torch.empty(n, dtype=dtype)
+                dist.reduce_scatter(out, list(big[rank].clone().chunk(world)) if n else
+                                    [torch.empty(0, dtype=dtype) for _ in range(world)],
+                                    op=reduce_op(op, factor))
+                c.close(f"reduce_scatter {op} {dtype} n={n}", out,
+                        full[rank * n:(rank + 1) * n], dtype, world)
+
+    # PREMUL_SUM with a tensor factor, and on 2-D tensors
+    for dtype in FLOAT_DTYPES:
+        seed += 1
+        inputs = [make_input(seed, r, 12, dtype).reshape(3, 4) for r in range(world)]
+        factor = torch.tensor([0.25], dtype=dtype)
+        t = inputs[rank].clone()
+        dist.all_reduce(t, op=dist._make_nccl_premul_sum(factor))
+        c.close(f"all_reduce premul_sum tensor-factor {dtype}", t,
+                reference_reduce("premul_sum", inputs, dtype, 0.25), dtype, world)
+
+    # complex tensors (torch passes SUM/AVG as view_as_real)
+    for dtype in (torch.complex64, torch.complex128):
+        seed += 1
+        inputs = [torch.complex(make_input(seed, r, 5, torch.float64),
+                                make_input(seed + 1, r, 5, torch.float64)).to(dtype)
+                  for r in range(world)]
+        t = inputs[rank].clone()
+        dist.all_reduce(t)
+        c.close(f"all_reduce sum {dtype}", torch.view_as_real(t),
+                torch.view_as_real(sum(i.to(torch.complex128) for i in inputs).to(dtype)),
+                torch.view_as_real(t).dtype, world)
+        t = inputs[0].clone() if rank == 0 else torch.zeros(5, dtype=dtype)
+        dist.broadcast(t, src=0)
+        c.close(f"broadcast {dtype}", torch.view_as_real(t), torch.view_as_real(inputs[0]))
+
+    # many tensors in one call, mixed dtypes (grouped by dtype, one MPI call per dtype)
+    seed += 1
+    mixed = [make_input(seed, 0, 3, torch.float32), make_input(seed, 0, 4, torch.int64),
+             make_input(seed, 1, 5, torch.float32), make_input(seed, 2, 0, torch.float64)]
+    per_rank = [[make_input(seed + i, r, m.numel(), m.dtype) for i, m in enumerate(mixed)]
+                for r in range(world)]
+    mine = [x.clone() for x in per_rank[rank]]
+    # torch's Python wrapper insists on one dtype; the backend groups mixed dtypes itself.
+    pg = dist.distributed_c10d._get_default_group()
+    pg.allreduce_coalesced(mine, dist.AllreduceCoalescedOptions()).wait()
+    same = [x.clone() for x in per_rank[rank] if x.dtype == torch.float32]
+    dist.all_reduce_coalesced(same)
+    c.close("all_reduce_coalesced one dtype", same[1],
+            reference_reduce("sum", [per_rank[r][2] for r in range(world)], torch.float32),
+            torch.float32, world)
+    for i, m in enumerate(mine):
+        c.close(f"all_reduce_coalesced tensor {i} {m.dtype}", m,
+                reference_reduce("sum", [per_rank[r][i] for r in range(world)], m.dtype),
+                m.dtype, world)
+    before = torch_mpi_gpu_calls()
+    with dist._coalescing_manager(async_ops=True) as cm:
+        parts = [x.clone() for x in per_rank[rank] if x.dtype == torch.float32]
+        for p in parts:
+            dist.all_reduce(p)
+    cm.wait()
+    c.true("coalescing manager: one MPI call for one dtype",
+           torch_mpi_gpu_calls() - before == chunks(8), f"{torch_mpi_gpu_calls() - before} calls")
+    fl = [per_rank[r][0] for r in range(world)], [per_rank[r][2] for r in range(world)]
+    c.close("coalescing manager all_reduce 0", parts[0], reference_reduce("sum", fl[0], torch.float32), torch.float32, world)
+    c.close("coalescing manager all_reduce 1", parts[1], reference_reduce("sum", fl[1], torch.float32), torch.float32, world)
+
+    # data movement, every dtype x size (+ complex via torch)
+    for dtype in ALL_DTYPES + [torch.complex64]:
+        for n in sizes:
+            seed += 1
+            mk = (lambda r, m=n: make_input(seed, r, m, dtype)) if not dtype.is_complex else \
+                (lambda r, m=n: torch.view_as_complex(make_input(seed, r, 2 * m, torch.float32).reshape(m, 2)))
+            inputs = [mk(r) for r in range(world)]
+            root = seed % world
+            tag = f"{dtype} n={n}"
+
+            t = inputs[rank].clone() if rank == root else torch.zeros_like(inputs[rank])
+            dist.broadcast(t, src=root)
+            c.close(f"broadcast {tag} root={root}", t, inputs[root])
+
+            outs = [torch.empty_like(inputs[0]) for _ in range(world)]
+            dist.all_gather(outs, inputs[rank])
+            for r in range(world):
+                c.close(f"all_gather {tag} from {r}", outs[r], inputs[r])
+
+            out = torch.empty(world * n, dtype=dtype)
+            dist.all_gather_into_tensor(out, inputs[rank])
+            c.close(f"all_gather_into_tensor {tag}", out, torch.cat(inputs))
+            out2 = torch.empty(world, n, dtype=dtype)
+            dist.all_gather_into_tensor(out2, inputs[rank])  # 2-D output (stacked)
+            c.close(f"all_gather_into_tensor stacked {tag}", out2, torch.stack(inputs))
+
+            gl = [torch.empty_like(inputs[0]) for _ in range(world)] if rank == root else None
+            dist.gather(inputs[rank], gather_list=gl, dst=root)
+            if rank == root:
+                for r in range(world):
+                    c.close(f"gather {tag} from {r}", gl[r], inputs[r])
+
+            sl = [mk(100 + r) for r in range(world)]
+            out = torch.empty_like(inputs[0])
+            dist.scatter(out, scatter_list=sl if rank == root else None, src=root)
+            c.close(f"scatter {tag}", out, sl[rank])
+
+            # all_to_all (lists, uneven sizes) and all_to_all_single (even and uneven splits)
+            def block(src, dst, m):
+                return make_input(seed + 7, src * 31 + dst, m, dtype) if not dtype.is_complex else \
+                    torch.view_as_complex(make_input(seed + 7, src * 31 + dst, 2 * m, torch.float32).reshape(m, 2))
+            send_sizes = lambda src, dst: (src + 2 * dst + n) % 4  # noqa: E731
+            ins = [block(rank, d, send_sizes(rank, d)) for d in range(world)]
+            outs = [torch.empty(send_sizes(s, rank), dtype=dtype) for s in range(world)]
+            dist.all_to_all(outs, ins)
+            for s in range(world):
+                c.close(f"all_to_all {tag} from {s}", outs[s], block(s, rank, send_sizes(s, rank)))
+
+            rows = 2
+            even_in = torch.cat([block(rank, d, n * rows) for d in range(world)]).reshape(-1, rows) \
+                if n else torch.empty(0, rows, dtype=dtype)
+            even_out = torch.empty_like(even_in)
+            dist.all_to_all_single(even_out, even_in)
+            c.close(f"all_to_all_single even {tag}", even_out.flatten(),
+                    torch.cat([block(s, rank, n * rows) for s in range(world)]) if n else
+                    torch.empty(0, dtype=dtype))
+
+            in_splits = [send_sizes(rank, d) for d in range(world)]
+            out_splits = [send_sizes(s, rank) for s in range(world)]
+            un_in = torch.cat([block(rank, d, in_splits[d] * rows) for d in range(world)]).reshape(-1, rows)
+            un_out = torch.empty(sum(out_splits), rows, dtype=dtype)
+            dist.all_to_all_single(un_out, un_in, out_splits, in_splits)
+            c.close(f"all_to_all_single uneven {tag}", un_out.flatten(),
+                    torch.cat([block(s, rank, out_splits[s] * rows) for s in range(world)]))
+
+    # coalesced all_gather_into_tensor / reduce_scatter_tensor (FSDP's calls)
+    seed += 1
+    ins = [make_input(seed, rank, 6, torch.float32), make_input(seed, rank, 3, torch.bfloat16)]
+    outs = [torch.empty(world * 6), torch.empty(world * 3, dtype=torch.bfloat16)]
+    with dist._coalescing_manager(async_ops=False):
+        for o, i in zip(outs, ins):
+            dist.all_gather_into_tensor(o, i)
+    c.close("coalesced all_gather_into_tensor fp32", outs[0],
+            torch.cat([make_input(seed, r, 6, torch.float32) for r in range(world)]))
+    c.close("coalesced all_gather_into_tensor bf16", outs[1],
+            torch.cat([make_input(seed, r, 3, torch.bfloat16) for r in range(world)]))
+    big = [make_input(seed + 1, r, world * 4, torch.float32) for r in range(world)]
+    out = torch.empty(4)
+    with dist._coalescing_manager(async_ops=False):
+        dist.reduce_scatter_tensor(out, big[rank].clone(), op=dist.ReduceOp.AVG)
+    c.close("coalesced reduce_scatter_tensor avg", out,
+            reference_reduce("avg", big, torch.float32)[rank * 4:(rank + 1) * 4], torch.float32, world)
+
+    # objects and barrier
+    objs = [None] * world
+    dist.all_gather_object(objs, {"rank": rank, "payload": "x" * rank})
+    c.true("all_gather_object", objs == [{"rank": r, "payload": "x" * r} for r in range(world)], str(objs))
+    lst = [f"from {0}", 3] if rank == 0 else [None, None]
+    dist.broadcast_object_list(lst, src=0)
+    c.true("broadcast_object_list", lst == ["from 0", 3], str(lst))
+    dist.barrier()
+    return c.finish()
+
+
+def torch_mpi_gpu_calls():
+    import torch_mpi_gpu
+    return torch_mpi_gpu._C.mpi_call_count()
+
+
+def chunks(numel):
+    limit = int(os.environ.get("TORCH_MPIGPU_MAX_ELEMENTS_PER_CALL", 2**31 - 1))
+    return -(-numel // limit)
+
+
+if __name__ == "__main__":
+    run(main)

@@ -1,0 +1,149 @@
+"""Shared helpers for the multi-rank test scripts (run under mpirun by tests/test_*.py).
+
+Inputs are derived from (seed, rank), so every rank can compute every other rank's input and
+hence an independent float64 reference for the result, without trusting the backend.
+"""
+
+import os
+import sys
+import traceback
+
+import torch
+import torch.distributed as dist
+
+import torch_mpi_gpu  # noqa: F401  (registers mpigpu)
+
+FLOAT_DTYPES = [torch.float16, torch.bfloat16, torch.float32, torch.float64]
+INT_DTYPES = [torch.int8, torch.uint8, torch.int16, torch.int32, torch.int64]
+ALL_DTYPES = FLOAT_DTYPES + INT_DTYPES + [torch.bool]
+
+
+def make_input(seed, rank, numel, dtype, kind="any"):
+    """Deterministic tensor for (seed, rank): every rank can rebuild every other rank's input."""
+    g = torch.Generator().manual_seed(seed * 1009 + rank * 7919 + numel)
+    if dtype == torch.bool:
+        return torch.randint(0, 2, (numel,), generator=g).bool()
+    if dtype.is_floating_point:
+        if kind == "prod":  # near 1 so products stay representable
+            return (0.75 + 0.5 * torch.rand(numel, generator=g, dtype=torch.float64)).to(dtype)
+        return (4 * torch.rand(numel, generator=g, dtype=torch.float64) - 2).to(dtype)
+    lo, hi = (0, 100) if dtype == torch.uint8 else (-50, 50)
+    if kind == "prod":
+        lo, hi = (1, 3)
+    return torch.randint(lo, hi, (numel,), generator=g, dtype=torch.int64).to(dtype)
+
+
+def reference_reduce(op, inputs, dtype, factor=None):
+    """Reduce a list of per-rank tensors in float64/int64 (independent of the backend)."""
+    if dtype == torch.bool:
+        stack = torch.stack([t.bool() for t in inputs])
+        if op in ("sum", "max", "bor"):
+            return stack.any(0)
+        if op in ("product", "min", "band"):
+            return stack.all(0)
+        if op == "bxor":
+            return (stack.sum(0) % 2).bool()
+    wide = torch.float64 if dtype.is_floating_point else torch.int64
+    stack = torch.stack([t.to(wide) for t in inputs])
+    if op == "sum":
+        return stack.sum(0)
+    if op == "avg":
+        return stack.sum(0) / len(inputs)
+    if op == "premul_sum":
+        return (stack * factor).sum(0)
+    if op == "product":
+        return stack.prod(0)
+    if op == "min":
+        return stack.min(0).values
+    if op == "max":
+        return stack.max(0).values
+    out = stack[0].clone()
+    for t in stack[1:]:
+        out = {"band": torch.bitwise_and, "bor": torch.bitwise_or, "bxor": torch.bitwise_xor}[op](out, t)
+    return out
+
+
+def tolerance(dtype, world):
+    # Float results depend on the reduction order; the bound grows with the number of terms.
+    eps = {torch.float16: 1e-3, torch.bfloat16: 8e-3, torch.float32: 1.2e-7, torch.float64: 2.3e-16}
+    e = eps.get(dtype, 0.0)
+    return 4 * e * max(world, 1), 4 * e * max(world, 1) * 4
+
+
+class Checker:
+    """Collects failures instead of stopping at the first, then reports them all."""
+
+    def __init__(self, name):
+        self.name = name
+        self.passed = 0
+        self.failures = []
+        self.rank = dist.get_rank() if dist.is_initialized() else 0
+
+    def close(self, case, got, expected, dtype=None, world=1):
+        dtype = dtype or got.dtype
+        try:
+            if got.dtype != dtype:
+                raise AssertionError(f"dtype {got.dtype} != {dtype}")
+            if got.shape != expected.shape:
+                expected = expected.reshape(got.shape)
+            if dtype.is_floating_point or dtype.is_complex:
+                rtol, atol = tolerance(dtype, world)
+                torch.testing.assert_close(got.to(torch.float64), expected.to(torch.float64),
+                                           rtol=rtol, atol=atol)
+            else:
+                # integer arithmetic wraps in the tensor's dtype, as torch's own ops do
+                expected = expected.to(dtype)
+                if not torch.equal(got.to(torch.int64), expected.to(torch.int64)):
+                    diff = (got.to(torch.int64) != expected.to(torch.int64)).sum().item()
+                    raise AssertionError(f"{diff} of {got.numel()} elements differ: "
+                                         f"got {got.flatten()[:8].tolist()} expected "
+                                         f"{expected.flatten()[:8].tolist()}")
+            self.passed += 1
+        except AssertionError as e:
+            self.failures.append(f"{case}: {e}")
+
+    def true(self, case, cond, detail=""):
+        if cond:
+            self.passed += 1
+        else:
+            self.failures.append(f"{case}: {detail}")
+
+    def raises(self, case, exc_type, fn, must_contain=()):
+        try:
+            fn()
+        except exc_type as e:
+            msg = str(e)
+            missing = [s for s in must_contain if s not in msg]
+            if missing:
+                self.failures.append(f"{case}: message lacks {missing}: {msg[:300]}")
+            else:
+                self.passed += 1
+            return
+        except Exception as e:  # noqa: BLE001
+            self.failures.append(f"{case}: raised {type(e).__name__} instead of "
+                                 f"{exc_type.__name__}: {str(e)[:300]}")
+            return
+        self.failures.append(f"{case}: did not raise {exc_type.__name__}")
+
+    def finish(self):
+        world = dist.get_world_size() if dist.is_initialized() else 1
+        for f in self.failures[:50]:
+            print(f"[rank {self.rank}] FAIL {self.name}: {f}", flush=True)
+        print(f"[rank {self.rank}/{world}] {self.name}: {self.passed} checks passed, "
+              f"{len(self.failures)} failed", flush=True)
+        return 1 if self.failures else 0
+
+
+def run(main):
+    """Run a test body on every rank; any failure or exception exits non-zero (mpirun then aborts
+    the job)."""
+    try:
+        code = main()
+    except BaseException:  # noqa: BLE001
+        traceback.print_exc()
+        sys.stdout.flush()
+        code = 1
+    if dist.is_initialized():
+        dist.destroy_process_group()
+    sys.stdout.flush()
+    os._exit(code) if code else sys.exit(0)

@@ -1,0 +1,210 @@
+"""Point-to-point, async Work semantics, subgroups, several groups from several threads,
+destroy + re-init, DeviceMesh. Run under mpirun at 1-4 ranks."""
+
+import threading
+from datetime import timedelta
+
+import torch
+import torch.distributed as dist
+
+from common import Checker, make_input, run
+
+
+def p2p(c, rank, world):
+    if world < 2:
+        return
+    # ring exchange with blocking send/recv (even ranks send first so it cannot deadlock)
+    nxt, prv = (rank + 1) % world, (rank - 1) % world
+    for n in (0, 1, 1000):
+        out = make_input(n, rank, n, torch.float32)
+        got = torch.empty(n)
+        if rank % 2 == 0:
+            dist.send(out, nxt)
+            dist.recv(got, prv)
+        else:
+            dist.recv(got, prv)
+            dist.send(out, nxt)
+        c.close(f"ring send/recv n={n}", got, make_input(n, prv, n, torch.float32))
+    # isend/irecv posted in the "wrong" order on every rank: needs non-blocking progress
+    big = 300_000
+    out = make_input(3, rank, big, torch.float64)
+    got = torch.empty(big, dtype=torch.float64)
+    reqs = [dist.isend(out, nxt, tag=5), dist.irecv(got, prv, tag=5)]
+    for r in reqs:
+        r.wait()
+    c.close("isend/irecv large", got, make_input(3, prv, big, torch.float64))
+    # tags keep messages apart even when received out of order
+    if rank == 0:
+        a, b = torch.tensor([1.0]), torch.tensor([2.0])
+        dist.send(a, 1, tag=11)
+        dist.send(b, 1, tag=12)
+    elif rank == 1:
+        x, y = torch.empty(1), torch.empty(1)
+        w2 = dist.irecv(y, 0, tag=12)
+        w1 = dist.irecv(x, 0, tag=11)
+        w1.wait()
+        w2.wait()
+        c.true("tags", x.item() == 1.0 and y.item() == 2.0, f"{x} {y}")
+    # receive from any source: rank 0 hears from everyone
+    if rank == 0:
+        seen = set()
+        for _ in range(world - 1):
+            t = torch.empty(1)
+            src = dist.recv(t, tag=21)  # src=None: any source (own tag: later sends may race in)
+            seen.add(src)
+            c.true("recv any source value", t.item() == 100 + src, f"{t.item()} from {src}")
+        c.true("recv any source senders", seen == set(range(1, world)), str(seen))
+    else:
+        dist.send(torch.tensor([100.0 + rank]), 0, tag=21)
+    # batch_isend_irecv: all posted together, completed together
+    send_t = make_input(9, rank, 17, torch.int32)
+    recv_t = torch.empty(17, dtype=torch.int32)
+    ops = [dist.P2POp(dist.isend, send_t, nxt), dist.P2POp(dist.irecv, recv_t, prv)]
+    for w in dist.batch_isend_irecv(ops):
+        w.wait()
+    c.close("batch_isend_irecv", recv_t, make_input(9, prv, 17, torch.int32))
+    # non-contiguous receive buffer
+    base = torch.zeros(4, 6)
+    if rank == 0:
+        dist.send(torch.arange(12.0).reshape(4, 3), 1)
+    elif rank == 1:
+        dist.recv(base[:, ::2], 0)
+        c.close("recv into non-contiguous", base[:, ::2], torch.arange(12.0).reshape(4, 3))
+        c.true("recv non-contiguous gaps untouched", bool((base[:, 1::2] == 0).all()))
+
+
+def async_semantics(c, rank, world):
+    t = torch.full((1000,), float(rank))
+    w = dist.all_reduce(t, async_op=True)
+    fut = w.get_future()
+    chained = fut.then(lambda f: f.value()[0] * 2)
+    w.wait()
+    c.true("is_completed after wait", w.is_completed())
+    c.true("is_success", w.is_success())
+    c.true("exception is None", w.exception() is None)
+    expect = float(sum(range(world)))
+    c.close("future value", fut.wait()[0], torch.full((1000,), expect))
+    c.close("future then", chained.wait(), torch.full((1000,), 2 * expect))
+    # several in flight, waited in reverse order; results independent
+    ts = [torch.full((10,), float(rank * 10 + i)) for i in range(20)]
+    works = [dist.all_reduce(x, async_op=True) for x in ts]
+    for w in reversed(works):
+        w.wait(timeout=timedelta(seconds=60))
+    for i, x in enumerate(ts):
+        c.close(f"in flight {i}", x, torch.full((10,), float(sum(r * 10 + i for r in range(world)))))
+    # wait(timeout) on an op that cannot finish yet: rank 0 waits on a receive nobody sends
+    if world > 1:
+        if rank == 0:
+            r = torch.empty(1)
+            w = dist.irecv(r, 1, tag=77)
+            c.raises("wait(timeout) expires", Exception, lambda: w.wait(timeout=timedelta(milliseconds=200)),
+                     must_contain=("recv", "rank 0", "did not complete"))
+            c.true("not completed after timeout", not w.is_completed())
+        dist.barrier()
+        if rank == 1:
+            dist.send(torch.tensor([5.0]), 0, tag=77)
+        if rank == 0:
+            w.wait()
+            c.true("late receive completes", r.item() == 5.0, str(r))
+
+
+def groups(c, rank, world):
+    # every subset in a scrambled order: torch sorts ranks; only members call the creator
+    subsets = [[world - 1 - i for i in range(world) if i % 2 == 0], list(range(world))[::-1]]
+    if world >= 3:
+        subsets.append([2, 0])
+    for members in subsets:
+        g = dist.new_group(members)
+        if rank in members:
+            t = torch.full((3,), float(rank + 1))
+            dist.all_reduce(t, group=g)
+            c.close(f"new_group {members} all_reduce", t, torch.full((3,), float(sum(m + 1 for m in members))))
+            src = max(members)
+            b = torch.full((2,), float(rank))
+            dist.broadcast(b, src=src, group=g)  # src is a global rank
+            c.close(f"new_group {members} broadcast", b, torch.full((2,), float(src)))
+            gl = [torch.empty(1) for _ in members]
+            dist.all_gather(gl, torch.tensor([float(rank)]), group=g)
+            c.true(f"new_group {members} all_gather", [x.item() for x in gl] == sorted(float(m) for m in members),
+                   str(gl))
+    # new_subgroups: consecutive halves (or singletons)
+    size = 2 if world % 2 == 0 else 1
+    sub, _ = dist.new_subgroups(group_size=size)
+    t = torch.tensor([float(rank)])
+    dist.all_reduce(t, group=sub)
+    first = rank - rank % size
+    c.close("new_subgroups", t, torch.tensor([float(sum(range(first, first + size)))]))
+    # nested: a group of a group
+    if world >= 2:
+        outer = dist.new_group(list(range(world)))
+        inner = dist.new_group([0, 1])
+        if rank in (0, 1):
+            t = torch.tensor([1.0])
+            dist.all_reduce(t, group=inner)
+            c.close("nested group", t, torch.tensor([2.0]))
+        t = torch.tensor([1.0])
+        dist.all_reduce(t, group=outer)
+        c.close("outer group", t, torch.tensor([float(world)]))
+
+
+def threads(c, rank, world):
+    # two groups over the same ranks, each driven by its own thread, many async ops each: with
+    # one engine per group (MPI_THREAD_MULTIPLE) neither can block the other.
+    ga, gb = dist.new_group(list(range(world))), dist.new_group(list(range(world)))
+    results = {}
+
+    def drive(name, g, base):
+        ts = [torch.full((64,), float(base + rank)) for _ in range(50)]
+        ws = [dist.all_reduce(x, group=g, async_op=True) for x in ts]
+        for w in ws:
+            w.wait()
+        results[name] = ts
+
+    th = [threading.Thread(target=drive, args=("a", ga, 0)), threading.Thread(target=drive, args=("b", gb, 1000))]
+    for t in th:
+        t.start()
+    for t in th:
+        t.join(timeout=120)
+    for name, base in (("a", 0), ("b", 1000)):
+        exp = torch.full((64,), float(sum(base + r for r in range(world))))
+        c.true(f"thread {name} finished", name in results)
+        if name in results:
+            c.true(f"thread {name} results", all(torch.equal(x, exp) for x in results[name]))
+
+
+def device_mesh(c, rank, world):
+    from torch.distributed.device_mesh import init_device_mesh
+    if world % 2 == 0 and world >= 2:
+        mesh = init_device_mesh("cpu", (2, world // 2), mesh_dim_names=("dp", "tp"))
+        tp = mesh.get_group("tp")
+        t = torch.tensor([float(rank)])
+        dist.all_reduce(t, group=tp)
+        row = rank // (world // 2)
+        c.close("device mesh tp", t, torch.tensor([float(sum(range(row * world // 2, (row + 1) * world // 2)))]))
+    else:
+        mesh = init_device_mesh("cpu", (world,))
+        t = torch.tensor([1.0])
+        dist.all_reduce(t, group=mesh.get_group())
+        c.close("device mesh 1-D", t, torch.tensor([float(world)]))
+
+
+def main():
+    dist.init_process_group("mpigpu")
+    rank, world = dist.get_rank(), dist.get_world_size()
+    c = Checker(f"p2p_groups(np={world})")
+    p2p(c, rank, world)
+    async_semantics(c, rank, world)
+    groups(c, rank, world)
+    threads(c, rank, world)
+    device_mesh(c, rank, world)
+    # destroy and re-initialise in the same process
+    dist.destroy_process_group()
+    dist.init_process_group("mpigpu")
+    t = torch.tensor([1.0])
+    dist.all_reduce(t)
+    c.close("after re-init", t, torch.tensor([float(world)]))
+    return c.finish()
+
+
+if __name__ == "__main__":
+    run(main)
