@@ -4,6 +4,7 @@
 #include <memory>
 
 #include "Errors.hpp"
+#include "engine/FutureCompleter.hpp"
 
 namespace mpigpu {
 
@@ -53,7 +54,9 @@ void WorkMPIGPU::markCompleted() {
     finished_ = std::chrono::steady_clock::now();
   }
   finish();
-  future_->markCompleted(c10::IValue(outputs_));
+  completeFutureAsync([future = future_, outputs = outputs_] {
+    future->markCompleted(c10::IValue(outputs));
+  });
   runDoneCallbacks();
 }
 
@@ -63,7 +66,7 @@ void WorkMPIGPU::markFailed(std::exception_ptr error) {
     finished_ = std::chrono::steady_clock::now();
   }
   finish(error);
-  future_->setError(error);
+  completeFutureAsync([future = future_, error] { future->setError(error); });
   runDoneCallbacks();
 }
 

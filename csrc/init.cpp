@@ -7,6 +7,7 @@
 
 #include "ProcessGroupMPIGPU.hpp"
 #include "engine/Engine.hpp"
+#include "engine/FutureCompleter.hpp"
 #include "mpi/Collectives.hpp"
 #include "mpi/Env.hpp"
 
@@ -60,6 +61,7 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.def("with_cuda", [] { return MPIGPU_WITH_CUDA != 0; });
   m.def("shutdown", [] {
     mpigpu::Engine::shutdownAll();
+    mpigpu::stopFutureCompleter();
     mpigpu::mpi::finalizeIfOwned();
   }, py::call_guard<py::gil_scoped_release>(),
      "Stops every engine and finalises MPI if torch_mpi_gpu initialised it (runs at exit).");

@@ -28,6 +28,10 @@ LAUNCHERS = [
 
 TORCH_VARS = ("RANK", "WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT")
 
+# Variables this module set (not the user): refreshed at every rendezvous, so destroy +
+# re-init gets a fresh store port instead of racing the old store's shutdown.
+_set_by_us = {}
+
 
 def detect_launcher(environ=None):
     """The launcher that started this process, as a dict, or None (e.g. torchrun, plain python)."""
@@ -56,6 +60,9 @@ def setup_env(force=False):
     if config.get("TORCH_MPIGPU_AUTO_ENV") == "0" and not force:
         return None
     found = detect_launcher()
+    for key, value in _set_by_us.items():
+        if os.environ.get(key) == value:
+            del os.environ[key]
     if found is None or (all(v in os.environ for v in TORCH_VARS) and not force):
         return None
     from . import _C
@@ -73,6 +80,8 @@ def setup_env(force=False):
         if k not in os.environ:
             os.environ[k] = v
             set_now[k] = v
+    _set_by_us.clear()
+    _set_by_us.update(set_now)
     log.info("mpigpu: launcher %s, set %s", found["launcher"], set_now)
     return set_now
 

