@@ -118,3 +118,18 @@ def test_build_finds_this_environments_mpi():
         sys.path.pop(0)
     info = build.find_mpi()
     assert "mpi" in info["libraries"] and any(Path(d, "mpi.h").exists() for d in info["include_dirs"])
+
+
+def test_mpi_initialised_by_someone_else_is_left_to_them():
+    # mpi4py initialises MPI first (MPI_THREAD_MULTIPLE); mpigpu uses it and does not finalise it.
+    rc, out = python(
+        "from mpi4py import MPI\n"
+        "import atexit  # registered first, so it runs after torch_mpi_gpu's own exit hook\n"
+        "atexit.register(lambda: print('finalized after our exit hook:', MPI.Is_finalized()))\n"
+        "import torch, torch.distributed as dist, torch_mpi_gpu\n"
+        "dist.init_process_group('mpigpu', store=dist.HashStore(), rank=0, world_size=1)\n"
+        "t = torch.ones(2); dist.all_reduce(t)\n"
+        "print('ours', torch_mpi_gpu._C.mpi_info()['initialized_by_us'], t.tolist())\n"
+        "dist.destroy_process_group()\n")
+    assert rc == 0, out
+    assert "ours False [1.0, 1.0]" in out and "finalized after our exit hook: False" in out, out
