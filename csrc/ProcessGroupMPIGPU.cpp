@@ -1,13 +1,10 @@
 #include "ProcessGroupMPIGPU.hpp"
 
-#include <c10/util/irange.h>
-
 #include <algorithm>
 #include <functional>
 #include <map>
 #include <numeric>
 #include <sstream>
-#include <thread>
 
 #include "Errors.hpp"
 #include "mpi/Check.hpp"

@@ -45,5 +45,5 @@ def test_ddp_matches_single_process(np):
 
 @pytest.mark.slow
 def test_count_above_int_max():
-    # 2^31 + 3 int8 elements per rank (about 2 GiB each): real large-count MPI calls.
+    # 2^31 + 3 int8 elements per rank (2 GiB each, ~6 GiB in all): real large-count MPI calls.
     assert passed_counts(run_mpi("large_count.py", 2, timeout=900), 2) >= 3

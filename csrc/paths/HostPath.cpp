@@ -27,9 +27,4 @@ HostBuffer forOutput(const at::Tensor& t) {
   return {t, at::empty({t.numel()}, t.options().device(at::kCPU)), true};
 }
 
-const char* pathName(const at::Tensor& t) {
-  if (t.is_cpu()) return t.is_contiguous() ? "cpu" : "cpu (contiguous copy)";
-  return "via-cpu (host copy)";
-}
-
 } // namespace mpigpu::paths

@@ -23,7 +23,4 @@ HostBuffer forInput(const at::Tensor& t);   // MPI reads it
 HostBuffer forInOut(const at::Tensor& t);   // MPI reads and writes it
 HostBuffer forOutput(const at::Tensor& t);  // MPI writes it
 
-// Name of the path a tensor takes, for info and debug logs.
-const char* pathName(const at::Tensor& t);
-
 } // namespace mpigpu::paths
