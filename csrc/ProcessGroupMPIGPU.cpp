@@ -610,11 +610,8 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupMPIGPU::enqueueP2P(c10d::OpType type,
     MPIGPU_CHECK_VALUE(peer != rank_, op, rank_, "sending to or receiving from yourself is not "
                        "supported; copy the tensor instead");
   }
-  int tagUpperBound = 32767, flag = 0;
-  int* attr = nullptr;
-  if (MPI_Comm_get_attr(MPI_COMM_WORLD, MPI_TAG_UB, &attr, &flag) == MPI_SUCCESS && flag) {
-    tagUpperBound = *attr;
-  }
+  // Read once at MPI init: no MPI call on the caller's thread (SERIALIZED MPI forbids it).
+  const int tagUpperBound = mpi::ensureInitialized().tagUpperBound;
   MPIGPU_CHECK_VALUE(tag >= 0 && tag <= tagUpperBound, op, rank_, "tag ", tag,
                      " is outside MPI's range [0, ", tagUpperBound, "]");
   mpi::transportType(tensor.scalar_type(), op, rank_);

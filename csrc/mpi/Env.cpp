@@ -79,6 +79,11 @@ const EnvInfo& ensureInitialized() {
   MPI_Comm_rank(MPI_COMM_WORLD, &g_info.worldRank);
   MPI_Comm_size(MPI_COMM_WORLD, &g_info.worldSize);
   MPI_Get_version(&g_info.standardMajor, &g_info.standardMinor);
+  int* tagUb = nullptr;
+  int hasTagUb = 0;
+  if (MPI_Comm_get_attr(MPI_COMM_WORLD, MPI_TAG_UB, &tagUb, &hasTagUb) == MPI_SUCCESS && hasTagUb) {
+    g_info.tagUpperBound = *tagUb;
+  }
   char version[MPI_MAX_LIBRARY_VERSION_STRING] = {0};
   int len = 0;
   MPI_Get_library_version(version, &len);

@@ -17,6 +17,7 @@ struct EnvInfo {
   int threadLevel = 0;         // what MPI granted
   bool initializedByUs = false;
   int worldRank = 0, worldSize = 1;
+  int tagUpperBound = 32767;   // MPI_TAG_UB (the standard guarantees at least 32767)
   // Compile-time (mpi-ext.h) and run-time (MPIX_Query_cuda_support / MPIX_GPU_query_support)
   // answers; -1 = the library cannot tell.
   int cudaAwareCompileTime = -1;
