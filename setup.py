@@ -149,7 +149,8 @@ def extension():
     sources = sorted(glob.glob("csrc/*.cpp") + glob.glob("csrc/engine/*.cpp") +
                      glob.glob("csrc/mpi/*.cpp") + glob.glob("csrc/paths/*.cpp"))
     macros = [("MPIGPU_WITH_CUDA", "1" if with_cuda else "0")]
-    cxx = ["-O3", "-std=c++17", "-Wall", "-Wno-unused-parameter"]
+    # The C++ standard is left to torch.utils.cpp_extension: torch 2.13 wants C++17, 2.14 C++20.
+    cxx = ["-O3", "-Wall", "-Wno-unused-parameter"]
     # Embed the MPI library location so `import torch_mpi_gpu` finds the same libmpi it was built with.
     rpaths = [f"-Wl,-rpath,{d}" for d in mpi["library_dirs"]]
     kwargs = dict(
@@ -163,7 +164,7 @@ def extension():
     )
     if with_cuda:
         sources += sorted(glob.glob("csrc/cuda/*.cpp") + glob.glob("csrc/cuda/*.cu"))
-        ext = CUDAExtension(extra_compile_args={"cxx": cxx, "nvcc": ["-O3", "-std=c++17"]}, **kwargs)
+        ext = CUDAExtension(extra_compile_args={"cxx": cxx, "nvcc": ["-O3"]}, **kwargs)
     else:
         ext = CppExtension(extra_compile_args=cxx, **kwargs)
 

@@ -33,6 +33,17 @@ Config Config::fromEnv() {
   Config c;
   c.maxElementsPerCall = parseInt("TORCH_MPIGPU_MAX_ELEMENTS_PER_CALL", INT_MAX, 1, INT_MAX);
   c.debug = parseInt("TORCH_MPIGPU_DEBUG", 0, 0, 2) != 0;
+  c.stagingChunkBytes = parseInt("TORCH_MPIGPU_STAGING_CHUNK_BYTES", c.stagingChunkBytes, 1,
+                                 int64_t{1} << 40);
+  c.fusionBytes = parseInt("TORCH_MPIGPU_FUSION_BYTES", c.fusionBytes, 0, int64_t{1} << 40);
+  if (const char* a = env("TORCH_MPIGPU_CUDA_AWARE")) {
+    const std::string v = a;
+    if (v == "auto") c.cudaAware = -1;
+    else if (v == "1") c.cudaAware = 1;
+    else if (v == "0") c.cudaAware = 0;
+    else C10_THROW_ERROR(ValueError, c10::str("mpigpu: TORCH_MPIGPU_CUDA_AWARE=", a,
+                                              " must be auto, 1 or 0"));
+  }
   if (const char* t = env("TORCH_MPIGPU_TIMEOUT")) {
     char* end = nullptr;
     c.timeoutSeconds = std::strtod(t, &end);

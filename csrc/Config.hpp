@@ -14,6 +14,14 @@ struct Config {
   bool debug = false;
   // Overrides the process group timeout when > 0 (TORCH_MPIGPU_TIMEOUT, seconds).
   double timeoutSeconds = 0;
+  // How CUDA tensors meet MPI: -1 auto (ask the MPI library), 1 device pointers (CUDA-aware MPI),
+  // 0 staged through pinned host memory (TORCH_MPIGPU_CUDA_AWARE=auto|1|0).
+  int cudaAware = -1;
+  // Piece size of the staged path's pipeline: copies of one piece overlap MPI on the previous.
+  int64_t stagingChunkBytes = 4 << 20;
+  // Most bytes packed into one fused MPI call when an op gets many tensors (allreduce lists,
+  // coalesced calls, DDP buckets).
+  int64_t fusionBytes = 64 << 20;
 
   static Config fromEnv();
 };

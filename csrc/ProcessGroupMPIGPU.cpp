@@ -10,11 +10,11 @@
 #include "mpi/Check.hpp"
 #include "mpi/Env.hpp"
 #include "mpi/Types.hpp"
-#include "paths/HostPath.hpp"
 
 namespace mpigpu {
 
-using paths::HostBuffer;
+using paths::Access;
+using paths::OpBuffers;
 using std::chrono::milliseconds;
 
 namespace {
@@ -33,9 +33,9 @@ void checkTensor(const char* op, int rank, const at::Tensor& t) {
 void checkSameDevice(const char* op, int rank, const at::Tensor& ref, const at::Tensor& t,
                      const char* what) {
   checkTensor(op, rank, t);
-  MPIGPU_CHECK_TYPE(t.device().type() == ref.device().type(), op, rank, what, " is on ",
-                    t.device(), " but the first tensor is on ", ref.device(),
-                    "; all tensors of one call must be on one kind of device");
+  MPIGPU_CHECK_TYPE(t.device() == ref.device(), op, rank, what, " is on ", t.device(),
+                    " but the first tensor is on ", ref.device(),
+                    "; all tensors of one call must be on one device");
 }
 
 void checkSameKind(const char* op, int rank, const at::Tensor& ref, const at::Tensor& t,
@@ -55,29 +55,6 @@ void checkSingle(const char* op, int rank, const std::vector<at::Tensor>& ts) {
 void checkRank(const char* op, int rank, int size, int64_t peer, const char* what) {
   MPIGPU_CHECK_VALUE(peer >= 0 && peer < size, op, rank, what, " ", peer,
                      " is out of range for a group of ", size, " ranks");
-}
-
-std::vector<HostBuffer> inOutBuffers(const std::vector<at::Tensor>& ts) {
-  std::vector<HostBuffer> out;
-  out.reserve(ts.size());
-  for (const auto& t : ts) out.push_back(paths::forInOut(t));
-  return out;
-}
-
-// Flat host buffer holding the tensors back to back (list ops are one MPI call).
-at::Tensor packed(const std::vector<at::Tensor>& ts) {
-  std::vector<at::Tensor> flat;
-  flat.reserve(ts.size());
-  for (const auto& t : ts) flat.push_back(t.reshape({-1}).to(at::kCPU));
-  return at::cat(flat);
-}
-
-void unpack(const at::Tensor& flat, const std::vector<at::Tensor>& outs) {
-  int64_t off = 0;
-  for (const auto& o : outs) {
-    o.copy_(flat.narrow(0, off, o.numel()).view(o.sizes()));
-    off += o.numel();
-  }
 }
 
 int tagFor(const std::string& groupName) {
@@ -137,6 +114,7 @@ ProcessGroupMPIGPU::ProcessGroupMPIGPU(c10::intrusive_ptr<c10d::Store> store, in
   comm_.rank = rank;
   comm_.size = size;
   comm_.maxCount = config_.maxElementsPerCall;
+  paths_ = std::make_unique<paths::PathFactory>(config_);
   engine_ = Engine::create("mpigpu-" + groupName_);
   engine_->runAndWait("new_group", rank, [this] {
     comm_.handle = mpi::createGroupComm(worldRanks_, tagFor(groupName_), rank_);
@@ -179,7 +157,10 @@ std::string ProcessGroupMPIGPU::describe() const {
   for (int r : worldRanks_) s << " " << r;
   s << "), " << env.libraryVersion << ", " << mpi::threadLevelName(env.threadLevel)
     << ", timeout " << timeout_.count() << " ms, max elements per MPI call "
-    << config_.maxElementsPerCall << ", CPU tensors: cpu path, other devices: via-cpu path";
+    << config_.maxElementsPerCall << ", fusion up to " << config_.fusionBytes
+    << " bytes per MPI call; paths: CPU tensors cpu, CUDA tensors "
+    << paths::pathName(paths_->cudaPath()) << " (" << paths_->cudaPathReason()
+    << "; staging pieces of " << config_.stagingChunkBytes << " bytes), other devices via-cpu";
   return s.str();
 }
 
@@ -190,22 +171,33 @@ milliseconds ProcessGroupMPIGPU::effectiveTimeout(milliseconds optTimeout) const
 c10::intrusive_ptr<c10d::Work> ProcessGroupMPIGPU::enqueue(c10d::OpType type, const char* op,
                                                            std::vector<at::Tensor> outputs,
                                                            std::vector<at::Tensor> inputs,
-                                                           milliseconds optTimeout, Body body) {
+                                                           milliseconds optTimeout,
+                                                           std::shared_ptr<OpBuffers> bufs,
+                                                           Body body) {
   MPIGPU_CHECK_VALUE(engine_ != nullptr, op, rank_,
                      "the process group has been destroyed; create a new one");
   const uint64_t seq = ++seq_;
+  bufs->issued();
   auto work = c10::make_intrusive<WorkMPIGPU>(rank_, type, op, seq, std::move(outputs),
                                               effectiveTimeout(optTimeout), op,
-                                              std::optional<std::vector<at::Tensor>>(inputs));
+                                              std::optional<std::vector<at::Tensor>>(inputs),
+                                              std::vector<std::shared_ptr<OpBuffers>>{bufs});
   if (config_.debug) {
-    std::cerr << opMessage(op, rank_, "op #", seq, " queued") << std::endl;
+    std::cerr << opMessage(op, rank_, "op #", seq, " queued (", paths::pathName(bufs->kind()),
+                           " path)") << std::endl;
   }
   {
     std::lock_guard<std::mutex> lock(coalesceMutex_);
     if (coalescing_) coalesced_.push_back(work);
   }
-  engine_->submit(work, [body = std::move(body)] {
-    body();
+  engine_->submit(work, [bufs = std::move(bufs), body = std::move(body)] {
+    {
+      auto onCommStream = bufs->enter();
+      bufs->stageIn();
+      body(*bufs);
+      bufs->stageOut();
+    }
+    bufs->release();
     return true;
   });
   return work;
@@ -231,6 +223,60 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupMPIGPU::endCoalescing() {
 }
 
 // ---------------------------------------------------------------------------------------------
+// Fusion: many tensors of one dtype travel back to back in one MPI call, up to fusionBytes.
+
+namespace {
+
+// Indices of `ts` grouped by dtype (first-seen order), each group cut into runs of at most
+// `limit` bytes (a tensor larger than that travels alone).
+std::vector<std::vector<size_t>> fusionBuckets(const std::vector<at::Tensor>& ts, int64_t limit) {
+  std::vector<at::ScalarType> order;
+  std::map<at::ScalarType, std::vector<size_t>> byDtype;
+  for (size_t i = 0; i < ts.size(); ++i) {
+    auto dt = ts[i].scalar_type();
+    if (!byDtype.count(dt)) order.push_back(dt);
+    byDtype[dt].push_back(i);
+  }
+  std::vector<std::vector<size_t>> buckets;
+  for (auto dt : order) {
+    std::vector<size_t> cur;
+    int64_t bytes = 0;
+    for (size_t i : byDtype[dt]) {
+      const int64_t b = ts[i].numel() * static_cast<int64_t>(ts[i].element_size());
+      if (!cur.empty() && bytes + b > limit) {
+        buckets.push_back(std::move(cur));
+        cur.clear();
+        bytes = 0;
+      }
+      cur.push_back(i);
+      bytes += b;
+    }
+    if (!cur.empty()) buckets.push_back(std::move(cur));
+  }
+  return buckets;
+}
+
+std::vector<at::Tensor> pick(const std::vector<at::Tensor>& ts, const std::vector<size_t>& idx) {
+  std::vector<at::Tensor> out;
+  out.reserve(idx.size());
+  for (size_t i : idx) out.push_back(ts[i]);
+  return out;
+}
+
+// Rank-major row views: row r of every tensor (seen as [size, n]), for r = 0..size-1. An allgather
+// of packed inputs lands in exactly this order, and a reduce-scatter reads it.
+std::vector<at::Tensor> rankMajorRows(const std::vector<at::Tensor>& ts, int size) {
+  std::vector<at::Tensor> rows;
+  rows.reserve(ts.size() * size);
+  for (int r = 0; r < size; ++r) {
+    for (const auto& t : ts) rows.push_back(t.view({size, -1}).select(0, r));
+  }
+  return rows;
+}
+
+} // namespace
+
+// ---------------------------------------------------------------------------------------------
 // Reductions
 
 c10::intrusive_ptr<c10d::Work> ProcessGroupMPIGPU::allreduce(std::vector<at::Tensor>& tensors,
@@ -238,31 +284,22 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupMPIGPU::allreduce(std::vector<at::Ten
   const char* op = "allreduce";
   MPIGPU_CHECK_VALUE(!tensors.empty(), op, rank_, "got an empty tensor list");
   for (const auto& t : tensors) checkSameDevice(op, rank_, tensors[0], t, "a tensor");
-  // One MPI call per dtype: tensors of one dtype are packed into a single buffer.
-  std::map<at::ScalarType, std::vector<size_t>> byDtype;
-  std::map<at::ScalarType, mpi::Reduction> reductions;
-  for (size_t i = 0; i < tensors.size(); ++i) {
-    auto dt = tensors[i].scalar_type();
-    if (!reductions.count(dt)) reductions[dt] = mpi::resolveReduction(opts.reduceOp, dt, op, rank_);
-    byDtype[dt].push_back(i);
+  struct Bucket {
+    size_t slot;
+    mpi::Reduction red;
+  };
+  auto bufs = buffersFor(tensors[0]);
+  std::vector<Bucket> buckets;
+  for (const auto& idx : fusionBuckets(tensors, config_.fusionBytes)) {
+    auto red = mpi::resolveReduction(opts.reduceOp, tensors[idx[0]].scalar_type(), op, rank_);
+    buckets.push_back({bufs->add(pick(tensors, idx), Access::ReadWrite, /*elementwise=*/true),
+                       std::move(red)});
   }
-  auto bufs = inOutBuffers(tensors);
-  return enqueue(c10d::OpType::ALLREDUCE, op, tensors, tensors, opts.timeout,
-                 [this, op, bufs, byDtype, reductions] {
-                   for (const auto& [dt, idx] : byDtype) {
-                     const auto& red = reductions.at(dt);
-                     if (idx.size() == 1) {
-                       at::Tensor b = bufs[idx[0]].mpi;
-                       mpi::allreduceInPlace(comm_, op, b, red);
-                       continue;
-                     }
-                     std::vector<at::Tensor> parts;
-                     for (size_t i : idx) parts.push_back(bufs[i].mpi);
-                     at::Tensor flat = at::cat(parts);
-                     mpi::allreduceInPlace(comm_, op, flat, red);
-                     unpack(flat, parts);
+  return enqueue(c10d::OpType::ALLREDUCE, op, tensors, tensors, opts.timeout, bufs,
+                 [this, op, buckets](OpBuffers& b) {
+                   for (const auto& k : buckets) {
+                     b.run(k.slot, [&](at::Tensor& t) { mpi::allreduceInPlace(comm_, op, t, k.red); });
                    }
-                   for (const auto& b : bufs) b.finish();
                  });
 }
 
@@ -285,13 +322,13 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupMPIGPU::reduce(std::vector<at::Tensor
   MPIGPU_CHECK_VALUE(opts.rootTensor == 0, op, rank_, "rootTensor must be 0");
   const int root = static_cast<int>(opts.rootRank);
   auto red = mpi::resolveReduction(opts.reduceOp, tensors[0].scalar_type(), op, rank_);
+  auto bufs = buffersFor(tensors[0]);
   // Only the root's tensor changes.
-  HostBuffer buf = rank_ == root ? paths::forInOut(tensors[0]) : paths::forInput(tensors[0]);
-  return enqueue(c10d::OpType::REDUCE, op, tensors, tensors, opts.timeout,
-                 [this, op, buf, red, root] {
-                   at::Tensor out = buf.mpi;
-                   mpi::reduce(comm_, op, buf.mpi, out, red, root);
-                   buf.finish();
+  const size_t slot = bufs->add(tensors[0], rank_ == root ? Access::ReadWrite : Access::Read,
+                                /*elementwise=*/true);
+  return enqueue(c10d::OpType::REDUCE, op, tensors, tensors, opts.timeout, bufs,
+                 [this, op, slot, red, root](OpBuffers& b) {
+                   b.run(slot, [&](at::Tensor& t) { mpi::reduce(comm_, op, t, t, red, root); });
                  });
 }
 
@@ -309,13 +346,12 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupMPIGPU::reduce_scatter(
                        "output's ", outputs[0].numel(), " elements, one has ", t.numel());
   }
   auto red = mpi::resolveReduction(opts.reduceOp, outputs[0].scalar_type(), op, rank_);
-  at::Tensor in = packed(inputs[0]);
-  HostBuffer out = paths::forOutput(outputs[0]);
-  return enqueue(c10d::OpType::REDUCE_SCATTER, op, outputs, inputs[0], opts.timeout,
-                 [this, op, in, out, red] {
-                   at::Tensor o = out.mpi;
-                   mpi::reduceScatter(comm_, op, in, o, red);
-                   out.finish();
+  auto bufs = buffersFor(outputs[0]);
+  const size_t in = bufs->add(inputs[0], Access::Read);
+  const size_t out = bufs->add(outputs[0], Access::Write);
+  return enqueue(c10d::OpType::REDUCE_SCATTER, op, outputs, inputs[0], opts.timeout, bufs,
+                 [this, op, in, out, red](OpBuffers& b) {
+                   mpi::reduceScatter(comm_, op, b.mpi(in), b.mpi(out), red);
                  });
 }
 
@@ -332,24 +368,34 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupMPIGPU::reduce_scatter_tensor_coalesc
   MPIGPU_CHECK_VALUE(outputs.size() == inputs.size() && !outputs.empty(), op, rank_,
                      "needs as many outputs as inputs (and at least one), got ", outputs.size(),
                      " and ", inputs.size());
-  std::vector<HostBuffer> ins, outs;
-  std::vector<mpi::Reduction> reds;
   for (size_t i = 0; i < outputs.size(); ++i) {
-    checkTensor(op, rank_, outputs[i]);
+    checkSameDevice(op, rank_, outputs[0], outputs[i], "an output");
     checkSameKind(op, rank_, outputs[i], inputs[i], "the input");
     MPIGPU_CHECK_VALUE(inputs[i].numel() == outputs[i].numel() * size_, op, rank_,
                        "input must have group size (", size_, ") x output elements (",
                        outputs[i].numel(), "), got ", inputs[i].numel());
-    reds.push_back(mpi::resolveReduction(opts.reduceOp, outputs[i].scalar_type(), op, rank_));
-    ins.push_back(paths::forInput(inputs[i]));
-    outs.push_back(paths::forOutput(outputs[i]));
   }
-  return enqueue(c10d::OpType::_REDUCE_SCATTER_BASE, op, outputs, inputs, opts.timeout,
-                 [this, op, ins, outs, reds] {
-                   for (size_t i = 0; i < outs.size(); ++i) {
-                     at::Tensor o = outs[i].mpi;
-                     mpi::reduceScatter(comm_, op, ins[i].mpi, o, reds[i]);
-                     outs[i].finish();
+  // One MPI call per bucket: the inputs' rank-r rows are packed rank-major, so block r of the
+  // packed buffer is everything rank r receives.
+  struct Bucket {
+    size_t in, out;
+    mpi::Reduction red;
+  };
+  auto bufs = buffersFor(outputs[0]);
+  std::vector<Bucket> buckets;
+  for (const auto& idx : fusionBuckets(outputs, config_.fusionBytes)) {
+    std::vector<at::Tensor> ins;
+    for (size_t i : idx) ins.push_back(inputs[i].reshape({size_, -1}));
+    auto red = mpi::resolveReduction(opts.reduceOp, outputs[idx[0]].scalar_type(), op, rank_);
+    // A single input is rank-major already: MPI reads it as it is.
+    buckets.push_back({bufs->add(idx.size() == 1 ? pick(inputs, idx) : rankMajorRows(ins, size_),
+                                 Access::Read),
+                       bufs->add(pick(outputs, idx), Access::Write), std::move(red)});
+  }
+  return enqueue(c10d::OpType::_REDUCE_SCATTER_BASE, op, outputs, inputs, opts.timeout, bufs,
+                 [this, op, buckets](OpBuffers& b) {
+                   for (const auto& k : buckets) {
+                     mpi::reduceScatter(comm_, op, b.mpi(k.in), b.mpi(k.out), k.red);
                    }
                  });
 }
@@ -365,12 +411,12 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupMPIGPU::broadcast(std::vector<at::Ten
   MPIGPU_CHECK_VALUE(opts.rootTensor == 0, op, rank_, "rootTensor must be 0");
   const int root = static_cast<int>(opts.rootRank);
   mpi::transportType(tensors[0].scalar_type(), op, rank_);
-  HostBuffer buf = rank_ == root ? paths::forInput(tensors[0]) : paths::forOutput(tensors[0]);
-  return enqueue(c10d::OpType::BROADCAST, op, tensors, tensors, opts.timeout,
-                 [this, op, buf, root] {
-                   at::Tensor b = buf.mpi;
-                   mpi::broadcast(comm_, op, b, root);
-                   buf.finish();
+  auto bufs = buffersFor(tensors[0]);
+  const size_t slot = bufs->add(tensors[0], rank_ == root ? Access::Read : Access::Write,
+                                /*elementwise=*/true);
+  return enqueue(c10d::OpType::BROADCAST, op, tensors, tensors, opts.timeout, bufs,
+                 [this, op, slot, root](OpBuffers& b) {
+                   b.run(slot, [&](at::Tensor& t) { mpi::broadcast(comm_, op, t, root); });
                  });
 }
 
@@ -389,13 +435,12 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupMPIGPU::allgather(
                        "input's ", inputs[0].numel(), " elements, one has ", t.numel());
   }
   mpi::transportType(inputs[0].scalar_type(), op, rank_);
-  HostBuffer in = paths::forInput(inputs[0]);
-  std::vector<at::Tensor> outs = outputs[0];
-  return enqueue(c10d::OpType::ALLGATHER, op, outs, inputs, opts.timeout,
-                 [this, op, in, outs] {
-                   at::Tensor flat = at::empty({in.mpi.numel() * size_}, in.mpi.options());
-                   mpi::allgather(comm_, op, in.mpi, flat);
-                   unpack(flat, outs);
+  auto bufs = buffersFor(inputs[0]);
+  const size_t in = bufs->add(inputs[0], Access::Read);
+  const size_t out = bufs->add(outputs[0], Access::Write);
+  return enqueue(c10d::OpType::ALLGATHER, op, outputs[0], inputs, opts.timeout, bufs,
+                 [this, op, in, out](OpBuffers& b) {
+                   mpi::allgather(comm_, op, b.mpi(in), b.mpi(out));
                  });
 }
 
@@ -412,24 +457,38 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupMPIGPU::allgather_into_tensor_coalesc
   MPIGPU_CHECK_VALUE(outputs.size() == inputs.size() && !outputs.empty(), op, rank_,
                      "needs as many outputs as inputs (and at least one), got ", outputs.size(),
                      " and ", inputs.size());
-  std::vector<HostBuffer> ins, outs;
   for (size_t i = 0; i < outputs.size(); ++i) {
-    checkTensor(op, rank_, inputs[i]);
+    checkSameDevice(op, rank_, inputs[0], inputs[i], "an input");
     checkSameKind(op, rank_, inputs[i], outputs[i], "the output");
     MPIGPU_CHECK_VALUE(outputs[i].numel() == inputs[i].numel() * size_, op, rank_,
                        "output must have group size (", size_, ") x input elements (",
                        inputs[i].numel(), "), got ", outputs[i].numel());
     mpi::transportType(inputs[i].scalar_type(), op, rank_);
-    ins.push_back(paths::forInput(inputs[i]));
-    outs.push_back(paths::forOutput(outputs[i]));
   }
-  return enqueue(c10d::OpType::_ALLGATHER_BASE, op, outputs, inputs, opts.timeout,
-                 [this, op, ins, outs] {
-                   for (size_t i = 0; i < outs.size(); ++i) {
-                     at::Tensor o = outs[i].mpi;
-                     mpi::allgather(comm_, op, ins[i].mpi, o);
-                     outs[i].finish();
-                   }
+  // One MPI call per bucket: packed inputs gather rank-major, which is the outputs' rank-r rows
+  // in order. A non-contiguous output has no row views and travels alone.
+  struct Bucket {
+    size_t in, out;
+  };
+  auto bufs = buffersFor(inputs[0]);
+  std::vector<Bucket> buckets;
+  auto addBucket = [&](const std::vector<size_t>& idx) {
+    std::vector<at::Tensor> outs = pick(outputs, idx);
+    buckets.push_back({bufs->add(pick(inputs, idx), Access::Read),
+                       bufs->add(idx.size() == 1 ? outs : rankMajorRows(outs, size_),
+                                 Access::Write)});
+  };
+  for (const auto& idx : fusionBuckets(inputs, config_.fusionBytes)) {
+    std::vector<size_t> fused;
+    for (size_t i : idx) {
+      if (outputs[i].is_contiguous()) fused.push_back(i);
+      else addBucket({i});
+    }
+    if (!fused.empty()) addBucket(fused);
+  }
+  return enqueue(c10d::OpType::_ALLGATHER_BASE, op, outputs, inputs, opts.timeout, bufs,
+                 [this, op, buckets](OpBuffers& b) {
+                   for (const auto& k : buckets) mpi::allgather(comm_, op, b.mpi(k.in), b.mpi(k.out));
                  });
 }
 
@@ -439,8 +498,9 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupMPIGPU::allgather_coalesced(
   const char* op = "allgather_coalesced";
   MPIGPU_CHECK_VALUE(outputLists.size() == static_cast<size_t>(size_), op, rank_,
                      "expects one output list per rank (", size_, "), got ", outputLists.size());
-  std::vector<at::Tensor> flatIns, allOuts;
-  for (const auto& t : inputs) checkTensor(op, rank_, t);
+  MPIGPU_CHECK_VALUE(!inputs.empty(), op, rank_, "got an empty input list");
+  for (const auto& t : inputs) checkSameKind(op, rank_, inputs[0], t, "an input");
+  std::vector<at::Tensor> allOuts;
   for (const auto& list : outputLists) {
     MPIGPU_CHECK_VALUE(list.size() == inputs.size(), op, rank_, "every output list must have ",
                        inputs.size(), " tensors (one per input), one has ", list.size());
@@ -451,17 +511,13 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupMPIGPU::allgather_coalesced(
       allOuts.push_back(list[i]);
     }
   }
-  MPIGPU_CHECK_VALUE(!inputs.empty(), op, rank_, "got an empty input list");
-  for (const auto& t : inputs) {
-    MPIGPU_CHECK_TYPE(t.scalar_type() == inputs[0].scalar_type(), op, rank_,
-                      "all inputs must share a dtype");
-  }
-  at::Tensor in = packed(inputs);
-  return enqueue(c10d::OpType::ALLGATHER_COALESCED, op, allOuts, inputs, opts.timeout,
-                 [this, op, in, allOuts] {
-                   at::Tensor flat = at::empty({in.numel() * size_}, in.options());
-                   mpi::allgather(comm_, op, in, flat);
-                   unpack(flat, allOuts);  // rank-major, input order within a rank
+  mpi::transportType(inputs[0].scalar_type(), op, rank_);
+  auto bufs = buffersFor(inputs[0]);
+  const size_t in = bufs->add(inputs, Access::Read);
+  const size_t out = bufs->add(allOuts, Access::Write);  // rank-major, input order within a rank
+  return enqueue(c10d::OpType::ALLGATHER_COALESCED, op, allOuts, inputs, opts.timeout, bufs,
+                 [this, op, in, out](OpBuffers& b) {
+                   mpi::allgather(comm_, op, b.mpi(in), b.mpi(out));
                  });
 }
 
@@ -472,8 +528,9 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupMPIGPU::gather(
   checkSingle(op, rank_, inputs);
   checkRank(op, rank_, size_, opts.rootRank, "root");
   const int root = static_cast<int>(opts.rootRank);
+  const bool isRoot = rank_ == root;
   std::vector<at::Tensor> outs;
-  if (rank_ == root) {
+  if (isRoot) {
     MPIGPU_CHECK_VALUE(outputs.size() == 1 && static_cast<int>(outputs[0].size()) == size_, op,
                        rank_, "the root needs one output list of ", size_, " tensors");
     for (const auto& t : outputs[0]) {
@@ -487,13 +544,12 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupMPIGPU::gather(
                        "only the root (rank ", root, ") takes output tensors");
   }
   mpi::transportType(inputs[0].scalar_type(), op, rank_);
-  HostBuffer in = paths::forInput(inputs[0]);
-  return enqueue(c10d::OpType::GATHER, op, outs, inputs, opts.timeout,
-                 [this, op, in, outs, root] {
-                   at::Tensor flat;
-                   if (rank_ == root) flat = at::empty({in.mpi.numel() * size_}, in.mpi.options());
-                   mpi::gather(comm_, op, in.mpi, rank_ == root ? &flat : nullptr, root);
-                   if (rank_ == root) unpack(flat, outs);
+  auto bufs = buffersFor(inputs[0]);
+  const size_t in = bufs->add(inputs[0], Access::Read);
+  const size_t out = isRoot ? bufs->add(outs, Access::Write) : 0;
+  return enqueue(c10d::OpType::GATHER, op, outs, inputs, opts.timeout, bufs,
+                 [this, op, in, out, root, isRoot](OpBuffers& b) {
+                   mpi::gather(comm_, op, b.mpi(in), isRoot ? &b.mpi(out) : nullptr, root);
                  });
 }
 
@@ -504,9 +560,9 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupMPIGPU::scatter(
   checkSingle(op, rank_, outputs);
   checkRank(op, rank_, size_, opts.rootRank, "root");
   const int root = static_cast<int>(opts.rootRank);
-  at::Tensor in;
+  const bool isRoot = rank_ == root;
   std::vector<at::Tensor> ins;
-  if (rank_ == root) {
+  if (isRoot) {
     MPIGPU_CHECK_VALUE(inputs.size() == 1 && static_cast<int>(inputs[0].size()) == size_, op,
                        rank_, "the root needs one input list of ", size_, " tensors");
     for (const auto& t : inputs[0]) {
@@ -515,18 +571,17 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupMPIGPU::scatter(
                          "output's ", outputs[0].numel(), " elements, one has ", t.numel());
     }
     ins = inputs[0];
-    in = packed(ins);
   } else {
     MPIGPU_CHECK_VALUE(inputs.empty() || (inputs.size() == 1 && inputs[0].empty()), op, rank_,
                        "only the root (rank ", root, ") takes input tensors");
   }
   mpi::transportType(outputs[0].scalar_type(), op, rank_);
-  HostBuffer out = paths::forOutput(outputs[0]);
-  return enqueue(c10d::OpType::SCATTER, op, outputs, ins, opts.timeout,
-                 [this, op, in, out, root] {
-                   at::Tensor o = out.mpi;
-                   mpi::scatter(comm_, op, rank_ == root ? &in : nullptr, o, root);
-                   out.finish();
+  auto bufs = buffersFor(outputs[0]);
+  const size_t in = isRoot ? bufs->add(ins, Access::Read) : 0;
+  const size_t out = bufs->add(outputs[0], Access::Write);
+  return enqueue(c10d::OpType::SCATTER, op, outputs, ins, opts.timeout, bufs,
+                 [this, op, in, out, root, isRoot](OpBuffers& b) {
+                   mpi::scatter(comm_, op, isRoot ? &b.mpi(in) : nullptr, b.mpi(out), root);
                  });
 }
 
@@ -562,12 +617,12 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupMPIGPU::alltoall_base(
   };
   auto sendCounts = counts(input, inputSplitSizes, "input");
   auto recvCounts = counts(output, outputSplitSizes, "output");
-  HostBuffer in = paths::forInput(input), out = paths::forOutput(output);
-  return enqueue(c10d::OpType::ALLTOALL_BASE, op, {output}, {input}, opts.timeout,
-                 [this, op, in, out, sendCounts, recvCounts] {
-                   at::Tensor o = out.mpi;
-                   mpi::alltoallv(comm_, op, in.mpi, sendCounts, o, recvCounts);
-                   out.finish();
+  auto bufs = buffersFor(input);
+  const size_t in = bufs->add(input, Access::Read);
+  const size_t out = bufs->add(output, Access::Write);
+  return enqueue(c10d::OpType::ALLTOALL_BASE, op, {output}, {input}, opts.timeout, bufs,
+                 [this, op, in, out, sendCounts, recvCounts](OpBuffers& b) {
+                   mpi::alltoallv(comm_, op, b.mpi(in), sendCounts, b.mpi(out), recvCounts);
                  });
 }
 
@@ -587,14 +642,12 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupMPIGPU::alltoall(std::vector<at::Tens
     recvCounts.push_back(outputs[p].numel());
   }
   mpi::transportType(inputs[0].scalar_type(), op, rank_);
-  at::Tensor in = packed(inputs);
-  std::vector<at::Tensor> outs = outputs;
-  const int64_t total = std::accumulate(recvCounts.begin(), recvCounts.end(), int64_t{0});
-  return enqueue(c10d::OpType::ALLTOALL, op, outs, inputs, opts.timeout,
-                 [this, op, in, outs, sendCounts, recvCounts, total] {
-                   at::Tensor flat = at::empty({total}, in.options());
-                   mpi::alltoallv(comm_, op, in, sendCounts, flat, recvCounts);
-                   unpack(flat, outs);
+  auto bufs = buffersFor(inputs[0]);
+  const size_t in = bufs->add(inputs, Access::Read);
+  const size_t out = bufs->add(outputs, Access::Write);
+  return enqueue(c10d::OpType::ALLTOALL, op, outputs, inputs, opts.timeout, bufs,
+                 [this, op, in, out, sendCounts, recvCounts](OpBuffers& b) {
+                   mpi::alltoallv(comm_, op, b.mpi(in), sendCounts, b.mpi(out), recvCounts);
                  });
 }
 
@@ -618,22 +671,35 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupMPIGPU::enqueueP2P(c10d::OpType type,
   MPIGPU_CHECK_VALUE(engine_ != nullptr, op, rank_,
                      "the process group has been destroyed; create a new one");
   const bool sending = type == c10d::OpType::SEND;
-  HostBuffer buf = sending ? paths::forInput(tensor) : paths::forOutput(tensor);
+  auto bufs = buffersFor(tensor);
+  // Not elementwise: the request outlives the task, so its buffer is staged whole.
+  bufs->add(tensor, sending ? Access::Read : Access::Write);
+  bufs->issued();
   const uint64_t seq = ++seq_;
   auto work = c10::make_intrusive<WorkMPIGPU>(
       rank_, type, op, seq, std::vector<at::Tensor>{tensor}, timeout_, op,
-      std::optional<std::vector<at::Tensor>>(std::vector<at::Tensor>{tensor}));
+      std::optional<std::vector<at::Tensor>>(std::vector<at::Tensor>{tensor}),
+      std::vector<std::shared_ptr<OpBuffers>>{bufs});
   {
     std::lock_guard<std::mutex> lock(coalesceMutex_);
     if (coalescing_) coalesced_.push_back(work);
   }
-  engine_->submit(work, [this, op, buf, peer, tag, sending, work] {
-    at::Tensor b = buf.mpi;
-    auto reqs = sending ? mpi::isend(comm_, op, b, peer, tag) : mpi::irecv(comm_, op, b, peer, tag);
+  engine_->submit(work, [this, op, bufs, peer, tag, sending, work] {
+    std::vector<MPI_Request> reqs;
+    {
+      auto onCommStream = bufs->enter();
+      bufs->stageIn();
+      at::Tensor& b = bufs->mpi(0);
+      reqs = sending ? mpi::isend(comm_, op, b, peer, tag) : mpi::irecv(comm_, op, b, peer, tag);
+    }
     WorkMPIGPU* raw = work.get();  // the pending entry owns `work`
-    engine_->addPending(std::move(reqs), work, [buf, raw](const MPI_Status& status) {
+    engine_->addPending(std::move(reqs), work, [bufs, raw](const MPI_Status& status) {
       raw->setSourceRank(status.MPI_SOURCE);
-      buf.finish();
+      {
+        auto onCommStream = bufs->enter();
+        bufs->stageOut();
+      }
+      bufs->release();
     });
     return false;
   });
@@ -663,8 +729,8 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupMPIGPU::recvAnysource(std::vector<at:
 
 c10::intrusive_ptr<c10d::Work> ProcessGroupMPIGPU::barrier(const c10d::BarrierOptions& opts) {
   const char* op = "barrier";
-  return enqueue(c10d::OpType::BARRIER, op, {}, {}, opts.timeout,
-                 [this, op] { mpi::barrier(comm_, op); });
+  return enqueue(c10d::OpType::BARRIER, op, {}, {}, opts.timeout, paths_->create(at::kCPU),
+                 [this, op](OpBuffers&) { mpi::barrier(comm_, op); });
 }
 
 } // namespace mpigpu

@@ -15,6 +15,7 @@
 #include "WorkMPIGPU.hpp"
 #include "engine/Engine.hpp"
 #include "mpi/Collectives.hpp"
+#include "paths/OpBuffers.hpp"
 
 namespace mpigpu {
 
@@ -90,11 +91,16 @@ class ProcessGroupMPIGPU : public c10d::Backend {
   std::string describe() const;
 
  private:
-  using Body = std::function<void()>;
+  // The MPI part of an op; runs on the engine between bufs.stageIn() and bufs.stageOut().
+  using Body = std::function<void(paths::OpBuffers& bufs)>;
   c10::intrusive_ptr<c10d::Work> enqueue(c10d::OpType type, const char* op,
                                          std::vector<at::Tensor> outputs,
                                          std::vector<at::Tensor> inputs,
-                                         std::chrono::milliseconds optTimeout, Body body);
+                                         std::chrono::milliseconds optTimeout,
+                                         std::shared_ptr<paths::OpBuffers> bufs, Body body);
+  std::shared_ptr<paths::OpBuffers> buffersFor(const at::Tensor& t) {
+    return paths_->create(t.device());
+  }
   c10::intrusive_ptr<c10d::Work> enqueueP2P(c10d::OpType type, const char* op, at::Tensor tensor,
                                             int peer, int tag);
   std::chrono::milliseconds effectiveTimeout(std::chrono::milliseconds optTimeout) const;
@@ -106,6 +112,7 @@ class ProcessGroupMPIGPU : public c10d::Backend {
   Config config_;
   std::chrono::milliseconds timeout_;
   mpi::Comm comm_;
+  std::unique_ptr<paths::PathFactory> paths_;
   std::shared_ptr<Engine> engine_;
   std::atomic<uint64_t> seq_{0};
 

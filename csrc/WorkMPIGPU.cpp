@@ -1,5 +1,8 @@
 #include "WorkMPIGPU.hpp"
 
+#include <c10/core/StreamGuard.h>
+
+#include <algorithm>
 #include <atomic>
 #include <memory>
 
@@ -7,18 +10,47 @@
 #include "engine/FutureCompleter.hpp"
 
 namespace mpigpu {
+namespace {
+
+// A CUDA-aware future records events on its devices' current streams when completed, and makes
+// its consumers' streams wait for them; so it must know the devices.
+std::vector<c10::Device> devicesOf(const std::vector<std::shared_ptr<paths::OpBuffers>>& bufs) {
+  std::vector<c10::Device> devices;
+  for (const auto& b : bufs) {
+    for (const auto& d : b->futureDevices()) {
+      if (std::find(devices.begin(), devices.end(), d) == devices.end()) devices.push_back(d);
+    }
+  }
+  return devices;
+}
+
+std::vector<c10::Stream> streamsOf(const std::vector<std::shared_ptr<paths::OpBuffers>>& bufs) {
+  std::vector<c10::Stream> streams;
+  for (const auto& b : bufs) {
+    auto s = b->completionStream();
+    if (!s) continue;
+    const bool seen = std::any_of(streams.begin(), streams.end(),
+                                  [&](const c10::Stream& x) { return x.device() == s->device(); });
+    if (!seen) streams.push_back(*s);
+  }
+  return streams;
+}
+
+} // namespace
 
 WorkMPIGPU::WorkMPIGPU(int rank, c10d::OpType type, const char* opName, uint64_t seq,
                        std::vector<at::Tensor> outputs, std::chrono::milliseconds timeout,
                        const char* profilingTitle,
-                       const std::optional<std::vector<at::Tensor>>& inputs)
+                       const std::optional<std::vector<at::Tensor>>& inputs,
+                       std::vector<std::shared_ptr<paths::OpBuffers>> buffers)
     : Work(rank, type, profilingTitle, inputs),
       opName_(opName),
       seq_(seq),
       outputs_(std::move(outputs)),
       timeout_(timeout),
+      buffers_(std::move(buffers)),
       future_(c10::make_intrusive<c10::ivalue::Future>(
-          c10::ListType::create(c10::TensorType::get()))),
+          c10::ListType::create(c10::TensorType::get()), devicesOf(buffers_))),
       created_(std::chrono::steady_clock::now()) {}
 
 bool WorkMPIGPU::wait(std::chrono::milliseconds timeout) {
@@ -31,7 +63,13 @@ bool WorkMPIGPU::wait(std::chrono::milliseconds timeout) {
                          "call cannot be cancelled, so the job should be stopped.");
   }
   if (exception_) std::rethrow_exception(exception_);
+  lock.unlock();
+  synchronize();
   return true;
+}
+
+void WorkMPIGPU::synchronize() {
+  for (const auto& b : buffers_) b->orderCurrentStream();
 }
 
 int WorkMPIGPU::sourceRank() const {
@@ -54,7 +92,9 @@ void WorkMPIGPU::markCompleted() {
     finished_ = std::chrono::steady_clock::now();
   }
   finish();
-  completeFutureAsync([future = future_, outputs = outputs_] {
+  completeFutureAsync([future = future_, outputs = outputs_, streams = streamsOf(buffers_)] {
+    // With the comm streams current, the future's events mark the op's end on them.
+    c10::MultiStreamGuard onCommStreams(streams);
     future->markCompleted(c10::IValue(outputs));
   });
   runDoneCallbacks();
@@ -94,11 +134,14 @@ c10::intrusive_ptr<WorkMPIGPU> combineWorks(
     int rank, const char* opName, uint64_t seq,
     const std::vector<c10::intrusive_ptr<WorkMPIGPU>>& parts, std::chrono::milliseconds timeout) {
   std::vector<at::Tensor> outputs;
+  std::vector<std::shared_ptr<paths::OpBuffers>> buffers;
   for (const auto& p : parts) {
     for (auto& t : p->result()) outputs.push_back(t);
+    for (const auto& b : p->buffers()) buffers.push_back(b);
   }
   auto whole = c10::make_intrusive<WorkMPIGPU>(rank, c10d::OpType::COALESCED, opName, seq,
-                                               std::move(outputs), timeout, nullptr, std::nullopt);
+                                               std::move(outputs), timeout, nullptr, std::nullopt,
+                                               std::move(buffers));
   if (parts.empty()) {
     whole->markCompleted();
     return whole;

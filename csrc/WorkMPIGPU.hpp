@@ -1,5 +1,6 @@
 // The Work (and its future) handed back for every op: completion, exception, timeout, the source
-// rank of a receive-from-any.
+// rank of a receive-from-any, and for device tensors the stream order: wait() and the future
+// order the caller's streams after the op.
 #pragma once
 
 #include <ATen/core/ivalue.h>
@@ -7,7 +8,10 @@
 
 #include <chrono>
 #include <functional>
+#include <memory>
 #include <vector>
+
+#include "paths/OpBuffers.hpp"
 
 namespace mpigpu {
 
@@ -16,11 +20,16 @@ class WorkMPIGPU : public c10d::Work {
   WorkMPIGPU(int rank, c10d::OpType type, const char* opName, uint64_t seq,
              std::vector<at::Tensor> outputs, std::chrono::milliseconds timeout,
              const char* profilingTitle,
-             const std::optional<std::vector<at::Tensor>>& inputs);
+             const std::optional<std::vector<at::Tensor>>& inputs,
+             std::vector<std::shared_ptr<paths::OpBuffers>> buffers = {});
 
   // With no timeout argument the op's timeout (the group's, or the op option) applies: a op that
   // has not finished by then raises DistBackendError naming it, instead of waiting forever.
+  // For device tensors it then makes the current stream wait for the results (MPI is blocking
+  // on the host, so the op itself must be finished first).
   bool wait(std::chrono::milliseconds timeout = kNoTimeout) override;
+  // Orders the current stream after a completed op (no-op for host tensors).
+  void synchronize() override;
   std::vector<at::Tensor> result() override { return outputs_; }
   c10::intrusive_ptr<c10::ivalue::Future> getFuture() override { return future_; }
   int sourceRank() const override;
@@ -36,6 +45,7 @@ class WorkMPIGPU : public c10d::Work {
   // Runs `fn` when the work completes (at once if it already has): used to build one Work out of
   // several (coalescing).
   void onDone(std::function<void(WorkMPIGPU&)> fn);
+  const std::vector<std::shared_ptr<paths::OpBuffers>>& buffers() const { return buffers_; }
 
  private:
   void runDoneCallbacks();
@@ -44,6 +54,7 @@ class WorkMPIGPU : public c10d::Work {
   const uint64_t seq_;
   std::vector<at::Tensor> outputs_;
   const std::chrono::milliseconds timeout_;
+  const std::vector<std::shared_ptr<paths::OpBuffers>> buffers_;
   c10::intrusive_ptr<c10::ivalue::Future> future_;
   int sourceRank_ = -1;
   std::chrono::steady_clock::time_point created_, started_, finished_;

@@ -10,6 +10,7 @@
 #include "engine/FutureCompleter.hpp"
 #include "mpi/Collectives.hpp"
 #include "mpi/Env.hpp"
+#include "paths/OpBuffers.hpp"
 
 namespace py = pybind11;
 using mpigpu::ProcessGroupMPIGPU;
@@ -59,6 +60,11 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.def("mpi_call_count", &mpigpu::mpi::callCount,
         "MPI communication calls made by this process so far (tests use it to prove fusion).");
   m.def("with_cuda", [] { return MPIGPU_WITH_CUDA != 0; });
+  m.def("cuda_path", [] {
+    auto [kind, reason] = mpigpu::paths::chooseCudaPath(mpigpu::Config::fromEnv());
+    return py::make_tuple(mpigpu::paths::pathName(kind), reason);
+  }, "The path CUDA tensors take with this build, MPI and TORCH_MPIGPU_CUDA_AWARE, and why "
+     "(initialises MPI if needed).");
   m.def("shutdown", [] {
     mpigpu::Engine::shutdownAll();
     mpigpu::stopFutureCompleter();

@@ -12,7 +12,8 @@ import torch
 import torch.distributed as dist
 
 from . import _C
-from .launcher import detect_launcher, install_env_rendezvous_hook, setup_env
+from .launcher import (detect_launcher, install_env_rendezvous_hook, select_cuda_device,
+                       setup_env)
 
 __version__ = "0.1.0"
 BACKEND_NAME = "mpigpu"
@@ -25,6 +26,7 @@ def _create_backend(dist_backend_opts, pg_options):
     """c10d creator (extended API): runs on member ranks only, once per group."""
     timeout = dist_backend_opts.timeout
     seconds = timeout.total_seconds() if hasattr(timeout, "total_seconds") else float(timeout)
+    select_cuda_device()  # before MPI_Init, if this is where MPI starts
     return _C.ProcessGroupMPIGPU(
         dist_backend_opts.store,
         dist_backend_opts.group_rank,
@@ -35,11 +37,24 @@ def _create_backend(dist_backend_opts, pg_options):
     )
 
 
+def _devices():
+    """Device types mpigpu serves: cpu, cuda, and xpu in torch builds that have it (XPU tensors
+    take the via-cpu path)."""
+    devices = ["cpu", "cuda"]
+    xpu = getattr(torch, "xpu", None)
+    try:
+        if xpu is not None and xpu._is_compiled():
+            devices.append("xpu")
+    except (AttributeError, RuntimeError):
+        pass
+    return devices
+
+
 def _register():
     if BACKEND_NAME.upper() in dist.Backend._plugins:
         return
     dist.Backend.register_backend(BACKEND_NAME, _create_backend, extended_api=True,
-                                  devices=["cpu", "cuda"])
+                                  devices=_devices())
 
 
 def build_info():

@@ -32,6 +32,18 @@ SETTINGS = [
     Setting("TORCH_MPIGPU_MAX_ELEMENTS_PER_CALL", "2147483647",
             "Largest element count passed to one MPI call; larger messages are split. Lower it "
             "only to test the splitting."),
+    Setting("TORCH_MPIGPU_CUDA_AWARE", "auto",
+            "How CUDA tensors reach MPI. auto: ask the MPI library (MPIX_Query_cuda_support, "
+            "MPIX_GPU_query_support); 1: device pointers (cuda-direct; only for a CUDA-aware MPI); "
+            "0: staged through pinned host memory (cuda-staged)."),
+    Setting("TORCH_MPIGPU_STAGING_CHUNK_BYTES", str(4 << 20),
+            "cuda-staged: piece size of the copy/MPI pipeline for allreduce, broadcast and reduce."),
+    Setting("TORCH_MPIGPU_FUSION_BYTES", str(64 << 20),
+            "Most bytes packed into one MPI call when one op carries many tensors (allreduce "
+            "lists, coalesced calls); 0 sends every tensor on its own."),
+    Setting("TORCH_MPIGPU_SET_DEVICE", "1",
+            "1: under an MPI launcher, make cuda:(local rank mod device count) current before MPI "
+            "starts (CUDA-aware MPIs set up IPC for the current device). 0: leave it alone."),
     Setting("TORCH_MPIGPU_AUTO_ENV", "1",
             "1: under mpirun/mpiexec/srun, fill RANK, WORLD_SIZE, LOCAL_RANK, MASTER_ADDR and "
             "MASTER_PORT (agreed through MPI) when they are unset, so env:// just works. 0: off."),

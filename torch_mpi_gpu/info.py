@@ -8,11 +8,10 @@ import torch
 from . import _C, build_info, config, detect_launcher
 
 
-def _cuda_paths(mpi):
-    if not torch.cuda.is_available():
-        return "no CUDA device visible"
-    return ("via-cpu (host copy): the CUDA data paths (direct, staged) are not built yet"
-            if not _C.with_cuda() else "via-cpu (host copy)")
+def _cuda_paths():
+    path, reason = _C.cuda_path()
+    seen = "" if torch.cuda.is_available() else " [no CUDA device visible to this process]"
+    return f"{path}: {reason}{seen}"
 
 
 def collect():
@@ -34,7 +33,7 @@ def collect():
         "launcher": detect_launcher(),
         "paths": {
             "cpu tensors": "cpu: MPI on host memory (non-contiguous tensors are copied)",
-            "cuda tensors": _cuda_paths(mpi),
+            "cuda tensors": _cuda_paths(),
             "other devices (xpu, ...)": "via-cpu (host copy)",
         },
         "settings": {s.name: (s.value if s.is_set else f"{s.default} (default)")

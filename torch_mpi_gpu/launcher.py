@@ -52,6 +52,31 @@ def _free_port():
         return s.getsockname()[1]
 
 
+def select_cuda_device(environ=None):
+    """Make cuda:(local rank mod device count) current before MPI starts; returns it or None.
+
+    CUDA-aware MPIs set up their CUDA IPC resources for the device current at MPI_Init. Skipped
+    when CUDA is already initialised in this process (the user chose a device), when no launcher
+    gives a local rank, or with TORCH_MPIGPU_SET_DEVICE=0.
+    """
+    if config.get("TORCH_MPIGPU_SET_DEVICE") == "0":
+        return None
+    import torch
+    if not torch.cuda.is_available() or torch.cuda.is_initialized():
+        return None
+    found = detect_launcher(environ)
+    local = found["local_rank"] if found else None
+    if local is None:
+        env_local = (environ or os.environ).get("LOCAL_RANK", "")
+        local = int(env_local) if env_local.isdigit() else None
+    if local is None:
+        return None
+    device = local % torch.cuda.device_count()
+    torch.cuda.set_device(device)
+    log.info("mpigpu: local rank %d uses cuda:%d", local, device)
+    return device
+
+
 def setup_env(force=False):
     """Fill torch's rendezvous variables from the MPI launcher; returns what was set (or None).
 
@@ -67,6 +92,7 @@ def setup_env(force=False):
         return None
     from . import _C
 
+    select_cuda_device()
     port = int(config.get("TORCH_MPIGPU_MASTER_PORT") or 0) or _free_port()
     host, port, single_host, rank, size = _C.bootstrap_address(socket.gethostname(), port)
     values = {"RANK": str(rank), "WORLD_SIZE": str(size),

@@ -1,5 +1,7 @@
 #include "mpi/Collectives.hpp"
 
+#include <c10/core/impl/DeviceGuardImplInterface.h>
+
 #include <algorithm>
 
 #include "Errors.hpp"
@@ -20,11 +22,21 @@ void forChunks(int64_t count, int64_t limit, F&& f) {
   }
 }
 
+// MPI does not see streams: device work we queued on the current stream (a scale, a copy) must
+// be finished before MPI reads that memory or writes memory the work still reads.
+void settle(const at::Tensor& t) {
+  if (t.is_cpu()) return;
+  c10::impl::getDeviceGuardImpl(t.device().type())->getStream(t.device()).synchronize();
+}
+
 // PREMUL_SUM multiplies every input by its factor before summing.
 at::Tensor prescaled(const at::Tensor& in, const Reduction& red) {
   if (!red.needsPrescale()) return in;
-  if (red.premulTensor.defined()) return in * red.premulTensor.to(in.device(), in.scalar_type());
-  return in * *red.premulScalar;
+  at::Tensor out = red.premulTensor.defined()
+                       ? in * red.premulTensor.to(in.device(), in.scalar_type())
+                       : in * *red.premulScalar;
+  settle(out);
+  return out;
 }
 
 void finishAverage(at::Tensor& out, const Reduction& red, int size) {
@@ -64,6 +76,7 @@ void allreduceInPlace(const Comm& c, const char* op, at::Tensor& buf, const Redu
   if (red.needsPrescale()) {
     if (red.premulTensor.defined()) buf.mul_(red.premulTensor.to(buf.device(), buf.scalar_type()));
     else buf.mul_(*red.premulScalar);
+    settle(buf);
   }
   const int64_t es = buf.element_size();
   forChunks(buf.numel(), c.maxCount, [&](int64_t off, int n) {
@@ -117,6 +130,7 @@ void allgather(const Comm& c, const char* op, const at::Tensor& in, at::Tensor& 
     MPIGPU_MPI_CHECK(MPI_Allgather(bytes(in) + off * in.element_size(), n, type, bytes(tmp), n,
                                    type, c.handle), op, c.rank);
     outBlocks.narrow(1, off, n).copy_(tmp);
+    settle(tmp);
   });
 }
 
@@ -132,7 +146,10 @@ void gather(const Comm& c, const char* op, const at::Tensor& in, at::Tensor* out
     ++g_calls;
     MPIGPU_MPI_CHECK(MPI_Gather(bytes(in) + off * in.element_size(), n, type, recv, n, type, root,
                                 c.handle), op, c.rank);
-    if (isRoot && !whole) out->view({c.size, count}).narrow(1, off, n).copy_(tmp);
+    if (isRoot && !whole) {
+      out->view({c.size, count}).narrow(1, off, n).copy_(tmp);
+      settle(tmp);
+    }
   });
 }
 
@@ -144,7 +161,10 @@ void scatter(const Comm& c, const char* op, const at::Tensor* in, at::Tensor& ou
   forChunks(count, c.maxCount, [&](int64_t off, int n) {
     const bool whole = n == count;
     at::Tensor tmp;
-    if (isRoot && !whole) tmp = in->view({c.size, count}).narrow(1, off, n).contiguous();
+    if (isRoot && !whole) {
+      tmp = in->view({c.size, count}).narrow(1, off, n).contiguous();
+      settle(tmp);
+    }
     const void* send = isRoot ? (whole ? bytes(*in) : bytes(tmp)) : nullptr;
     ++g_calls;
     MPIGPU_MPI_CHECK(MPI_Scatter(send, n, type, bytes(out) + off * out.element_size(), n, type,
@@ -160,6 +180,7 @@ void reduceScatter(const Comm& c, const char* op, const at::Tensor& in, at::Tens
   forChunks(count, c.maxCount, [&](int64_t off, int n) {
     const bool whole = n == count;
     at::Tensor piece = whole ? send : send.view({c.size, count}).narrow(1, off, n).contiguous();
+    settle(piece);
     ++g_calls;
     MPIGPU_MPI_CHECK(MPI_Reduce_scatter_block(bytes(piece), bytes(out) + off * out.element_size(),
                                               n, red.type, red.op, c.handle), op, c.rank);
@@ -217,6 +238,7 @@ void alltoallv(const Comm& c, const char* op, const at::Tensor& in,
       sOff += sc[p];
       rOff += rc[p];
     }
+    settle(sendTmp);
     ++g_calls;
     MPIGPU_MPI_CHECK(MPI_Alltoallv(bytes(sendTmp), sc.data(), sd.data(), type, bytes(recvTmp),
                                    rc.data(), rd.data(), type, c.handle), op, c.rank);
@@ -225,6 +247,7 @@ void alltoallv(const Comm& c, const char* op, const at::Tensor& in,
         out.narrow(0, recvDispl[p] + r * step, rc[p]).copy_(recvTmp.narrow(0, rd[p], rc[p]));
       }
     }
+    settle(recvTmp);
   }
 }
 

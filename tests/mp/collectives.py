@@ -7,7 +7,7 @@ import torch
 import torch.distributed as dist
 
 from common import (ALL_DTYPES, FLOAT_DTYPES, INT_DTYPES, Checker, make_input,
-                    reference_reduce, run)
+                    reference_reduce, run, use_test_device)
 
 RED_OPS = {
     "sum": dist.ReduceOp.SUM, "avg": dist.ReduceOp.AVG, "product": dist.ReduceOp.PRODUCT,
@@ -33,7 +33,8 @@ def reduce_op(op, factor):
 def main():
     dist.init_process_group("mpigpu")
     rank, world = dist.get_rank(), dist.get_world_size()
-    c = Checker(f"collectives(np={world}, max_elements={os.environ.get('TORCH_MPIGPU_MAX_ELEMENTS_PER_CALL', 'default')})")
+    device = use_test_device()
+    c = Checker(f"collectives(np={world}, device={device}, max_elements={os.environ.get('TORCH_MPIGPU_MAX_ELEMENTS_PER_CALL', 'default')})")
     sizes = [0, 1, 7, 1000]
     seed = 1
     ops = list(RED_OPS) + ["premul_sum"]

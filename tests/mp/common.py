@@ -18,19 +18,45 @@ INT_DTYPES = [torch.int8, torch.uint8, torch.int16, torch.int32, torch.int64]
 ALL_DTYPES = FLOAT_DTYPES + INT_DTYPES + [torch.bool]
 
 
+def use_test_device():
+    """Put this rank's tensors on the device MPIGPU_TEST_DEVICE names (call after init):
+    cpu (default), cuda, or mixed (rank 0 on CUDA, the other ranks on CPU, in one collective).
+    Factory calls without a device then land there, so one script tests every path."""
+    want = os.environ.get("MPIGPU_TEST_DEVICE", "cpu")
+    if want == "mixed":
+        want = "cuda" if dist.get_rank() == 0 else "cpu"
+    device = torch.device("cuda", torch.cuda.current_device()) if want == "cuda" else torch.device(want)
+    torch.set_default_device(device)
+    expect = os.environ.get("MPIGPU_EXPECT_PATH")
+    if device.type == "cuda" and expect:
+        import torch_mpi_gpu
+        taken = torch_mpi_gpu._C.cuda_path()[0]
+        if taken != expect:  # a test of one path must not silently run another
+            raise RuntimeError(f"CUDA tensors take {taken}, this run expects {expect}")
+    return device
+
+
+def _host(fn, *args, **kwargs):
+    return fn(*args, device="cpu", **kwargs)
+
+
 def make_input(seed, rank, numel, dtype, kind="any"):
-    """Deterministic tensor for (seed, rank): every rank can rebuild every other rank's input."""
+    """Deterministic tensor for (seed, rank): every rank can rebuild every other rank's input.
+    Drawn on the host (the same numbers on every device), then moved to the test device."""
     g = torch.Generator().manual_seed(seed * 1009 + rank * 7919 + numel)
     if dtype == torch.bool:
-        return torch.randint(0, 2, (numel,), generator=g).bool()
-    if dtype.is_floating_point:
+        t = _host(torch.randint, 0, 2, (numel,), generator=g).bool()
+    elif dtype.is_floating_point:
         if kind == "prod":  # near 1 so products stay representable
-            return (0.75 + 0.5 * torch.rand(numel, generator=g, dtype=torch.float64)).to(dtype)
-        return (4 * torch.rand(numel, generator=g, dtype=torch.float64) - 2).to(dtype)
-    lo, hi = (0, 100) if dtype == torch.uint8 else (-50, 50)
-    if kind == "prod":
-        lo, hi = (1, 3)
-    return torch.randint(lo, hi, (numel,), generator=g, dtype=torch.int64).to(dtype)
+            t = (0.75 + 0.5 * _host(torch.rand, numel, generator=g, dtype=torch.float64)).to(dtype)
+        else:
+            t = (4 * _host(torch.rand, numel, generator=g, dtype=torch.float64) - 2).to(dtype)
+    else:
+        lo, hi = (0, 100) if dtype == torch.uint8 else (-50, 50)
+        if kind == "prod":
+            lo, hi = (1, 3)
+        t = _host(torch.randint, lo, hi, (numel,), generator=g, dtype=torch.int64).to(dtype)
+    return t.to(torch.get_default_device())
 
 
 def reference_reduce(op, inputs, dtype, factor=None):
@@ -81,6 +107,7 @@ class Checker:
 
     def close(self, case, got, expected, dtype=None, world=1):
         dtype = dtype or got.dtype
+        got, expected = got.cpu(), expected.cpu()
         try:
             if got.dtype != dtype:
                 raise AssertionError(f"dtype {got.dtype} != {dtype}")

@@ -9,7 +9,7 @@ import torch.distributed as dist
 from torch.distributed.algorithms.ddp_comm_hooks import default_hooks, powerSGD_hook
 from torch.nn.parallel import DistributedDataParallel as DDP
 
-from common import Checker, run
+from common import Checker, run, use_test_device
 
 STEPS, PER_RANK = 6, 8
 
@@ -22,7 +22,9 @@ def model():
 
 def batches(world):
     g = torch.Generator().manual_seed(1)
-    return [(torch.randn(PER_RANK * world, 20, generator=g), torch.randn(PER_RANK * world, 4, generator=g))
+    dev = torch.get_default_device()
+    return [(torch.randn(PER_RANK * world, 20, generator=g, device="cpu").to(dev),
+             torch.randn(PER_RANK * world, 4, generator=g, device="cpu").to(dev))
             for _ in range(STEPS)]
 
 
@@ -70,7 +72,8 @@ def bf16_compress(state, bucket):
 def main():
     dist.init_process_group("mpigpu")
     rank, world = dist.get_rank(), dist.get_world_size()
-    c = Checker(f"ddp(np={world})")
+    device = use_test_device()
+    c = Checker(f"ddp(np={world}, device={device})")
     ref = reference(world, accumulate=False)
     ref_acc = reference(world, accumulate=True)
 

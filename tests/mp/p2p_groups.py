@@ -7,7 +7,7 @@ from datetime import timedelta
 import torch
 import torch.distributed as dist
 
-from common import Checker, make_input, run
+from common import Checker, make_input, run, use_test_device
 
 
 def p2p(c, rank, world):
@@ -180,14 +180,14 @@ def threads(c, rank, world):
 def device_mesh(c, rank, world):
     from torch.distributed.device_mesh import init_device_mesh
     if world % 2 == 0 and world >= 2:
-        mesh = init_device_mesh("cpu", (2, world // 2), mesh_dim_names=("dp", "tp"))
+        mesh = init_device_mesh(torch.get_default_device().type, (2, world // 2), mesh_dim_names=("dp", "tp"))
         tp = mesh.get_group("tp")
         t = torch.tensor([float(rank)])
         dist.all_reduce(t, group=tp)
         row = rank // (world // 2)
         c.close("device mesh tp", t, torch.tensor([float(sum(range(row * world // 2, (row + 1) * world // 2)))]))
     else:
-        mesh = init_device_mesh("cpu", (world,))
+        mesh = init_device_mesh(torch.get_default_device().type, (world,))
         t = torch.tensor([1.0])
         dist.all_reduce(t, group=mesh.get_group())
         c.close("device mesh 1-D", t, torch.tensor([float(world)]))
@@ -196,7 +196,8 @@ def device_mesh(c, rank, world):
 def main():
     dist.init_process_group("mpigpu")
     rank, world = dist.get_rank(), dist.get_world_size()
-    c = Checker(f"p2p_groups(np={world})")
+    device = use_test_device()
+    c = Checker(f"p2p_groups(np={world}, device={device})")
     p2p(c, rank, world)
     async_semantics(c, rank, world)
     groups(c, rank, world)

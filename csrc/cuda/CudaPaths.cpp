@@ -1,0 +1,185 @@
+#include "cuda/CudaPaths.hpp"
+
+#include <c10/core/Event.h>
+#include <c10/cuda/CUDACachingAllocator.h>
+#include <c10/cuda/CUDAStream.h>
+
+#include <algorithm>
+#include <mutex>
+#include <unordered_map>
+
+namespace mpigpu::cuda {
+namespace {
+
+using paths::Access;
+using paths::PathKind;
+
+struct GroupStreams {
+  std::mutex mutex;
+  std::unordered_map<c10::DeviceIndex, c10::cuda::CUDAStream> streams;
+
+  c10::cuda::CUDAStream get(c10::DeviceIndex index) {
+    std::lock_guard<std::mutex> lock(mutex);
+    auto it = streams.find(index);
+    if (it == streams.end()) {
+      // High priority: the group's staging copies are not queued behind the caller's compute.
+      it = streams.emplace(index, c10::cuda::getStreamFromPool(/*isHighPriority=*/true, index))
+               .first;
+    }
+    return it->second;
+  }
+};
+
+at::Tensor pinnedEmpty(int64_t numel, at::ScalarType dtype) {
+  // torch's caching host allocator: blocks are reused, and not before the copies that used them
+  // (recorded by copy_ with non_blocking=true) have finished.
+  return at::empty({numel}, at::TensorOptions().dtype(dtype).pinned_memory(true));
+}
+
+class CudaOpBuffers final : public paths::OpBuffers {
+ public:
+  CudaOpBuffers(PathKind kind, at::Device device, c10::cuda::CUDAStream comm, int64_t chunkBytes)
+      : OpBuffers(kind, device), comm_(comm), chunkBytes_(std::max<int64_t>(chunkBytes, 1)) {}
+
+  void issued() override {
+    // MPI must see everything the caller queued on its current stream up to this point.
+    ready_.record(c10::cuda::getCurrentCUDAStream(device_.index()).unwrap());
+  }
+
+  c10::OptionalStreamGuard enter() override { return c10::OptionalStreamGuard(comm_.unwrap()); }
+
+  void stageIn() override {
+    if (ready_.was_marked_for_recording()) ready_.block(comm_.unwrap());
+    for (size_t i = 0; i < slots_.size(); ++i) {
+      if (kind_ == PathKind::CudaStaged && slots_[i].elementwise) continue;  // run() stages it
+      prepare(i);
+    }
+    // MPI is stream-blind: the caller's producers and our copies must have finished before it
+    // reads (or overwrites) the memory.
+    comm_.synchronize();
+  }
+
+  void run(size_t slot, const std::function<void(at::Tensor&)>& mpiOn) override {
+    Slot& s = slots_.at(slot);
+    if (kind_ != PathKind::CudaStaged || !s.elementwise) {
+      mpiOn(s.mpi);
+      return;
+    }
+    // Pipeline: all device->host chunk copies are queued at once; MPI works on chunk i as soon as
+    // it has arrived, while later chunks are still copying in and earlier ones copy back out.
+    at::Tensor& dev = deviceFlat_[slot];
+    dev = s.readable() || s.singleContiguous() ? deviceView(s)
+                                               : at::empty({s.numel}, s.users[0].options());
+    s.mpi = pinnedEmpty(s.numel, s.users[0].scalar_type());
+    if (s.numel == 0) {
+      mpiOn(s.mpi);
+      return;
+    }
+    const int64_t chunk = std::max<int64_t>(1, chunkBytes_ / s.users[0].element_size());
+    const int64_t pieces = (s.numel + chunk - 1) / chunk;
+    std::vector<c10::Event> arrived;
+    if (s.readable()) {
+      arrived.reserve(static_cast<size_t>(pieces));
+      for (int64_t i = 0; i < pieces; ++i) {
+        const int64_t off = i * chunk, n = std::min(chunk, s.numel - off);
+        s.mpi.narrow(0, off, n).copy_(dev.narrow(0, off, n), /*non_blocking=*/true);
+        arrived.emplace_back(c10::DeviceType::CUDA);
+        arrived.back().record(comm_.unwrap());
+      }
+    }
+    for (int64_t i = 0; i < pieces; ++i) {
+      const int64_t off = i * chunk, n = std::min(chunk, s.numel - off);
+      if (s.readable()) arrived[i].synchronize();
+      at::Tensor piece = s.mpi.narrow(0, off, n);
+      mpiOn(piece);
+      if (s.writable()) dev.narrow(0, off, n).copy_(piece, /*non_blocking=*/true);
+    }
+  }
+
+  void stageOut() override {
+    for (size_t i = 0; i < slots_.size(); ++i) {
+      Slot& s = slots_[i];
+      if (!s.writable()) continue;
+      if (kind_ == PathKind::CudaDirect) {
+        if (!s.singleContiguous()) unpackInto(s.mpi, s.users, /*nonBlocking=*/true);
+        continue;
+      }
+      if (s.elementwise) {  // run() already copied the result into the device buffer
+        if (!s.singleContiguous()) unpackInto(deviceFlat_[i], s.users, true);
+        continue;
+      }
+      if (s.singleContiguous()) {
+        s.users[0].view({-1}).copy_(s.mpi, /*non_blocking=*/true);
+      } else {
+        at::Tensor dev = at::empty({s.numel}, s.users[0].options());
+        dev.copy_(s.mpi, /*non_blocking=*/true);
+        unpackInto(dev, s.users, true);
+      }
+    }
+    // Consumers (Work.wait(), the future) order their streams after this.
+    done_.record(comm_.unwrap());
+  }
+
+  void release() override {
+    OpBuffers::release();
+    deviceFlat_.clear();
+  }
+
+  std::vector<c10::Device> futureDevices() const override { return {device_}; }
+  std::optional<c10::Stream> completionStream() const override { return comm_.unwrap(); }
+  void orderCurrentStream() const override {
+    if (done_.was_marked_for_recording()) {
+      done_.block(c10::cuda::getCurrentCUDAStream(device_.index()).unwrap());
+    }
+  }
+
+ protected:
+  void onAdd(Slot& s) override {
+    // The comm stream reads and writes these: the caching allocator must not hand their memory to
+    // anyone else until the comm stream is done with it, even if the caller frees them earlier.
+    for (const auto& u : s.users) {
+      if (u.has_storage()) {
+        c10::cuda::CUDACachingAllocator::recordStream(u.storage().data_ptr(), comm_);
+      }
+    }
+    deviceFlat_.emplace_back();
+  }
+
+ private:
+  // The users as one flat device tensor: the caller's memory when that is possible, else packed.
+  static at::Tensor deviceView(const Slot& s) {
+    return s.singleContiguous() ? s.users[0].view({-1}) : packUsers(s);
+  }
+
+  void prepare(size_t i) {
+    Slot& s = slots_[i];
+    if (kind_ == PathKind::CudaDirect) {
+      if (s.singleContiguous()) s.mpi = s.users[0].view({-1});
+      else if (s.readable()) s.mpi = packUsers(s);
+      else s.mpi = at::empty({s.numel}, s.users[0].options());
+      return;
+    }
+    s.mpi = pinnedEmpty(s.numel, s.users[0].scalar_type());
+    if (s.readable() && s.numel > 0) s.mpi.copy_(deviceView(s), /*non_blocking=*/true);
+  }
+
+  c10::cuda::CUDAStream comm_;
+  const int64_t chunkBytes_;
+  c10::Event ready_{c10::DeviceType::CUDA};
+  mutable c10::Event done_{c10::DeviceType::CUDA};
+  std::vector<at::Tensor> deviceFlat_;  // staged elementwise slots: the device side of the pipe
+};
+
+} // namespace
+
+std::shared_ptr<void> createGroupState() { return std::make_shared<GroupStreams>(); }
+
+std::shared_ptr<paths::OpBuffers> createOpBuffers(PathKind kind, const at::Device& device,
+                                                  const std::shared_ptr<void>& groupState,
+                                                  int64_t stagingChunkBytes) {
+  auto* streams = static_cast<GroupStreams*>(groupState.get());
+  return std::make_shared<CudaOpBuffers>(kind, device, streams->get(device.index()),
+                                         stagingChunkBytes);
+}
+
+} // namespace mpigpu::cuda

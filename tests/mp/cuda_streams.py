@@ -1,0 +1,119 @@
+"""CUDA stream ordering (run only on a GPU): a collective issued while the producer kernel is
+still running must see the producer's result; consumers on other streams that wait on the Work or
+its future must see the op's result. Every check here fails if the ordering is missing: the
+producer sleeps on the GPU for tens of milliseconds before writing, so an unordered read sees
+the old zeros. MPIGPU_EXPECT_PATH names the path the run must take (so a test of the staged
+path cannot silently run the direct one)."""
+
+import torch
+import torch.distributed as dist
+
+import torch_mpi_gpu
+from common import Checker, run, use_test_device
+
+SLEEP_CYCLES = 200_000_000  # torch.cuda._sleep: ~0.1 s on a 2 GHz GPU clock
+N = 1 << 20
+
+
+def busy_then_fill(t, value):
+    """On the current stream: keep the GPU busy, then write `value` (the real producer)."""
+    torch.cuda._sleep(SLEEP_CYCLES)
+    t.fill_(value)
+
+
+def main():
+    dist.init_process_group("mpigpu")
+    rank, world = dist.get_rank(), dist.get_world_size()
+    dev = use_test_device()
+    path = torch_mpi_gpu._C.cuda_path()[0]
+    c = Checker(f"cuda_streams(np={world}, path={path})")
+    total = float(world * (world + 1) // 2)
+    producer, consumer = torch.cuda.Stream(), torch.cuda.Stream()
+
+    # 1. The producer is still running when the collective is issued on its stream.
+    for async_op in (False, True):
+        t = torch.zeros(N, device=dev)
+        with torch.cuda.stream(producer):
+            busy_then_fill(t, rank + 1.0)
+            w = dist.all_reduce(t, async_op=async_op)
+            if async_op:
+                w.wait()
+            seen = t.clone()  # on the producer stream, after the op
+        torch.cuda.synchronize()
+        c.close(f"all_reduce after a running producer (async={async_op})", seen,
+                torch.full((N,), total))
+
+    # Same for a broadcast from a busy root, an all_gather and send/recv.
+    t = torch.zeros(N, device=dev)
+    with torch.cuda.stream(producer):
+        if rank == 0:
+            busy_then_fill(t, 42.0)
+        dist.broadcast(t, src=0)
+        seen = t.clone()
+    torch.cuda.synchronize()
+    c.close("broadcast from a busy root", seen, torch.full((N,), 42.0))
+
+    mine = torch.zeros(N // 4, device=dev)
+    outs = [torch.empty_like(mine) for _ in range(world)]
+    with torch.cuda.stream(producer):
+        busy_then_fill(mine, float(rank))
+        dist.all_gather(outs, mine)
+        seen = torch.stack(outs)
+    torch.cuda.synchronize()
+    c.close("all_gather after a running producer", seen,
+            torch.arange(world, dtype=torch.float32).repeat_interleave(N // 4).reshape(world, -1))
+
+    if world > 1:
+        buf = torch.zeros(N, device=dev)
+        with torch.cuda.stream(producer):
+            if rank == 0:
+                busy_then_fill(buf, 7.0)
+                dist.send(buf, 1)
+            elif rank == 1:
+                dist.recv(buf, 0)
+            seen = buf.clone()
+        torch.cuda.synchronize()
+        if rank in (0, 1):
+            c.close("send from a busy stream / recv", seen, torch.full((N,), 7.0))
+
+    # 2. Results consumed on another stream, ordered by Work.wait().
+    t = torch.full((N,), rank + 1.0, device=dev)
+    torch.cuda.current_stream().synchronize()
+    w = dist.all_reduce(t, async_op=True)
+    with torch.cuda.stream(consumer):
+        w.wait()
+        doubled = t * 2
+    consumer.synchronize()
+    c.close("async all_reduce consumed on another stream", doubled, torch.full((N,), 2 * total))
+
+    # 3. The future is CUDA-aware: then() callbacks and wait() on another stream see the result.
+    t = torch.zeros(N, device=dev)
+    with torch.cuda.stream(producer):
+        busy_then_fill(t, rank + 1.0)
+        fut = dist.all_reduce(t, async_op=True).get_future()
+    chained = fut.then(lambda f: f.value()[0] * 3)
+    with torch.cuda.stream(consumer):
+        tripled = chained.wait() + 0
+    consumer.synchronize()
+    c.close("future.then consumed on another stream", tripled, torch.full((N,), 3 * total))
+
+    # 4. Many async ops in flight from a busy stream, waited in reverse order.
+    ts = [torch.zeros(N // 16, device=dev) for _ in range(8)]
+    with torch.cuda.stream(producer):
+        torch.cuda._sleep(SLEEP_CYCLES)
+        for i, x in enumerate(ts):
+            x.fill_(float(rank + i))
+        works = [dist.all_reduce(x, async_op=True) for x in ts]
+        for w in reversed(works):
+            w.wait()
+        seen = torch.stack(ts)
+    torch.cuda.synchronize()
+    exp = torch.stack([torch.full((N // 16,), float(sum(r + i for r in range(world))))
+                       for i in range(8)])
+    c.close("8 async all_reduces in flight", seen, exp)
+
+    return c.finish()
+
+
+if __name__ == "__main__":
+    run(main)
