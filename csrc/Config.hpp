@@ -22,6 +22,9 @@ struct Config {
   // Most bytes packed into one fused MPI call when an op gets many tensors (allreduce lists,
   // coalesced calls, DDP buckets).
   int64_t fusionBytes = 64 << 20;
+  // Host tensors at least this big are not packed (the copy would cost more than the MPI call it
+  // saves); they travel in place, one MPI call each, within the same op.
+  int64_t fuseBelowBytes = 256 << 10;
 
   static Config fromEnv();
 };

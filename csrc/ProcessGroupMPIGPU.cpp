@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <functional>
+#include <limits>
 #include <map>
 #include <numeric>
 #include <sstream>
@@ -228,8 +229,9 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupMPIGPU::endCoalescing() {
 namespace {
 
 // Indices of `ts` grouped by dtype (first-seen order), each group cut into runs of at most
-// `limit` bytes (a tensor larger than that travels alone).
-std::vector<std::vector<size_t>> fusionBuckets(const std::vector<at::Tensor>& ts, int64_t limit) {
+// `limit` bytes. A tensor larger than that, or of at least `alone` bytes, travels alone.
+std::vector<std::vector<size_t>> fusionBuckets(const std::vector<at::Tensor>& ts, int64_t limit,
+                                               int64_t alone) {
   std::vector<at::ScalarType> order;
   std::map<at::ScalarType, std::vector<size_t>> byDtype;
   for (size_t i = 0; i < ts.size(); ++i) {
@@ -243,6 +245,10 @@ std::vector<std::vector<size_t>> fusionBuckets(const std::vector<at::Tensor>& ts
     int64_t bytes = 0;
     for (size_t i : byDtype[dt]) {
       const int64_t b = ts[i].numel() * static_cast<int64_t>(ts[i].element_size());
+      if (b >= alone && b > 0) {
+        buckets.push_back({i});
+        continue;
+      }
       if (!cur.empty() && bytes + b > limit) {
         buckets.push_back(std::move(cur));
         cur.clear();
@@ -276,6 +282,13 @@ std::vector<at::Tensor> rankMajorRows(const std::vector<at::Tensor>& ts, int siz
 
 } // namespace
 
+// On the host a big tensor is cheaper sent in place than copied into a bucket; on a device the
+// pack is one fast kernel and saves MPI calls (and host<->device copies when staged).
+int64_t ProcessGroupMPIGPU::fuseBelow(const OpBuffers& bufs) const {
+  const bool host = bufs.kind() == paths::PathKind::Cpu || bufs.kind() == paths::PathKind::ViaCpu;
+  return host ? config_.fuseBelowBytes : std::numeric_limits<int64_t>::max();
+}
+
 // ---------------------------------------------------------------------------------------------
 // Reductions
 
@@ -290,7 +303,7 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupMPIGPU::allreduce(std::vector<at::Ten
   };
   auto bufs = buffersFor(tensors[0]);
   std::vector<Bucket> buckets;
-  for (const auto& idx : fusionBuckets(tensors, config_.fusionBytes)) {
+  for (const auto& idx : fusionBuckets(tensors, config_.fusionBytes, fuseBelow(*bufs))) {
     auto red = mpi::resolveReduction(opts.reduceOp, tensors[idx[0]].scalar_type(), op, rank_);
     buckets.push_back({bufs->add(pick(tensors, idx), Access::ReadWrite, /*elementwise=*/true),
                        std::move(red)});
@@ -383,7 +396,7 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupMPIGPU::reduce_scatter_tensor_coalesc
   };
   auto bufs = buffersFor(outputs[0]);
   std::vector<Bucket> buckets;
-  for (const auto& idx : fusionBuckets(outputs, config_.fusionBytes)) {
+  for (const auto& idx : fusionBuckets(outputs, config_.fusionBytes, fuseBelow(*bufs))) {
     std::vector<at::Tensor> ins;
     for (size_t i : idx) ins.push_back(inputs[i].reshape({size_, -1}));
     auto red = mpi::resolveReduction(opts.reduceOp, outputs[idx[0]].scalar_type(), op, rank_);
@@ -478,7 +491,7 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupMPIGPU::allgather_into_tensor_coalesc
                        bufs->add(idx.size() == 1 ? outs : rankMajorRows(outs, size_),
                                  Access::Write)});
   };
-  for (const auto& idx : fusionBuckets(inputs, config_.fusionBytes)) {
+  for (const auto& idx : fusionBuckets(inputs, config_.fusionBytes, fuseBelow(*bufs))) {
     std::vector<size_t> fused;
     for (size_t i : idx) {
       if (outputs[i].is_contiguous()) fused.push_back(i);

@@ -98,6 +98,7 @@ class ProcessGroupMPIGPU : public c10d::Backend {
                                          std::vector<at::Tensor> inputs,
                                          std::chrono::milliseconds optTimeout,
                                          std::shared_ptr<paths::OpBuffers> bufs, Body body);
+  int64_t fuseBelow(const paths::OpBuffers& bufs) const;
   std::shared_ptr<paths::OpBuffers> buffersFor(const at::Tensor& t) {
     return paths_->create(t.device());
   }

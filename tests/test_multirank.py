@@ -43,6 +43,16 @@ def test_ddp_matches_single_process(np):
     assert passed_counts(run_mpi("ddp.py", np), np) >= 60
 
 
+@pytest.mark.parametrize("np", RANKS)
+def test_fusion_one_mpi_call_per_bucket(np):
+    assert passed_counts(run_mpi("fusion.py", np), np) >= 20
+
+
+@pytest.mark.parametrize("np", [2, 3, 4])
+def test_fsdp2_and_dtensor(np):
+    assert passed_counts(run_mpi("fsdp.py", np), np) >= 8
+
+
 @pytest.mark.slow
 def test_count_above_int_max():
     # 2^31 + 3 int8 elements per rank (2 GiB each, ~6 GiB in all): real large-count MPI calls.

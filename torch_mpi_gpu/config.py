@@ -41,6 +41,10 @@ SETTINGS = [
     Setting("TORCH_MPIGPU_FUSION_BYTES", str(64 << 20),
             "Most bytes packed into one MPI call when one op carries many tensors (allreduce "
             "lists, coalesced calls); 0 sends every tensor on its own."),
+    Setting("TORCH_MPIGPU_FUSE_BELOW_BYTES", str(256 << 10),
+            "Host tensors of at least this many bytes are not packed into a fusion bucket (the "
+            "copy would cost more than the MPI call saved); they go in place, one call each. "
+            "Device tensors are always packed (one kernel)."),
     Setting("TORCH_MPIGPU_SET_DEVICE", "1",
             "1: under an MPI launcher, make cuda:(local rank mod device count) current before MPI "
             "starts (CUDA-aware MPIs set up IPC for the current device). 0: leave it alone."),

@@ -68,8 +68,7 @@ class CudaOpBuffers final : public paths::OpBuffers {
     // Pipeline: all device->host chunk copies are queued at once; MPI works on chunk i as soon as
     // it has arrived, while later chunks are still copying in and earlier ones copy back out.
     at::Tensor& dev = deviceFlat_[slot];
-    dev = s.readable() || s.singleContiguous() ? deviceView(s)
-                                               : at::empty({s.numel}, s.users[0].options());
+    dev = deviceView(s);  // a non-contiguous write-only tensor is packed needlessly; harmless
     s.mpi = pinnedEmpty(s.numel, s.users[0].scalar_type());
     if (s.numel == 0) {
       mpiOn(s.mpi);
@@ -101,15 +100,16 @@ class CudaOpBuffers final : public paths::OpBuffers {
       Slot& s = slots_[i];
       if (!s.writable()) continue;
       if (kind_ == PathKind::CudaDirect) {
-        if (!s.singleContiguous()) unpackInto(s.mpi, s.users, /*nonBlocking=*/true);
+        if (!s.aliased) unpackInto(s.mpi, s.users, /*nonBlocking=*/true);
         continue;
       }
       if (s.elementwise) {  // run() already copied the result into the device buffer
-        if (!s.singleContiguous()) unpackInto(deviceFlat_[i], s.users, true);
+        if (!s.aliased) unpackInto(deviceFlat_[i], s.users, true);
         continue;
       }
-      if (s.singleContiguous()) {
-        s.users[0].view({-1}).copy_(s.mpi, /*non_blocking=*/true);
+      at::Tensor adjacent = s.singleContiguous() ? s.users[0].view({-1}) : adjacentView(s);
+      if (adjacent.defined()) {
+        adjacent.copy_(s.mpi, /*non_blocking=*/true);
       } else {
         at::Tensor dev = at::empty({s.numel}, s.users[0].options());
         dev.copy_(s.mpi, /*non_blocking=*/true);
@@ -146,17 +146,28 @@ class CudaOpBuffers final : public paths::OpBuffers {
   }
 
  private:
-  // The users as one flat device tensor: the caller's memory when that is possible, else packed.
-  static at::Tensor deviceView(const Slot& s) {
-    return s.singleContiguous() ? s.users[0].view({-1}) : packUsers(s);
+  // The users as one flat device tensor: the caller's memory when that is possible (one
+  // contiguous tensor, or tensors back to back in one storage), else packed on the comm stream.
+  static at::Tensor deviceView(Slot& s) {
+    if (s.singleContiguous()) {
+      s.aliased = true;
+      return s.users[0].view({-1});
+    }
+    at::Tensor adjacent = adjacentView(s);
+    s.aliased = adjacent.defined();
+    return s.aliased ? adjacent : packUsers(s);
   }
 
   void prepare(size_t i) {
     Slot& s = slots_[i];
     if (kind_ == PathKind::CudaDirect) {
-      if (s.singleContiguous()) s.mpi = s.users[0].view({-1});
-      else if (s.readable()) s.mpi = packUsers(s);
-      else s.mpi = at::empty({s.numel}, s.users[0].options());
+      if (s.readable()) {
+        s.mpi = deviceView(s);
+        return;
+      }
+      at::Tensor adjacent = s.singleContiguous() ? s.users[0].view({-1}) : adjacentView(s);
+      s.aliased = adjacent.defined();
+      s.mpi = s.aliased ? adjacent : at::empty({s.numel}, s.users[0].options());
       return;
     }
     s.mpi = pinnedEmpty(s.numel, s.users[0].scalar_type());

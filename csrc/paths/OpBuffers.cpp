@@ -2,6 +2,8 @@
 
 #include <c10/util/Exception.h>
 
+#include <cstring>
+
 #include "mpi/Env.hpp"
 
 #if MPIGPU_WITH_CUDA
@@ -44,6 +46,20 @@ at::Tensor OpBuffers::packUsers(const Slot& s) {
   return at::cat(flat);  // one kernel on devices
 }
 
+at::Tensor OpBuffers::adjacentView(const Slot& s) {
+  const at::Tensor& first = s.users[0];
+  if (s.users.size() < 2 || !first.has_storage()) return {};
+  const auto* next = static_cast<const char*>(first.const_data_ptr());
+  for (const auto& u : s.users) {
+    if (!u.is_contiguous() || !u.has_storage() || !u.storage().is_alias_of(first.storage()) ||
+        static_cast<const char*>(u.const_data_ptr()) != next) {
+      return {};
+    }
+    next += u.numel() * static_cast<int64_t>(u.element_size());
+  }
+  return first.new_empty({0}).set_(first.storage(), first.storage_offset(), {s.numel}, {1});
+}
+
 void OpBuffers::unpackInto(const at::Tensor& flat, const std::vector<at::Tensor>& users,
                            bool nonBlocking) {
   if (users.size() == 1) {
@@ -60,19 +76,95 @@ void OpBuffers::unpackInto(const at::Tensor& flat, const std::vector<at::Tensor>
   at::_foreach_copy_(users, pieces, nonBlocking);  // batched on devices where torch can
 }
 
+// A host buffer reused by every fused op of one group, so packing many small tensors costs a
+// memcpy into memory that is already mapped, not an allocation and page faults per op. Touched
+// only by the group's engine thread; regions are handed out per op and given back after it.
+struct PathFactory::HostScratch {
+  explicit HostScratch(int64_t keepBytes) : keep(keepBytes) {}
+
+  at::Tensor take(int64_t numel, at::ScalarType dtype) {
+    const int64_t bytes = numel * static_cast<int64_t>(c10::elementSize(dtype));
+    const int64_t rounded = (bytes + 63) / 64 * 64;
+    if (used + rounded > keep) return at::empty({numel}, at::TensorOptions().dtype(dtype));
+    if (!buffer.defined() || buffer.numel() < used + rounded) {
+      // Earlier regions of this op keep the old buffer alive through their views.
+      buffer = at::empty({std::min(keep, std::max<int64_t>(2 * (used + rounded), 1 << 20))},
+                         at::TensorOptions().dtype(at::kByte));
+      used = 0;
+    }
+    at::Tensor region = buffer.narrow(0, used, bytes).view(dtype);
+    used += rounded;
+    return region;
+  }
+
+  at::Tensor buffer;
+  int64_t used = 0;
+  const int64_t keep;
+};
+
 namespace {
 
-// cpu and via-cpu: host memory, copied on the caller's thread at issue (so a device tensor is
-// read in its stream order; .to(kCPU) waits for the producer) and written back on the engine.
+int64_t nbytes(const at::Tensor& t) { return t.numel() * static_cast<int64_t>(t.element_size()); }
+
+// memcpy for contiguous host tensors: no per-tensor op dispatch when a bucket holds thousands.
+void packHost(const std::vector<at::Tensor>& users, const at::Tensor& flat) {
+  auto* dst = static_cast<char*>(flat.data_ptr());
+  int64_t off = 0;
+  for (const auto& u : users) {
+    if (u.is_contiguous()) std::memcpy(dst, u.const_data_ptr(), nbytes(u));
+    else flat.narrow(0, off, u.numel()).view(u.sizes()).copy_(u);
+    dst += nbytes(u);
+    off += u.numel();
+  }
+}
+
+void unpackHost(const at::Tensor& flat, const std::vector<at::Tensor>& users) {
+  const auto* src = static_cast<const char*>(flat.const_data_ptr());
+  int64_t off = 0;
+  for (const auto& u : users) {
+    if (u.is_contiguous()) std::memcpy(u.data_ptr(), src, nbytes(u));
+    else u.copy_(flat.narrow(0, off, u.numel()).view(u.sizes()));
+    src += nbytes(u);
+    off += u.numel();
+  }
+}
+
+// cpu and via-cpu: host memory. Device tensors (via-cpu) are copied on the caller's thread at
+// issue, so they are read in stream order (.to(kCPU) waits for the producer); results are written
+// back on the engine. Several host tensors in one slot are packed on the engine into the group's
+// reused buffer (or used in place when they already lie back to back).
 class HostOpBuffers final : public OpBuffers {
  public:
-  using OpBuffers::OpBuffers;
+  HostOpBuffers(PathKind kind, at::Device device, std::shared_ptr<PathFactory::HostScratch> scratch)
+      : OpBuffers(kind, device), scratch_(std::move(scratch)) {}
 
-  void stageIn() override {}
+  void stageIn() override {
+    scratch_->used = 0;
+    for (auto& s : slots_) {
+      if (s.deferred && !s.elementwise) fill(s);
+    }
+  }
+
+  void run(size_t slot, const std::function<void(at::Tensor&)>& mpiOn) override {
+    Slot& s = slots_.at(slot);
+    if (!s.deferred || !s.elementwise) {
+      mpiOn(s.mpi);
+      return;
+    }
+    // One bucket at a time through the reused buffer: pack, MPI, unpack, give the region back.
+    const int64_t mark = scratch_->used;
+    fill(s);
+    mpiOn(s.mpi);
+    if (s.writable()) unpackHost(s.mpi, s.users);
+    s.mpi = at::Tensor();
+    scratch_->used = mark;
+  }
 
   void stageOut() override {
     for (auto& s : slots_) {
-      if (s.writable() && !aliased(s)) unpackInto(s.mpi, s.users, /*nonBlocking=*/false);
+      if (!s.writable() || s.aliased || (s.deferred && s.elementwise)) continue;
+      if (s.deferred) unpackHost(s.mpi, s.users);
+      else unpackInto(s.mpi, s.users, /*nonBlocking=*/false);
     }
   }
 
@@ -81,6 +173,13 @@ class HostOpBuffers final : public OpBuffers {
     const bool onHost = s.users[0].is_cpu();
     if (onHost && s.singleContiguous()) {
       s.mpi = s.users[0].view({-1});  // MPI uses the caller's memory itself
+      s.aliased = true;
+      return;
+    }
+    if (onHost && s.users.size() > 1) {
+      s.mpi = adjacentView(s);
+      s.aliased = s.mpi.defined();
+      s.deferred = !s.aliased;
       return;
     }
     if (!s.readable()) {
@@ -97,9 +196,12 @@ class HostOpBuffers final : public OpBuffers {
   }
 
  private:
-  static bool aliased(const Slot& s) {
-    return s.users.size() == 1 && s.users[0].is_cpu() && s.mpi.data_ptr() == s.users[0].data_ptr();
+  void fill(Slot& s) {
+    s.mpi = scratch_->take(s.numel, s.users[0].scalar_type());
+    if (s.readable()) packHost(s.users, s.mpi);
   }
+
+  std::shared_ptr<PathFactory::HostScratch> scratch_;
 };
 
 } // namespace
@@ -132,7 +234,10 @@ std::pair<PathKind, std::string> chooseCudaPath(const Config& config) {
 #endif
 }
 
-PathFactory::PathFactory(const Config& config) : config_(config) {
+PathFactory::PathFactory(const Config& config)
+    : config_(config),
+      // Big enough for a full fusion bucket; larger one-off packs get a temporary buffer.
+      hostScratch_(std::make_shared<HostScratch>(std::max<int64_t>(config.fusionBytes, 1 << 20))) {
   std::tie(cudaPath_, cudaReason_) = chooseCudaPath(config_);
 #if MPIGPU_WITH_CUDA
   cudaState_ = cuda::createGroupState();
@@ -142,13 +247,13 @@ PathFactory::PathFactory(const Config& config) : config_(config) {
 PathFactory::~PathFactory() = default;
 
 std::shared_ptr<OpBuffers> PathFactory::create(const at::Device& device) {
-  if (device.is_cpu()) return std::make_shared<HostOpBuffers>(PathKind::Cpu, device);
+  if (device.is_cpu()) return std::make_shared<HostOpBuffers>(PathKind::Cpu, device, hostScratch_);
 #if MPIGPU_WITH_CUDA
   if (device.is_cuda() && cudaPath_ != PathKind::ViaCpu) {
     return cuda::createOpBuffers(cudaPath_, device, cudaState_, config_.stagingChunkBytes);
   }
 #endif
-  return std::make_shared<HostOpBuffers>(PathKind::ViaCpu, device);
+  return std::make_shared<HostOpBuffers>(PathKind::ViaCpu, device, hostScratch_);
 }
 
 } // namespace mpigpu::paths

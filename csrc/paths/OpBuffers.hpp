@@ -89,6 +89,8 @@ class OpBuffers {
     bool elementwise;
     int64_t numel = 0;
     at::Tensor mpi;
+    bool aliased = false;   // mpi is the users' own memory: nothing to copy back
+    bool deferred = false;  // host path: packed on the engine into the group's reused buffer
     bool readable() const { return access != Access::Write; }
     bool writable() const { return access != Access::Read; }
     // One contiguous tensor whose memory MPI can use as it is (when it lives where MPI reads).
@@ -97,6 +99,9 @@ class OpBuffers {
   // Packs the users into one flat tensor / unpacks a flat tensor into the users (on the current
   // stream when on a device; one kernel for several tensors where torch can).
   static at::Tensor packUsers(const Slot& s);
+  // When the users already lie back to back in one storage (DDP bucket views, FSDP's flat
+  // parameters, slices of one buffer), a flat view of that memory: no packing needed.
+  static at::Tensor adjacentView(const Slot& s);
   static void unpackInto(const at::Tensor& flat, const std::vector<at::Tensor>& users,
                          bool nonBlocking);
   // Hook for add(): set up what the path can before the engine runs the op.
@@ -111,6 +116,7 @@ class OpBuffers {
 // comm streams, so ops of one group stay ordered on the device as they are on the wire.
 class PathFactory {
  public:
+  struct HostScratch;
   explicit PathFactory(const Config& config);
   ~PathFactory();
   std::shared_ptr<OpBuffers> create(const at::Device& device);
@@ -123,6 +129,7 @@ class PathFactory {
   PathKind cudaPath_;
   std::string cudaReason_;
   std::shared_ptr<void> cudaState_;  // the CUDA side's per-group state (comm streams)
+  std::shared_ptr<HostScratch> hostScratch_;  // reused host fusion buffer (engine thread only)
 };
 
 // How CUDA tensors travel with this build, this MPI and this setting (no group needed).

@@ -1,0 +1,105 @@
+"""Fusion benchmark: N separate all_reduces vs one coalesced call vs one all_reduce of the same
+total bytes, for N in {10, 100, 1000} and tensor sizes 256 B - 1 MiB (fp32, SUM).
+
+    mpirun -np 2 python benchmarks/fusion_bench.py [--json out.json] [--n 10,100,1000]
+
+Times are medians over iterations of the slowest rank. "calls" is the number of MPI calls the
+coalesced call made (TORCH_MPIGPU_FUSION_BYTES caps a bucket, default 64 MiB). Every variant is
+first checked against the expected sum; any wrong element exits 1.
+"""
+
+import argparse
+import json
+import platform
+import statistics
+import sys
+import time
+
+import torch
+import torch.distributed as dist
+
+import torch_mpi_gpu
+
+
+def timed(fn, iters):
+    fn()  # warm-up
+    samples = []
+    for _ in range(iters):
+        t0 = time.perf_counter()
+        fn()
+        samples.append(time.perf_counter() - t0)
+    t = torch.tensor(samples, dtype=torch.float64)
+    dist.all_reduce(t, op=dist.ReduceOp.MAX)
+    return statistics.median(t.tolist())
+
+
+def main():
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--n", default="10,100,1000")
+    ap.add_argument("--sizes", default="256,4096,65536,1048576")
+    ap.add_argument("--json")
+    args = ap.parse_args()
+    torch.set_num_threads(1)
+    dist.init_process_group("mpigpu")
+    rank, world = dist.get_rank(), dist.get_world_size()
+    info = torch_mpi_gpu.info()
+    header = {"machine": f"{platform.node()} {platform.processor() or platform.machine()}",
+              "mpi": info["mpi_library"], "torch": info["torch"], "ranks": world,
+              "fusion_bytes": info["settings"]["TORCH_MPIGPU_FUSION_BYTES"]}
+    if rank == 0:
+        print("# " + " | ".join(f"{k}: {v}" for k, v in header.items()))
+        print(f"{'N':>5} {'bytes each':>10} {'total':>10} {'separate ms':>12} {'coalesced ms':>13} "
+              f"{'one big ms':>11} {'calls':>6} {'coal/big':>9} {'sep/coal':>9}")
+    rows, wrong = [], 0
+    expected = world * (world + 1) / 2
+    for n in [int(x) for x in args.n.split(",")]:
+        for size in [int(x) for x in args.sizes.split(",")]:
+            count = size // 4
+            total = n * size
+            ts = [torch.full((count,), float(rank + 1)) for _ in range(n)]
+            big = torch.full((n * count,), float(rank + 1))
+            # correctness of each variant, then timing on zeros (sums stay finite)
+            dist.all_reduce_coalesced(ts)
+            wrong += sum(int((t != expected).sum()) for t in ts)
+            for t in ts:
+                t.fill_(float(rank + 1))
+            for t in ts:
+                dist.all_reduce(t)
+            wrong += sum(int((t != expected).sum()) for t in ts)
+            dist.all_reduce(big)
+            wrong += int((big != expected).sum())
+            for t in ts:
+                t.zero_()
+            big.zero_()
+            iters = 20 if total <= 4 << 20 else 5 if total <= 64 << 20 else 3
+
+            def separate():
+                for t in ts:
+                    dist.all_reduce(t)
+
+            before = torch_mpi_gpu._C.mpi_call_count()
+            dist.all_reduce_coalesced(ts)
+            calls = torch_mpi_gpu._C.mpi_call_count() - before
+            sep = timed(separate, iters)
+            coal = timed(lambda: dist.all_reduce_coalesced(ts), iters)
+            one = timed(lambda: dist.all_reduce(big), iters)
+            row = {"n": n, "bytes_each": size, "total_bytes": total, "separate_ms": sep * 1e3,
+                   "coalesced_ms": coal * 1e3, "one_big_ms": one * 1e3, "mpi_calls": calls,
+                   "coalesced_vs_big": coal / one, "separate_vs_coalesced": sep / coal}
+            rows.append(row)
+            if rank == 0:
+                print(f"{n:>5} {size:>10} {total:>10} {sep * 1e3:>12.3f} {coal * 1e3:>13.3f} "
+                      f"{one * 1e3:>11.3f} {calls:>6} {coal / one:>9.2f} {sep / coal:>9.1f}",
+                      flush=True)
+            del ts, big
+    if rank == 0:
+        print(f"# wrong elements: {wrong}")
+        if args.json:
+            with open(args.json, "w") as f:
+                json.dump({"header": header, "rows": rows, "wrong": wrong}, f, indent=1)
+    dist.destroy_process_group()
+    sys.exit(1 if wrong else 0)
+
+
+if __name__ == "__main__":
+    main()
