@@ -36,6 +36,7 @@ Config Config::fromEnv() {
   c.stagingChunkBytes = parseInt("TORCH_MPIGPU_STAGING_CHUNK_BYTES", c.stagingChunkBytes, 1,
                                  int64_t{1} << 40);
   c.fusionBytes = parseInt("TORCH_MPIGPU_FUSION_BYTES", c.fusionBytes, 0, int64_t{1} << 40);
+  c.inlineBytes = parseInt("TORCH_MPIGPU_INLINE_BYTES", c.inlineBytes, 0, int64_t{1} << 40);
   c.fuseBelowBytes = parseInt("TORCH_MPIGPU_FUSE_BELOW_BYTES", c.fuseBelowBytes, 0,
                               int64_t{1} << 40);
   if (const char* a = env("TORCH_MPIGPU_CUDA_AWARE")) {

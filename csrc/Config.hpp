@@ -25,6 +25,9 @@ struct Config {
   // Host tensors at least this big are not packed (the copy would cost more than the MPI call it
   // saves); they travel in place, one MPI call each, within the same op.
   int64_t fuseBelowBytes = 256 << 10;
+  // Blocking ops (async_op=False) on host tensors up to this many bytes run on the calling thread
+  // when the group's engine is idle; 0 always hands ops to the engine.
+  int64_t inlineBytes = 64 << 10;
 
   static Config fromEnv();
 };

@@ -173,6 +173,7 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupMPIGPU::enqueue(c10d::OpType type, co
                                                            std::vector<at::Tensor> outputs,
                                                            std::vector<at::Tensor> inputs,
                                                            milliseconds optTimeout,
+                                                           bool asyncOp,
                                                            std::shared_ptr<OpBuffers> bufs,
                                                            Body body) {
   MPIGPU_CHECK_VALUE(engine_ != nullptr, op, rank_,
@@ -187,11 +188,15 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupMPIGPU::enqueue(c10d::OpType type, co
     std::cerr << opMessage(op, rank_, "op #", seq, " queued (", paths::pathName(bufs->kind()),
                            " path)") << std::endl;
   }
+  bool coalescing;
   {
     std::lock_guard<std::mutex> lock(coalesceMutex_);
-    if (coalescing_) coalesced_.push_back(work);
+    coalescing = coalescing_;
+    if (coalescing) coalesced_.push_back(work);
   }
-  engine_->submit(work, [bufs = std::move(bufs), body = std::move(body)] {
+  const bool host = bufs->kind() == paths::PathKind::Cpu;
+  const bool small = bufs->bytes() <= config_.inlineBytes;
+  Engine::Task task = [bufs = std::move(bufs), body = std::move(body)] {
     {
       auto onCommStream = bufs->enter();
       bufs->stageIn();
@@ -200,7 +205,12 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupMPIGPU::enqueue(c10d::OpType type, co
     }
     bufs->release();
     return true;
-  });
+  };
+  // The caller waits for this op right away (async_op=False): when it is small, on the host and
+  // the engine is idle, run it here. The hand-off to the worker and the two thread wake-ups cost
+  // more than a small MPI call itself.
+  if (!asyncOp && host && small && !coalescing && engine_->tryRunInline(work, task)) return work;
+  engine_->submit(work, std::move(task));
   return work;
 }
 
@@ -308,7 +318,7 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupMPIGPU::allreduce(std::vector<at::Ten
     buckets.push_back({bufs->add(pick(tensors, idx), Access::ReadWrite, /*elementwise=*/true),
                        std::move(red)});
   }
-  return enqueue(c10d::OpType::ALLREDUCE, op, tensors, tensors, opts.timeout, bufs,
+  return enqueue(c10d::OpType::ALLREDUCE, op, tensors, tensors, opts.timeout, opts.asyncOp, bufs,
                  [this, op, buckets](OpBuffers& b) {
                    for (const auto& k : buckets) {
                      b.run(k.slot, [&](at::Tensor& t) { mpi::allreduceInPlace(comm_, op, t, k.red); });
@@ -339,7 +349,7 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupMPIGPU::reduce(std::vector<at::Tensor
   // Only the root's tensor changes.
   const size_t slot = bufs->add(tensors[0], rank_ == root ? Access::ReadWrite : Access::Read,
                                 /*elementwise=*/true);
-  return enqueue(c10d::OpType::REDUCE, op, tensors, tensors, opts.timeout, bufs,
+  return enqueue(c10d::OpType::REDUCE, op, tensors, tensors, opts.timeout, opts.asyncOp, bufs,
                  [this, op, slot, red, root](OpBuffers& b) {
                    b.run(slot, [&](at::Tensor& t) { mpi::reduce(comm_, op, t, t, red, root); });
                  });
@@ -362,7 +372,7 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupMPIGPU::reduce_scatter(
   auto bufs = buffersFor(outputs[0]);
   const size_t in = bufs->add(inputs[0], Access::Read);
   const size_t out = bufs->add(outputs[0], Access::Write);
-  return enqueue(c10d::OpType::REDUCE_SCATTER, op, outputs, inputs[0], opts.timeout, bufs,
+  return enqueue(c10d::OpType::REDUCE_SCATTER, op, outputs, inputs[0], opts.timeout, opts.asyncOp, bufs,
                  [this, op, in, out, red](OpBuffers& b) {
                    mpi::reduceScatter(comm_, op, b.mpi(in), b.mpi(out), red);
                  });
@@ -405,7 +415,7 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupMPIGPU::reduce_scatter_tensor_coalesc
                                  Access::Read),
                        bufs->add(pick(outputs, idx), Access::Write), std::move(red)});
   }
-  return enqueue(c10d::OpType::_REDUCE_SCATTER_BASE, op, outputs, inputs, opts.timeout, bufs,
+  return enqueue(c10d::OpType::_REDUCE_SCATTER_BASE, op, outputs, inputs, opts.timeout, opts.asyncOp, bufs,
                  [this, op, buckets](OpBuffers& b) {
                    for (const auto& k : buckets) {
                      mpi::reduceScatter(comm_, op, b.mpi(k.in), b.mpi(k.out), k.red);
@@ -427,7 +437,7 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupMPIGPU::broadcast(std::vector<at::Ten
   auto bufs = buffersFor(tensors[0]);
   const size_t slot = bufs->add(tensors[0], rank_ == root ? Access::Read : Access::Write,
                                 /*elementwise=*/true);
-  return enqueue(c10d::OpType::BROADCAST, op, tensors, tensors, opts.timeout, bufs,
+  return enqueue(c10d::OpType::BROADCAST, op, tensors, tensors, opts.timeout, opts.asyncOp, bufs,
                  [this, op, slot, root](OpBuffers& b) {
                    b.run(slot, [&](at::Tensor& t) { mpi::broadcast(comm_, op, t, root); });
                  });
@@ -451,7 +461,7 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupMPIGPU::allgather(
   auto bufs = buffersFor(inputs[0]);
   const size_t in = bufs->add(inputs[0], Access::Read);
   const size_t out = bufs->add(outputs[0], Access::Write);
-  return enqueue(c10d::OpType::ALLGATHER, op, outputs[0], inputs, opts.timeout, bufs,
+  return enqueue(c10d::OpType::ALLGATHER, op, outputs[0], inputs, opts.timeout, opts.asyncOp, bufs,
                  [this, op, in, out](OpBuffers& b) {
                    mpi::allgather(comm_, op, b.mpi(in), b.mpi(out));
                  });
@@ -499,7 +509,7 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupMPIGPU::allgather_into_tensor_coalesc
     }
     if (!fused.empty()) addBucket(fused);
   }
-  return enqueue(c10d::OpType::_ALLGATHER_BASE, op, outputs, inputs, opts.timeout, bufs,
+  return enqueue(c10d::OpType::_ALLGATHER_BASE, op, outputs, inputs, opts.timeout, opts.asyncOp, bufs,
                  [this, op, buckets](OpBuffers& b) {
                    for (const auto& k : buckets) mpi::allgather(comm_, op, b.mpi(k.in), b.mpi(k.out));
                  });
@@ -528,7 +538,7 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupMPIGPU::allgather_coalesced(
   auto bufs = buffersFor(inputs[0]);
   const size_t in = bufs->add(inputs, Access::Read);
   const size_t out = bufs->add(allOuts, Access::Write);  // rank-major, input order within a rank
-  return enqueue(c10d::OpType::ALLGATHER_COALESCED, op, allOuts, inputs, opts.timeout, bufs,
+  return enqueue(c10d::OpType::ALLGATHER_COALESCED, op, allOuts, inputs, opts.timeout, opts.asyncOp, bufs,
                  [this, op, in, out](OpBuffers& b) {
                    mpi::allgather(comm_, op, b.mpi(in), b.mpi(out));
                  });
@@ -560,7 +570,7 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupMPIGPU::gather(
   auto bufs = buffersFor(inputs[0]);
   const size_t in = bufs->add(inputs[0], Access::Read);
   const size_t out = isRoot ? bufs->add(outs, Access::Write) : 0;
-  return enqueue(c10d::OpType::GATHER, op, outs, inputs, opts.timeout, bufs,
+  return enqueue(c10d::OpType::GATHER, op, outs, inputs, opts.timeout, opts.asyncOp, bufs,
                  [this, op, in, out, root, isRoot](OpBuffers& b) {
                    mpi::gather(comm_, op, b.mpi(in), isRoot ? &b.mpi(out) : nullptr, root);
                  });
@@ -592,7 +602,7 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupMPIGPU::scatter(
   auto bufs = buffersFor(outputs[0]);
   const size_t in = isRoot ? bufs->add(ins, Access::Read) : 0;
   const size_t out = bufs->add(outputs[0], Access::Write);
-  return enqueue(c10d::OpType::SCATTER, op, outputs, ins, opts.timeout, bufs,
+  return enqueue(c10d::OpType::SCATTER, op, outputs, ins, opts.timeout, opts.asyncOp, bufs,
                  [this, op, in, out, root, isRoot](OpBuffers& b) {
                    mpi::scatter(comm_, op, isRoot ? &b.mpi(in) : nullptr, b.mpi(out), root);
                  });
@@ -633,7 +643,7 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupMPIGPU::alltoall_base(
   auto bufs = buffersFor(input);
   const size_t in = bufs->add(input, Access::Read);
   const size_t out = bufs->add(output, Access::Write);
-  return enqueue(c10d::OpType::ALLTOALL_BASE, op, {output}, {input}, opts.timeout, bufs,
+  return enqueue(c10d::OpType::ALLTOALL_BASE, op, {output}, {input}, opts.timeout, opts.asyncOp, bufs,
                  [this, op, in, out, sendCounts, recvCounts](OpBuffers& b) {
                    mpi::alltoallv(comm_, op, b.mpi(in), sendCounts, b.mpi(out), recvCounts);
                  });
@@ -658,7 +668,7 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupMPIGPU::alltoall(std::vector<at::Tens
   auto bufs = buffersFor(inputs[0]);
   const size_t in = bufs->add(inputs, Access::Read);
   const size_t out = bufs->add(outputs, Access::Write);
-  return enqueue(c10d::OpType::ALLTOALL, op, outputs, inputs, opts.timeout, bufs,
+  return enqueue(c10d::OpType::ALLTOALL, op, outputs, inputs, opts.timeout, opts.asyncOp, bufs,
                  [this, op, in, out, sendCounts, recvCounts](OpBuffers& b) {
                    mpi::alltoallv(comm_, op, b.mpi(in), sendCounts, b.mpi(out), recvCounts);
                  });
@@ -742,7 +752,7 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupMPIGPU::recvAnysource(std::vector<at:
 
 c10::intrusive_ptr<c10d::Work> ProcessGroupMPIGPU::barrier(const c10d::BarrierOptions& opts) {
   const char* op = "barrier";
-  return enqueue(c10d::OpType::BARRIER, op, {}, {}, opts.timeout, paths_->create(at::kCPU),
+  return enqueue(c10d::OpType::BARRIER, op, {}, {}, opts.timeout, opts.asyncOp, paths_->create(at::kCPU),
                  [this, op](OpBuffers&) { mpi::barrier(comm_, op); });
 }
 

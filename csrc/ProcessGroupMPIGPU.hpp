@@ -96,7 +96,7 @@ class ProcessGroupMPIGPU : public c10d::Backend {
   c10::intrusive_ptr<c10d::Work> enqueue(c10d::OpType type, const char* op,
                                          std::vector<at::Tensor> outputs,
                                          std::vector<at::Tensor> inputs,
-                                         std::chrono::milliseconds optTimeout,
+                                         std::chrono::milliseconds optTimeout, bool asyncOp,
                                          std::shared_ptr<paths::OpBuffers> bufs, Body body);
   int64_t fuseBelow(const paths::OpBuffers& bufs) const;
   std::shared_ptr<paths::OpBuffers> buffersFor(const at::Tensor& t) {

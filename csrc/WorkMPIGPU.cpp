@@ -72,6 +72,12 @@ void WorkMPIGPU::synchronize() {
   for (const auto& b : buffers_) b->orderCurrentStream();
 }
 
+c10::intrusive_ptr<c10::ivalue::Future> WorkMPIGPU::getFuture() {
+  std::lock_guard<std::mutex> lock(futureMutex_);
+  futureRequested_ = true;
+  return future_;
+}
+
 int WorkMPIGPU::sourceRank() const {
   std::lock_guard<std::mutex> lock(mutex_);
   TORCH_CHECK(completed_, opMessage(opName_, rank_, "sourceRank() asked before the receive "
@@ -92,11 +98,19 @@ void WorkMPIGPU::markCompleted() {
     finished_ = std::chrono::steady_clock::now();
   }
   finish();
-  completeFutureAsync([future = future_, outputs = outputs_, streams = streamsOf(buffers_)] {
+  auto complete = [future = future_, outputs = outputs_, streams = streamsOf(buffers_)] {
     // With the comm streams current, the future's events mark the op's end on them.
     c10::MultiStreamGuard onCommStreams(streams);
     future->markCompleted(c10::IValue(outputs));
-  });
+  };
+  {
+    std::lock_guard<std::mutex> lock(futureMutex_);
+    if (!futureRequested_) {
+      complete();
+      return runDoneCallbacks();
+    }
+  }
+  completeFutureAsync(std::move(complete));  // callbacks may block: not on the engine thread
   runDoneCallbacks();
 }
 
@@ -106,6 +120,13 @@ void WorkMPIGPU::markFailed(std::exception_ptr error) {
     finished_ = std::chrono::steady_clock::now();
   }
   finish(error);
+  {
+    std::lock_guard<std::mutex> lock(futureMutex_);
+    if (!futureRequested_) {
+      future_->setError(error);
+      return runDoneCallbacks();
+    }
+  }
   completeFutureAsync([future = future_, error] { future->setError(error); });
   runDoneCallbacks();
 }

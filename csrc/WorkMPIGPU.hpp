@@ -8,6 +8,7 @@
 
 #include <chrono>
 #include <functional>
+#include <mutex>
 #include <memory>
 #include <vector>
 
@@ -31,7 +32,7 @@ class WorkMPIGPU : public c10d::Work {
   // Orders the current stream after a completed op (no-op for host tensors).
   void synchronize() override;
   std::vector<at::Tensor> result() override { return outputs_; }
-  c10::intrusive_ptr<c10::ivalue::Future> getFuture() override { return future_; }
+  c10::intrusive_ptr<c10::ivalue::Future> getFuture() override;
   int sourceRank() const override;
   uint64_t getSequencenumber() const override { return seq_; }
   float getDuration() const override;
@@ -57,6 +58,11 @@ class WorkMPIGPU : public c10d::Work {
   const std::vector<std::shared_ptr<paths::OpBuffers>> buffers_;
   c10::intrusive_ptr<c10::ivalue::Future> future_;
   int sourceRank_ = -1;
+  // Until someone asks for the future nobody can have attached a callback to it, so it can be
+  // completed right away on the completing thread instead of through the completer pool.
+  // futureMutex_ makes "not requested yet, so complete it here" atomic against getFuture().
+  std::mutex futureMutex_;
+  bool futureRequested_ = false;
   std::chrono::steady_clock::time_point created_, started_, finished_;
   std::vector<std::function<void(WorkMPIGPU&)>> doneCallbacks_;  // guarded by mutex_
 };

@@ -37,6 +37,7 @@ else
   echo "$version installed in $prefix but ompi_info does not report CUDA support; see $work/configure.log" >&2
   exit 1
 fi
-grep -q "MPIX_CUDA_AWARE_SUPPORT 1" "$prefix/include/mpi-ext.h" && echo "mpi-ext.h: MPIX_CUDA_AWARE_SUPPORT 1"
+# (4.1 defines the macro in an mpiext header that mpi-ext.h includes)
+grep -rqs "MPIX_CUDA_AWARE_SUPPORT 1" "$prefix/include" && echo "mpi-ext.h: MPIX_CUDA_AWARE_SUPPORT 1"
 rm -rf "$work"
 echo "next: MPI_HOME=$prefix pip install --no-build-isolation .   (run from the torch_mpi_gpu checkout)"

@@ -45,6 +45,10 @@ SETTINGS = [
             "Host tensors of at least this many bytes are not packed into a fusion bucket (the "
             "copy would cost more than the MPI call saved); they go in place, one call each. "
             "Device tensors are always packed (one kernel)."),
+    Setting("TORCH_MPIGPU_INLINE_BYTES", str(64 << 10),
+            "Blocking ops (async_op=False) on host tensors up to this many bytes run on the "
+            "calling thread when the group is idle, skipping the hand-off to the worker. Such a "
+            "call blocks inside MPI until every rank joins, with no timeout; 0 turns this off."),
     Setting("TORCH_MPIGPU_SET_DEVICE", "1",
             "1: under an MPI launcher, make cuda:(local rank mod device count) current before MPI "
             "starts (CUDA-aware MPIs set up IPC for the current device). 0: leave it alone."),

@@ -68,6 +68,31 @@ void Engine::submit(c10::intrusive_ptr<WorkMPIGPU> work, Task task) {
                                     "interpreter is exiting); create a new one"))));
 }
 
+bool Engine::tryRunInline(const c10::intrusive_ptr<WorkMPIGPU>& work, const Task& task) {
+  {
+    std::lock_guard<std::mutex> lock(mutex_);
+    if (stop_ || running_ || inlineBusy_ || !queue_.empty() || pendingCount_.load() != 0) {
+      return false;
+    }
+    inlineBusy_ = true;
+  }
+  work->markStarted();
+  try {
+    at::NoGradGuard noGrad;  // as on the worker: writing results into parameters is not autograd
+    const bool done = task();
+    TORCH_INTERNAL_ASSERT(done, "mpigpu: an inline task left MPI requests pending");
+    work->markCompleted();
+  } catch (...) {
+    work->markFailed(std::current_exception());
+  }
+  {
+    std::lock_guard<std::mutex> lock(mutex_);
+    inlineBusy_ = false;
+  }
+  cv_.notify_all();  // ops queued meanwhile by other threads
+  return true;
+}
+
 void Engine::runAndWait(const char* opName, int rank, std::function<void()> task) {
   auto work = c10::make_intrusive<WorkMPIGPU>(rank, c10d::OpType::UNKNOWN, opName, 0,
                                               std::vector<at::Tensor>{},
@@ -82,6 +107,7 @@ void Engine::runAndWait(const char* opName, int rank, std::function<void()> task
 void Engine::addPending(std::vector<MPI_Request> requests, c10::intrusive_ptr<WorkMPIGPU> work,
                         Then then) {
   pending_.push_back({std::move(requests), std::move(work), std::move(then)});
+  pendingCount_ = pending_.size();
 }
 
 void Engine::shutdown() {
@@ -112,15 +138,16 @@ void Engine::loop() {
     Queued item;
     {
       std::unique_lock<std::mutex> lock(mutex_);
-      auto ready = [&] { return stop_ || !queue_.empty(); };
+      auto ready = [&] { return stop_ || (!queue_.empty() && !inlineBusy_); };
       if (pending_.empty()) cv_.wait(lock, ready);
       else cv_.wait_for(lock, kPollInterval, ready);
       // On stop, queued ops are failed by shutdown(); outstanding requests are abandoned, since
       // the peers may never post their side.
       if (stop_) break;
-      if (!queue_.empty()) {
+      if (!queue_.empty() && !inlineBusy_) {
         item = std::move(queue_.front());
         queue_.pop_front();
+        running_ = true;
       }
     }
     if (item.work) {
@@ -130,7 +157,11 @@ void Engine::loop() {
       } catch (...) {
         item.work->markFailed(std::current_exception());
       }
+      pendingCount_ = pending_.size();
+      std::lock_guard<std::mutex> lock(mutex_);
+      running_ = false;
     }
+    // (while a caller runs inline nothing is pending: pending requests block inline runs)
     if (!pending_.empty()) progressPending();
   }
   for (auto& p : pending_) {
@@ -169,6 +200,7 @@ void Engine::progressPending() {
         p.work->markFailed(std::current_exception());
       }
       pending_.erase(pending_.begin() + static_cast<std::ptrdiff_t>(i));
+      pendingCount_ = pending_.size();
     } else {
       ++i;
     }

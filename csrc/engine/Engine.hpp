@@ -5,6 +5,7 @@
 #include <mpi.h>
 
 #include <condition_variable>
+#include <atomic>
 #include <deque>
 #include <functional>
 #include <memory>
@@ -37,6 +38,10 @@ class Engine {
   Engine& operator=(const Engine&) = delete;
 
   void submit(c10::intrusive_ptr<WorkMPIGPU> work, Task task);
+  // Runs a finished-in-one-go task on the calling thread when the engine has nothing queued,
+  // running or pending, and returns true; otherwise does nothing and returns false (then
+  // submit it). For small blocking ops: no hand-off, no thread wake-ups on the critical path.
+  bool tryRunInline(const c10::intrusive_ptr<WorkMPIGPU>& work, const Task& task);
   // Runs `task` on the worker and waits for it (communicator creation and release).
   void runAndWait(const char* opName, int rank, std::function<void()> task);
   void addPending(std::vector<MPI_Request> requests, c10::intrusive_ptr<WorkMPIGPU> work,
@@ -64,6 +69,9 @@ class Engine {
   std::condition_variable cv_;
   std::deque<Queued> queue_;
   bool stop_ = false;
+  bool running_ = false;       // the worker is inside a task
+  bool inlineBusy_ = false;    // a caller is running a task inline; the worker must wait
+  std::atomic<size_t> pendingCount_{0};  // pending_.size(), readable from callers
   std::vector<Pending> pending_;  // touched by the worker thread only
   std::thread thread_;
 };

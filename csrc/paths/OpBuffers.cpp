@@ -34,6 +34,12 @@ size_t OpBuffers::add(std::vector<at::Tensor> users, Access access, bool element
   return slots_.size() - 1;
 }
 
+int64_t OpBuffers::bytes() const {
+  int64_t total = 0;
+  for (const auto& s : slots_) total += s.numel * static_cast<int64_t>(s.users[0].element_size());
+  return total;
+}
+
 void OpBuffers::run(size_t slot, const std::function<void(at::Tensor&)>& mpiOn) {
   mpiOn(slots_.at(slot).mpi);
 }

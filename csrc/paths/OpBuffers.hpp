@@ -44,6 +44,8 @@ class OpBuffers {
 
   PathKind kind() const { return kind_; }
   at::Device device() const { return device_; }
+  // Bytes in all slots (what the op moves on this rank).
+  int64_t bytes() const;
 
   // ---- caller thread ----
   // `users` (all of one dtype, on this op's device) become one flat MPI buffer, back to back in

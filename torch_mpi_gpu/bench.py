@@ -1,0 +1,428 @@
+"""Collectives benchmark: mpigpu side by side with gloo, nccl and raw MPI (mpi4py) in one job.
+
+    mpirun -np 2 python -m torch_mpi_gpu.bench -b 8 -e 64M -f 4 --ops allreduce,allgather \\
+        --backends mpigpu,gloo,mpi --device cpu --json out.json --plot out.png
+
+Conventions follow nccl-tests: the size is the whole buffer in bytes (for all_gather the output,
+for reduce_scatter the input, for all_to_all what each rank sends); time is the median (and p95)
+over iterations of the slowest rank; algbw = size / time; busbw = algbw x the op's factor
+(all_reduce 2(n-1)/n; all_gather, reduce_scatter, all_to_all (n-1)/n; broadcast, sendrecv 1).
+Every point is first checked against the expected result (inputs are small integers, so sums
+are exact in every dtype); any wrong element makes the exit status 1. A backend that cannot run
+here (nccl without a GPU, nccl refusing two ranks on one GPU, raw MPI on CUDA buffers with an MPI
+that is not CUDA-aware) is reported as such. `mpi` is MPI called through mpi4py on the same
+buffers: the floor a backend over MPI can approach.
+"""
+
+import argparse
+import json
+import os
+import platform
+import statistics
+import sys
+import time
+
+import torch
+import torch.distributed as dist
+
+OPS = ["allreduce", "allgather", "reduce_scatter", "broadcast", "alltoall", "sendrecv"]
+BACKENDS = ["mpigpu", "gloo", "nccl", "mpi"]
+DTYPES = {"float32": torch.float32, "float16": torch.float16, "bfloat16": torch.bfloat16,
+          "float64": torch.float64, "int32": torch.int32, "int64": torch.int64}
+REDUCE_OPS = {"sum": dist.ReduceOp.SUM, "max": dist.ReduceOp.MAX, "min": dist.ReduceOp.MIN}
+
+
+def parse_size(s):
+    mult = {"K": 1 << 10, "M": 1 << 20, "G": 1 << 30}
+    return int(float(s[:-1]) * mult[s[-1].upper()]) if s[-1].upper() in mult else int(s)
+
+
+def human(n):
+    for unit, div in (("G", 1 << 30), ("M", 1 << 20), ("K", 1 << 10)):
+        if n >= div and n % div == 0:
+            return f"{n // div}{unit}"
+    return str(n)
+
+
+def bus_factor(op, n):
+    if op == "allreduce":
+        return 2 * (n - 1) / n
+    if op in ("allgather", "reduce_scatter", "alltoall"):
+        return (n - 1) / n
+    return 1.0
+
+
+def machine_header(device, world):
+    cpu = platform.processor() or platform.machine()
+    try:
+        with open("/proc/cpuinfo") as f:
+            cpu = next(line.split(":", 1)[1].strip() for line in f if line.startswith("model name"))
+    except (OSError, StopIteration):
+        pass
+    head = {"host": platform.node(), "cpu": f"{cpu}, {os.cpu_count()} cores",
+            "torch": torch.__version__, "ranks": world, "device": device}
+    if device == "cuda":
+        head["gpu"] = torch.cuda.get_device_name()
+        head["gpu_shared_by_ranks"] = world  # on the lent machines every rank uses one GPU
+        try:
+            head["nccl"] = ".".join(map(str, torch.cuda.nccl.version()))
+        except Exception:  # noqa: BLE001
+            head["nccl"] = "unavailable"
+    try:
+        import torch_mpi_gpu
+        info = torch_mpi_gpu.info()
+        head["mpi"] = info["mpi_library"]
+        head["cuda_aware_mpi"] = info["cuda_aware_mpi"]
+        head["mpigpu_cuda_path"] = info["paths"]["cuda tensors"].split(":")[0]
+        head["mpigpu_settings"] = {k: v for k, v in info["settings"].items()
+                                   if "(default)" not in str(v)}
+    except Exception as e:  # noqa: BLE001
+        head["mpi"] = f"unavailable ({e})"
+    return head
+
+
+class Case:
+    """Buffers, the call and the expected result for one (op, size, dtype) on this rank."""
+
+    def __init__(self, op, nbytes, dtype, device, rank, world, inplace, red):
+        self.op, self.rank, self.world, self.red = op, rank, world, red
+        es = torch.tensor([], dtype=dtype).element_size()
+        per = max(1, nbytes // es // world) if op in ("allgather", "reduce_scatter", "alltoall") \
+            else max(1, nbytes // es)
+        self.count = per * world if op in ("allgather", "reduce_scatter", "alltoall") else per
+        self.nbytes = self.count * es
+        pattern = torch.arange(self.count, device=device) % 7
+        mine = (pattern + rank + 1).to(dtype)
+        if op == "allreduce":
+            self.inp = mine
+            self.out = mine if inplace else torch.empty_like(mine)
+            self.expected = self._reduce([(pattern + r + 1) for r in range(world)]).to(dtype)
+        elif op == "allgather":
+            self.inp = mine[:per].clone()
+            self.out = torch.empty(self.count, dtype=dtype, device=device)
+            if inplace:
+                self.inp = self.out[rank * per:(rank + 1) * per]
+                self.inp.copy_(mine[:per])
+            self.expected = torch.cat([(pattern[:per] + r + 1) for r in range(world)]).to(dtype)
+        elif op == "reduce_scatter":
+            self.inp = mine
+            self.out = torch.empty(per, dtype=dtype, device=device)
+            full = self._reduce([(pattern + r + 1) for r in range(world)])
+            self.expected = full[rank * per:(rank + 1) * per].to(dtype)
+        elif op == "broadcast":
+            self.inp = self.out = mine if rank == 0 else torch.zeros_like(mine)
+            self.expected = (pattern + 1).to(dtype)
+        elif op == "alltoall":
+            # block j of rank r's input goes to rank j: value (r + 1) * 10 + j + pattern
+            blocks = [(pattern[:per] + (rank + 1) * 10 + j) for j in range(world)]
+            self.inp = torch.cat(blocks).to(dtype)
+            self.out = torch.empty(self.count, dtype=dtype, device=device)
+            self.expected = torch.cat([(pattern[:per] + (r + 1) * 10 + rank)
+                                       for r in range(world)]).to(dtype)
+        elif op == "sendrecv":  # a ring: send to rank+1, receive from rank-1
+            self.inp = mine
+            self.out = torch.empty_like(mine)
+            self.expected = (pattern + (rank - 1) % world + 1).to(dtype)
+        self.initial = self.inp.clone()
+
+    def _reduce(self, parts):
+        stack = torch.stack([p.to(torch.float64) for p in parts])
+        return {"sum": stack.sum(0), "max": stack.max(0).values, "min": stack.min(0).values}[self.red]
+
+    def reset(self):
+        self.inp.copy_(self.initial)
+
+    def wrong(self):
+        return int((self.out.to(torch.float64) != self.expected.to(torch.float64)).sum())
+
+
+def torch_call(case, group, red_op):
+    op, rank, world = case.op, case.rank, case.world
+    if op == "allreduce":
+        if case.out is not case.inp:
+            case.out.copy_(case.inp)
+        return lambda: dist.all_reduce(case.out, op=red_op, group=group)
+    if op == "allgather":
+        return lambda: dist.all_gather_into_tensor(case.out, case.inp, group=group)
+    if op == "reduce_scatter":
+        return lambda: dist.reduce_scatter_tensor(case.out, case.inp, op=red_op, group=group)
+    if op == "broadcast":
+        return lambda: dist.broadcast(case.out, src=dist.get_global_rank(group, 0) if group else 0,
+                                      group=group)
+    if op == "alltoall":
+        return lambda: dist.all_to_all_single(case.out, case.inp, group=group)
+    if op == "sendrecv":
+        def ring():
+            if world == 1:
+                case.out.copy_(case.inp)
+                return
+            g = lambda r: dist.get_global_rank(group, r) if group else r  # noqa: E731
+            ops = [dist.P2POp(dist.isend, case.inp, g((rank + 1) % world), group),
+                   dist.P2POp(dist.irecv, case.out, g((rank - 1) % world), group)]
+            for w in dist.batch_isend_irecv(ops):
+                w.wait()
+        return ring
+    raise ValueError(op)
+
+
+def mpi_call(case, comm, red):
+    from mpi4py import MPI
+    if case.inp.is_cuda:
+        buf = lambda t: t  # noqa: E731  (mpi4py takes __cuda_array_interface__)
+    else:
+        buf = lambda t: t.numpy() if t.dtype != torch.bfloat16 else t.view(torch.int16).numpy()  # noqa: E731
+    if case.inp.dtype in (torch.float16, torch.bfloat16) and case.op in ("allreduce", "reduce_scatter"):
+        raise RuntimeError("mpi4py has no 16-bit float reduction")
+    mop = {"sum": MPI.SUM, "max": MPI.MAX, "min": MPI.MIN}[red]
+    op, rank, world = case.op, case.rank, case.world
+    if op == "allreduce":
+        if case.out is not case.inp:
+            return lambda: comm.Allreduce(buf(case.inp), buf(case.out), op=mop)
+        return lambda: comm.Allreduce(MPI.IN_PLACE, buf(case.out), op=mop)
+    if op == "allgather":
+        return lambda: comm.Allgather(buf(case.inp), buf(case.out))
+    if op == "reduce_scatter":
+        return lambda: comm.Reduce_scatter_block(buf(case.inp), buf(case.out), op=mop)
+    if op == "broadcast":
+        return lambda: comm.Bcast(buf(case.out), root=0)
+    if op == "alltoall":
+        return lambda: comm.Alltoall(buf(case.inp), buf(case.out))
+    if op == "sendrecv":
+        return lambda: comm.Sendrecv(buf(case.inp), dest=(rank + 1) % world,
+                                     recvbuf=buf(case.out), source=(rank - 1) % world)
+    raise ValueError(op)
+
+
+def timed(fn, iters, warmup, sync, stats_group):
+    for _ in range(warmup):
+        fn()
+    sync()
+    samples = []
+    for _ in range(iters):
+        t0 = time.perf_counter()
+        fn()
+        sync()
+        samples.append(time.perf_counter() - t0)
+    t = torch.tensor(samples, dtype=torch.float64)
+    dist.all_reduce(t, op=dist.ReduceOp.MAX, group=stats_group)  # the slowest rank per iteration
+    s = sorted(t.tolist())
+    return statistics.median(s), s[min(len(s) - 1, int(0.95 * len(s)))]
+
+
+def open_backends(names, device, rank):
+    """{name: (group or comm) or an error string saying why it cannot run here}."""
+    out = {}
+    for name in names:
+        try:
+            if name == "mpi":
+                if not _under_mpi():
+                    raise RuntimeError("not started by an MPI launcher")
+                from mpi4py import MPI
+                if device == "cuda":
+                    import torch_mpi_gpu
+                    if not torch_mpi_gpu._C.cuda_path()[0] == "cuda-direct":
+                        raise RuntimeError("the MPI is not CUDA-aware: raw MPI cannot take device buffers")
+                out[name] = MPI.COMM_WORLD
+            elif name == "nccl":
+                if device != "cuda":
+                    raise RuntimeError("nccl needs --device cuda")
+                if not dist.is_nccl_available():
+                    raise RuntimeError("this torch has no NCCL")
+                out[name] = dist.new_group(backend="nccl")
+            elif name == "mpigpu":
+                if not _under_mpi():
+                    raise RuntimeError("mpigpu needs an MPI launcher (mpirun/srun), not torchrun")
+                out[name] = dist.new_group(backend="mpigpu")
+            elif name == "gloo":
+                out[name] = dist.new_group(backend="gloo")
+            else:
+                raise ValueError(f"unknown backend {name}; choose from {BACKENDS}")
+        except Exception as e:  # noqa: BLE001
+            out[name] = f"cannot run: {e}"
+    return out
+
+
+def _under_mpi():
+    from torch_mpi_gpu.launcher import detect_launcher
+    return detect_launcher() is not None
+
+
+def progress(total, enabled):
+    if not enabled:
+        return None
+    try:
+        from rich.progress import Progress
+    except ImportError:
+        return None
+    p = Progress(transient=True)
+    p.start()
+    return p, p.add_task("benchmark", total=total)
+
+
+def main(argv=None):
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
+                                 formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("-b", "--begin", default="8", help="smallest size in bytes (K/M/G suffixes)")
+    ap.add_argument("-e", "--end", default="64M", help="largest size in bytes")
+    ap.add_argument("-f", "--factor", type=int, default=4, help="size multiplier between points")
+    ap.add_argument("--ops", default=",".join(OPS))
+    ap.add_argument("--backends", default="mpigpu,gloo,nccl,mpi")
+    ap.add_argument("--device", choices=["cpu", "cuda"], default="cpu")
+    ap.add_argument("--dtype", choices=list(DTYPES), default="float32")
+    ap.add_argument("--op", choices=list(REDUCE_OPS), default="sum", help="reduce op")
+    ap.add_argument("--mode", choices=["outofplace", "inplace"], default="outofplace",
+                    help="allreduce/allgather: separate output buffer, or in place")
+    ap.add_argument("-n", "--iters", type=int, default=30)
+    ap.add_argument("-w", "--warmup", type=int, default=5)
+    ap.add_argument("--threads", type=int, default=1, help="torch intra-op threads per rank")
+    ap.add_argument("--json", help="write every point and the header here (rank 0)")
+    ap.add_argument("--plot", help="write busbw and latency against size per backend (PNG)")
+    ap.add_argument("--no-progress", action="store_true")
+    args = ap.parse_args(argv)
+    torch.set_num_threads(args.threads)
+
+    import torch_mpi_gpu  # noqa: F401  (registers mpigpu)
+    if args.device == "cuda":
+        if not torch.cuda.is_available():
+            sys.exit("--device cuda: no CUDA device visible")
+        torch_mpi_gpu.select_cuda_device()
+    # The default group only carries the timing statistics: gloo works everywhere.
+    dist.init_process_group("gloo")
+    rank, world = dist.get_rank(), dist.get_world_size()
+    stats = dist.group.WORLD
+    device = torch.device("cuda", torch.cuda.current_device()) if args.device == "cuda" else torch.device("cpu")
+    dtype, red = DTYPES[args.dtype], args.op
+    ops = [o.strip() for o in args.ops.split(",") if o.strip()]
+    for o in ops:
+        if o not in OPS:
+            sys.exit(f"unknown op {o}; choose from {OPS}")
+    backends = open_backends([b.strip() for b in args.backends.split(",") if b.strip()],
+                             args.device, rank)
+    sync = torch.cuda.synchronize if args.device == "cuda" else (lambda: None)
+    head = machine_header(args.device, world)
+    head.update({"dtype": args.dtype, "reduce_op": red, "mode": args.mode,
+                 "iters": args.iters, "warmup": args.warmup, "threads_per_rank": args.threads})
+    sizes = []
+    s = parse_size(args.begin)
+    while s <= parse_size(args.end):
+        sizes.append(s)
+        s *= args.factor
+    if rank == 0:
+        print("# " + " | ".join(f"{k}: {v}" for k, v in head.items()), flush=True)
+        for name, b in backends.items():
+            if isinstance(b, str):
+                print(f"# {name}: {b}", flush=True)
+    live = [n for n, b in backends.items() if not isinstance(b, str)]
+    bar = progress(len(ops) * len(sizes) * len(live), rank == 0 and not args.no_progress)
+    rows, wrong_total = [], 0
+    for op in ops:
+        for size in sizes:
+            for name in live:
+                case = Case(op, size, dtype, device, rank, world, args.mode == "inplace", red)
+                row = {"op": op, "bytes": case.nbytes, "backend": name}
+                try:
+                    if name == "mpi":
+                        fn = mpi_call(case, backends[name], red)
+                    else:
+                        fn = torch_call(case, backends[name], REDUCE_OPS[red])
+                    fn()
+                    sync()
+                    row["wrong"] = case.wrong()
+                    case.reset()
+                    iters = args.iters if case.nbytes < (16 << 20) else max(3, args.iters // 5)
+                    med, p95 = timed(fn, iters, args.warmup, sync, stats)
+                    algbw = case.nbytes / med / 1e9
+                    row.update({"median_us": med * 1e6, "p95_us": p95 * 1e6, "algbw_GBps": algbw,
+                                "busbw_GBps": algbw * bus_factor(op, world)})
+                except Exception as e:  # noqa: BLE001
+                    row.update({"error": f"{type(e).__name__}: {str(e).splitlines()[0][:200]}"})
+                # every rank must agree on wrong counts and failures
+                flag = torch.tensor([row.get("wrong", 0), "error" in row], dtype=torch.int64)
+                dist.all_reduce(flag, group=stats)
+                row["wrong"], failed = int(flag[0]), bool(flag[1])
+                if failed and "error" not in row:
+                    row["error"] = "failed on another rank"
+                wrong_total += row["wrong"]
+                rows.append(row)
+                if bar:
+                    bar[0].advance(bar[1])
+    if bar:
+        bar[0].stop()
+    if rank == 0:
+        print_table(rows, ops, sizes, live)
+        if wrong_total:
+            print(f"# WRONG RESULTS: {wrong_total} elements", flush=True)
+        if args.json:
+            with open(args.json, "w") as f:
+                json.dump({"header": head, "unavailable": {n: b for n, b in backends.items()
+                                                           if isinstance(b, str)},
+                           "rows": rows}, f, indent=1, default=str)
+        if args.plot:
+            plot(rows, ops, live, head, args.plot)
+    dist.barrier(group=stats)
+    dist.destroy_process_group()
+    return 1 if wrong_total else 0
+
+
+def lookup(rows, op, size_bytes, backend):
+    for r in rows:
+        if r["op"] == op and r["backend"] == backend and r["bytes"] == size_bytes:
+            return r
+    return None
+
+
+def print_table(rows, ops, sizes, live):
+    ref = "mpi" if "mpi" in live else None
+    for op in ops:
+        print(f"\n## {op}")
+        print(f"{'bytes':>10} {'backend':>7} {'median us':>11} {'p95 us':>10} {'algbw GB/s':>11} "
+              f"{'busbw GB/s':>11} {'wrong':>6} {'vs mpi':>7} {'vs mpigpu':>9}")
+        for size_bytes in sorted({r["bytes"] for r in rows if r["op"] == op}):
+            base = lookup(rows, op, size_bytes, ref) if ref else None
+            ours = lookup(rows, op, size_bytes, "mpigpu")
+            for name in live:
+                r = lookup(rows, op, size_bytes, name)
+                if r is None:
+                    continue
+                if "error" in r:
+                    print(f"{size_bytes:>10} {name:>7} {r['error']}")
+                    continue
+                vs_mpi = r["median_us"] / base["median_us"] if base and "median_us" in base else float("nan")
+                vs_ours = r["median_us"] / ours["median_us"] if ours and "median_us" in ours else float("nan")
+                print(f"{size_bytes:>10} {name:>7} {r['median_us']:>11.1f} {r['p95_us']:>10.1f} "
+                      f"{r['algbw_GBps']:>11.3f} {r['busbw_GBps']:>11.3f} {r['wrong']:>6} "
+                      f"{vs_mpi:>7.2f} {vs_ours:>9.2f}")
+    sys.stdout.flush()
+
+
+def plot(rows, ops, live, head, path):
+    import matplotlib
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+    fig, axes = plt.subplots(2, len(ops), figsize=(4.2 * len(ops), 7), squeeze=False)
+    for j, op in enumerate(ops):
+        for name in live:
+            pts = sorted((r["bytes"], r["busbw_GBps"], r["median_us"]) for r in rows
+                         if r["op"] == op and r["backend"] == name and "median_us" in r)
+            if not pts:
+                continue
+            x = [p[0] for p in pts]
+            axes[0][j].plot(x, [p[1] for p in pts], marker="o", ms=3, label=name)
+            axes[1][j].plot(x, [p[2] for p in pts], marker="o", ms=3, label=name)
+        axes[0][j].set_title(op)
+        for i, ylabel in ((0, "busbw GB/s"), (1, "median latency us")):
+            axes[i][j].set_xscale("log", base=2)
+            axes[i][j].set_yscale("log")
+            axes[i][j].set_xlabel("bytes")
+            axes[i][j].set_ylabel(ylabel)
+            axes[i][j].grid(True, which="both", alpha=0.3)
+        axes[0][j].legend(fontsize=8)
+    where = head.get("gpu", head.get("cpu", ""))
+    fig.suptitle(f"{head['ranks']} ranks, {head['device']} ({where}), {head.get('dtype')}, "
+                 f"torch {head['torch']}", fontsize=10)
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+
+
+if __name__ == "__main__":
+    sys.exit(main())
