@@ -39,6 +39,14 @@ Config Config::fromEnv() {
   c.inlineBytes = parseInt("TORCH_MPIGPU_INLINE_BYTES", c.inlineBytes, 0, int64_t{1} << 40);
   c.fuseBelowBytes = parseInt("TORCH_MPIGPU_FUSE_BELOW_BYTES", c.fuseBelowBytes, 0,
                               int64_t{1} << 40);
+  if (const char* a = env("TORCH_MPIGPU_TIMEOUT_ACTION")) {
+    const std::string v = a;
+    if (v != "abort" && v != "report") {
+      C10_THROW_ERROR(ValueError, c10::str("mpigpu: TORCH_MPIGPU_TIMEOUT_ACTION=", a,
+                                           " must be abort or report"));
+    }
+    c.abortOnTimeout = v == "abort";
+  }
   if (const char* a = env("TORCH_MPIGPU_CUDA_AWARE")) {
     const std::string v = a;
     if (v == "auto") c.cudaAware = -1;

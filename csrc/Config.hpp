@@ -14,6 +14,9 @@ struct Config {
   bool debug = false;
   // Overrides the process group timeout when > 0 (TORCH_MPIGPU_TIMEOUT, seconds).
   double timeoutSeconds = 0;
+  // A collective still inside MPI after the timeout is reported; true: then end the job with
+  // MPI_Abort (TORCH_MPIGPU_TIMEOUT_ACTION=abort, the default), false: report only.
+  bool abortOnTimeout = true;
   // How CUDA tensors meet MPI: -1 auto (ask the MPI library), 1 device pointers (CUDA-aware MPI),
   // 0 staged through pinned host memory (TORCH_MPIGPU_CUDA_AWARE=auto|1|0).
   int cudaAware = -1;
@@ -27,7 +30,7 @@ struct Config {
   int64_t fuseBelowBytes = 256 << 10;
   // Blocking ops (async_op=False) on host tensors up to this many bytes run on the calling thread
   // when the group's engine is idle; 0 always hands ops to the engine.
-  int64_t inlineBytes = 64 << 10;
+  int64_t inlineBytes = int64_t{1} << 40;
 
   static Config fromEnv();
 };

@@ -11,6 +11,7 @@
 #include "mpi/Check.hpp"
 #include "mpi/Env.hpp"
 #include "mpi/Types.hpp"
+#include "engine/Watchdog.hpp"
 
 namespace mpigpu {
 
@@ -196,7 +197,11 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupMPIGPU::enqueue(c10d::OpType type, co
   }
   const bool host = bufs->kind() == paths::PathKind::Cpu;
   const bool small = bufs->bytes() <= config_.inlineBytes;
-  Engine::Task task = [bufs = std::move(bufs), body = std::move(body)] {
+  Watchdog::Op watched{groupName_, op, seq, rank_, bufs->bytes(), effectiveTimeout(optTimeout),
+                       false, config_.abortOnTimeout};
+  Engine::Task task = [this, watched, bufs = std::move(bufs), body = std::move(body)]() mutable {
+    watched.onCaller = !engine_->onWorkerThread();
+    Watchdog::Scope watch(std::move(watched));
     {
       auto onCommStream = bufs->enter();
       bufs->stageIn();
@@ -640,12 +645,16 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupMPIGPU::alltoall_base(
   };
   auto sendCounts = counts(input, inputSplitSizes, "input");
   auto recvCounts = counts(output, outputSplitSizes, "output");
+  // Without split sizes every rank sends the same counts (torch requires equal sizes then).
+  const bool uniform = inputSplitSizes.empty() && outputSplitSizes.empty() &&
+                       input.numel() == output.numel();
   auto bufs = buffersFor(input);
   const size_t in = bufs->add(input, Access::Read);
   const size_t out = bufs->add(output, Access::Write);
-  return enqueue(c10d::OpType::ALLTOALL_BASE, op, {output}, {input}, opts.timeout, opts.asyncOp, bufs,
-                 [this, op, in, out, sendCounts, recvCounts](OpBuffers& b) {
-                   mpi::alltoallv(comm_, op, b.mpi(in), sendCounts, b.mpi(out), recvCounts);
+  return enqueue(c10d::OpType::ALLTOALL_BASE, op, {output}, {input}, opts.timeout, opts.asyncOp,
+                 bufs, [this, op, in, out, sendCounts, recvCounts, uniform](OpBuffers& b) {
+                   mpi::alltoallv(comm_, op, b.mpi(in), sendCounts, b.mpi(out), recvCounts,
+                                  uniform);
                  });
 }
 

@@ -8,6 +8,7 @@
 #include "ProcessGroupMPIGPU.hpp"
 #include "engine/Engine.hpp"
 #include "engine/FutureCompleter.hpp"
+#include "engine/Watchdog.hpp"
 #include "mpi/Collectives.hpp"
 #include "mpi/Env.hpp"
 #include "paths/OpBuffers.hpp"
@@ -67,6 +68,7 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
      "(initialises MPI if needed).");
   m.def("shutdown", [] {
     mpigpu::Engine::shutdownAll();
+    mpigpu::Watchdog::stop();
     mpigpu::stopFutureCompleter();
     mpigpu::mpi::finalizeIfOwned();
   }, py::call_guard<py::gil_scoped_release>(),

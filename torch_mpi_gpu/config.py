@@ -27,6 +27,10 @@ SETTINGS = [
     Setting("TORCH_MPIGPU_TIMEOUT", "",
             "Seconds before an op's Work.wait() gives up; overrides the process group timeout "
             "(default: the group's timeout, 30 min)."),
+    Setting("TORCH_MPIGPU_TIMEOUT_ACTION", "abort",
+            "A collective still inside MPI after the timeout is reported on stderr (op, sequence "
+            "number, group, bytes, time). abort: then end the job with MPI_Abort (a blocked MPI "
+            "call cannot be cancelled); report: only report."),
     Setting("TORCH_MPIGPU_DEBUG", "0",
             "1: log each group's setup (MPI library, thread level, paths) and every op queued."),
     Setting("TORCH_MPIGPU_MAX_ELEMENTS_PER_CALL", "2147483647",
@@ -45,10 +49,11 @@ SETTINGS = [
             "Host tensors of at least this many bytes are not packed into a fusion bucket (the "
             "copy would cost more than the MPI call saved); they go in place, one call each. "
             "Device tensors are always packed (one kernel)."),
-    Setting("TORCH_MPIGPU_INLINE_BYTES", str(64 << 10),
+    Setting("TORCH_MPIGPU_INLINE_BYTES", str(1 << 40),
             "Blocking ops (async_op=False) on host tensors up to this many bytes run on the "
-            "calling thread when the group is idle, skipping the hand-off to the worker. Such a "
-            "call blocks inside MPI until every rank joins, with no timeout; 0 turns this off."),
+            "calling thread when the group is idle, skipping the hand-off to the worker thread. "
+            "Such a call cannot raise at the timeout (the watchdog reports it, and by default "
+            "ends the job); 0 hands every op to the worker."),
     Setting("TORCH_MPIGPU_SET_DEVICE", "1",
             "1: under an MPI launcher, make cuda:(local rank mod device count) current before MPI "
             "starts (CUDA-aware MPIs set up IPC for the current device). 0: leave it alone."),

@@ -2,6 +2,8 @@
 
 #include <ATen/core/grad_mode.h>
 
+#include <sys/prctl.h>
+
 #include "Errors.hpp"
 #include "mpi/Env.hpp"
 
@@ -12,8 +14,14 @@ std::mutex g_registryMutex;
 std::vector<std::weak_ptr<Engine>> g_engines;
 std::weak_ptr<Engine> g_shared;
 
-// While point-to-point requests are outstanding the worker polls them this often.
+// While point-to-point requests are outstanding the worker polls them: without sleeping for the
+// first kSpinFor after the last progress (a reply usually comes within microseconds), then every
+// kPollInterval, and every kSlowPollInterval once nothing has moved for kSlowAfter (a receive
+// posted long before its send, as in pipeline parallelism).
+constexpr auto kSpinFor = std::chrono::microseconds(100);
 constexpr auto kPollInterval = std::chrono::microseconds(20);
+constexpr auto kSlowAfter = std::chrono::milliseconds(10);
+constexpr auto kSlowPollInterval = std::chrono::microseconds(200);
 
 } // namespace
 
@@ -108,6 +116,7 @@ void Engine::addPending(std::vector<MPI_Request> requests, c10::intrusive_ptr<Wo
                         Then then) {
   pending_.push_back({std::move(requests), std::move(work), std::move(then)});
   pendingCount_ = pending_.size();
+  lastProgress_ = std::chrono::steady_clock::now();
 }
 
 void Engine::shutdown() {
@@ -134,13 +143,25 @@ void Engine::shutdown() {
 void Engine::loop() {
   // Ops write into tensors that may require grad (parameters, gradients); that is not autograd.
   at::NoGradGuard noGrad;
+  // Linux lets a 20 us timed wait oversleep by the default 50 us timer slack; poll on time.
+  prctl(PR_SET_TIMERSLACK, 1UL, 0UL, 0UL, 0UL);
   while (true) {
     Queued item;
     {
       std::unique_lock<std::mutex> lock(mutex_);
       auto ready = [&] { return stop_ || (!queue_.empty() && !inlineBusy_); };
-      if (pending_.empty()) cv_.wait(lock, ready);
-      else cv_.wait_for(lock, kPollInterval, ready);
+      if (pending_.empty()) {
+        cv_.wait(lock, ready);
+      } else {
+        const auto idle = std::chrono::steady_clock::now() - lastProgress_;
+        if (idle < kSpinFor) {
+          lock.unlock();
+          std::this_thread::yield();
+          lock.lock();
+        } else {
+          cv_.wait_for(lock, idle < kSlowAfter ? kPollInterval : kSlowPollInterval, ready);
+        }
+      }
       // On stop, queued ops are failed by shutdown(); outstanding requests are abandoned, since
       // the peers may never post their side.
       if (stop_) break;
@@ -201,6 +222,7 @@ void Engine::progressPending() {
       }
       pending_.erase(pending_.begin() + static_cast<std::ptrdiff_t>(i));
       pendingCount_ = pending_.size();
+      lastProgress_ = std::chrono::steady_clock::now();
     } else {
       ++i;
     }

@@ -6,6 +6,7 @@
 
 #include <condition_variable>
 #include <atomic>
+#include <chrono>
 #include <deque>
 #include <functional>
 #include <memory>
@@ -48,6 +49,7 @@ class Engine {
                   Then then);
   void shutdown();
   bool stopped() const;
+  bool onWorkerThread() const { return std::this_thread::get_id() == thread_.get_id(); }
 
  private:
   struct Queued {
@@ -73,6 +75,7 @@ class Engine {
   bool inlineBusy_ = false;    // a caller is running a task inline; the worker must wait
   std::atomic<size_t> pendingCount_{0};  // pending_.size(), readable from callers
   std::vector<Pending> pending_;  // touched by the worker thread only
+  std::chrono::steady_clock::time_point lastProgress_;  // worker only: last post or completion
   std::thread thread_;
 };
 

@@ -190,7 +190,7 @@ void reduceScatter(const Comm& c, const char* op, const at::Tensor& in, at::Tens
 
 void alltoallv(const Comm& c, const char* op, const at::Tensor& in,
                const std::vector<int64_t>& sendCounts, at::Tensor& out,
-               const std::vector<int64_t>& recvCounts) {
+               const std::vector<int64_t>& recvCounts, bool uniform) {
   const MPI_Datatype type = transportType(in.scalar_type(), op, c.rank);
   std::vector<int64_t> sendDispl(c.size, 0), recvDispl(c.size, 0);
   for (int p = 1; p < c.size; ++p) {
@@ -202,9 +202,11 @@ void alltoallv(const Comm& c, const char* op, const at::Tensor& in,
   int64_t localMax = std::max(sendDispl.back() + sendCounts.back(),
                               recvDispl.back() + recvCounts.back());
   int64_t globalMax = localMax;
-  ++g_calls;
-  MPIGPU_MPI_CHECK(MPI_Allreduce(&localMax, &globalMax, 1, MPI_INT64_T, MPI_MAX, c.handle), op,
-                   c.rank);
+  if (!uniform) {
+    ++g_calls;
+    MPIGPU_MPI_CHECK(MPI_Allreduce(&localMax, &globalMax, 1, MPI_INT64_T, MPI_MAX, c.handle), op,
+                     c.rank);
+  }
   if (globalMax <= c.maxCount) {
     std::vector<int> sc(c.size), sd(c.size), rc(c.size), rd(c.size);
     for (int p = 0; p < c.size; ++p) {

@@ -42,10 +42,11 @@ void scatter(const Comm& c, const char* op, const at::Tensor* in, at::Tensor& ou
 // `in` holds size * out.numel() elements.
 void reduceScatter(const Comm& c, const char* op, const at::Tensor& in, at::Tensor& out,
                    const Reduction& red);
-// Counts in elements, one per peer; data packed in peer order.
+// Counts in elements, one per peer; data packed in peer order. `uniform`: every rank passes the
+// same counts (all_to_all_single without splits), so whether to split needs no agreement round.
 void alltoallv(const Comm& c, const char* op, const at::Tensor& in,
                const std::vector<int64_t>& sendCounts, at::Tensor& out,
-               const std::vector<int64_t>& recvCounts);
+               const std::vector<int64_t>& recvCounts, bool uniform = false);
 void barrier(const Comm& c, const char* op);
 
 // Non-blocking point-to-point; one request per chunk, all with the same tag (MPI keeps order).

@@ -1,0 +1,52 @@
+"""Stalled ranks: the watchdog reports the op after the timeout and ends the job (or only reports
+with TORCH_MPIGPU_TIMEOUT_ACTION=report). Launched directly (these jobs are meant to fail)."""
+
+import os
+import re
+import subprocess
+import sys
+import time
+
+import pytest
+
+from conftest import MP_DIR, mpirun_path, run_mpi
+from test_multirank import passed_counts
+
+
+def launch(mode, np, env):
+    full_env = dict(os.environ, OMP_NUM_THREADS="1", OMPI_ALLOW_RUN_AS_ROOT="1",
+                    OMPI_ALLOW_RUN_AS_ROOT_CONFIRM="1", PYTHONUNBUFFERED="1", **env)
+    cmd = [mpirun_path(), "--oversubscribe", "-np", str(np)]
+    for key in env:
+        cmd += ["-x", key]
+    cmd += [sys.executable, str(MP_DIR / "stall.py"), mode]
+    start = time.monotonic()
+    proc = subprocess.run(cmd, env=full_env, cwd=MP_DIR, capture_output=True, text=True, timeout=120)
+    return proc.returncode, proc.stdout + proc.stderr, time.monotonic() - start
+
+
+@pytest.mark.parametrize("mode", ["abort", "abort-async"])
+def test_stalled_rank_is_reported_and_ends_the_job(mode):
+    rc, out, took = launch(mode, 3, {"TORCH_MPIGPU_TIMEOUT": "2"})
+    assert rc != 0, out[-3000:]
+    # both waiting ranks name the op, its sequence number, its group and the timeout
+    for rank in (0, 2):
+        assert re.search(rf"WATCHDOG \[rank {rank}\]: allreduce \(op #\d+ of group '\S+', 64 bytes",
+                         out), out[-3000:]
+    assert "past its timeout of 2 s" in out and "Ending the job (MPI_Abort)" in out, out[-3000:]
+    assert "unreachable" not in out
+    assert took < 60, f"the job took {took:.0f} s to end"
+
+
+def test_report_only_lets_a_late_rank_finish():
+    out = run_mpi("stall.py", 2, env={"TORCH_MPIGPU_TIMEOUT": "2",
+                                      "TORCH_MPIGPU_TIMEOUT_ACTION": "report"}, args=("report",))
+    assert "WATCHDOG [rank 0]: allreduce" in out and "the op keeps waiting" in out, out[-3000:]
+    assert passed_counts(out, 2) >= 1
+
+
+def test_killed_rank_ends_the_job():
+    rc, out, took = launch("die", 3, {})  # default timeout (30 min): the launcher must end it
+    assert rc != 0, out[-3000:]
+    assert "unreachable" not in out
+    assert took < 60, f"the job took {took:.0f} s to end after a rank was killed"
