@@ -176,7 +176,7 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupMPIGPU::enqueue(c10d::OpType type, co
                                                            milliseconds optTimeout,
                                                            bool asyncOp,
                                                            std::shared_ptr<OpBuffers> bufs,
-                                                           Body body) {
+                                                           Body body, int root) {
   MPIGPU_CHECK_VALUE(engine_ != nullptr, op, rank_,
                      "the process group has been destroyed; create a new one");
   const uint64_t seq = ++seq_;
@@ -195,13 +195,26 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupMPIGPU::enqueue(c10d::OpType type, co
     coalescing = coalescing_;
     if (coalescing) coalesced_.push_back(work);
   }
+  // What every rank must agree on (checked before the op with TORCH_MPIGPU_DEBUG=1).
+  Fingerprint fp{static_cast<int64_t>(type), -1, -1, root};
+  const auto& described = type == c10d::OpType::SCATTER || inputs.empty() ? outputs : inputs;
+  if (!described.empty()) fp.dtype = static_cast<int64_t>(described[0].scalar_type());
+  if (type != c10d::OpType::ALLTOALL && type != c10d::OpType::ALLTOALL_BASE) {
+    fp.numel = 0;
+    for (const auto& t : described) fp.numel += t.numel();
+  }
   const bool host = bufs->kind() == paths::PathKind::Cpu;
   const bool small = bufs->bytes() <= config_.inlineBytes;
   Watchdog::Op watched{groupName_, op, seq, rank_, bufs->bytes(), effectiveTimeout(optTimeout),
                        false, config_.abortOnTimeout};
-  Engine::Task task = [this, watched, bufs = std::move(bufs), body = std::move(body)]() mutable {
-    watched.onCaller = !engine_->onWorkerThread();
+  Engine::Task task = [this, watched, fp, bufs = std::move(bufs),
+                       body = std::move(body)]() mutable {
+    const bool onCaller = !engine_->onWorkerThread();
+    watched.onCaller = onCaller;
+    const char* name = watched.name;
+    const uint64_t seq = watched.seq;
     Watchdog::Scope watch(std::move(watched));
+    if (config_.debug) checkSameOp(name, seq, fp);
     {
       auto onCommStream = bufs->enter();
       bufs->stageIn();
@@ -217,6 +230,33 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupMPIGPU::enqueue(c10d::OpType type, co
   if (!asyncOp && host && small && !coalescing && engine_->tryRunInline(work, task)) return work;
   engine_->submit(work, std::move(task));
   return work;
+}
+
+void ProcessGroupMPIGPU::checkSameOp(const char* op, uint64_t seq, const Fingerprint& mine) {
+  // One small allgather: every rank issues it before the op, so it matches even when the ops
+  // do not, and every rank sees the same table and raises the same error.
+  std::vector<Fingerprint> all(size_);
+  static_assert(sizeof(Fingerprint) == 4 * sizeof(int64_t), "Fingerprint must be 4 int64");
+  MPIGPU_MPI_CHECK(MPI_Allgather(&mine, 4, MPI_INT64_T, all.data(), 4, MPI_INT64_T, comm_.handle),
+                   op, rank_);
+  auto same = [&](const Fingerprint& f) {
+    return f.type == all[0].type && f.dtype == all[0].dtype && f.numel == all[0].numel &&
+           f.root == all[0].root;
+  };
+  if (std::all_of(all.begin(), all.end(), same)) return;
+  std::ostringstream table;
+  for (int r = 0; r < size_; ++r) {
+    const auto& f = all[r];
+    table << "\n  rank " << r << ": " << c10d::opTypeToString(static_cast<c10d::OpType>(f.type));
+    if (f.dtype >= 0) table << " " << static_cast<at::ScalarType>(f.dtype);
+    if (f.numel >= 0) table << ", " << f.numel << " elements";
+    if (f.root >= 0) table << ", root " << f.root;
+    if (!same(f)) table << "   <- differs from rank 0";
+  }
+  MPIGPU_THROW_BACKEND(op, rank_, "op #", seq, ": the ranks of group '", groupName_,
+                       "' are not issuing the same collective (TORCH_MPIGPU_DEBUG=1 check):",
+                       table.str(), "\nEvery rank must call the same collectives in the same "
+                       "order with matching dtype, size and root. The op was not run.");
 }
 
 void ProcessGroupMPIGPU::startCoalescing() {
@@ -357,7 +397,7 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupMPIGPU::reduce(std::vector<at::Tensor
   return enqueue(c10d::OpType::REDUCE, op, tensors, tensors, opts.timeout, opts.asyncOp, bufs,
                  [this, op, slot, red, root](OpBuffers& b) {
                    b.run(slot, [&](at::Tensor& t) { mpi::reduce(comm_, op, t, t, red, root); });
-                 });
+                 }, root);
 }
 
 c10::intrusive_ptr<c10d::Work> ProcessGroupMPIGPU::reduce_scatter(
@@ -445,7 +485,7 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupMPIGPU::broadcast(std::vector<at::Ten
   return enqueue(c10d::OpType::BROADCAST, op, tensors, tensors, opts.timeout, opts.asyncOp, bufs,
                  [this, op, slot, root](OpBuffers& b) {
                    b.run(slot, [&](at::Tensor& t) { mpi::broadcast(comm_, op, t, root); });
-                 });
+                 }, root);
 }
 
 c10::intrusive_ptr<c10d::Work> ProcessGroupMPIGPU::allgather(
@@ -578,7 +618,7 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupMPIGPU::gather(
   return enqueue(c10d::OpType::GATHER, op, outs, inputs, opts.timeout, opts.asyncOp, bufs,
                  [this, op, in, out, root, isRoot](OpBuffers& b) {
                    mpi::gather(comm_, op, b.mpi(in), isRoot ? &b.mpi(out) : nullptr, root);
-                 });
+                 }, root);
 }
 
 c10::intrusive_ptr<c10d::Work> ProcessGroupMPIGPU::scatter(
@@ -610,7 +650,7 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupMPIGPU::scatter(
   return enqueue(c10d::OpType::SCATTER, op, outputs, ins, opts.timeout, opts.asyncOp, bufs,
                  [this, op, in, out, root, isRoot](OpBuffers& b) {
                    mpi::scatter(comm_, op, isRoot ? &b.mpi(in) : nullptr, b.mpi(out), root);
-                 });
+                 }, root);
 }
 
 c10::intrusive_ptr<c10d::Work> ProcessGroupMPIGPU::alltoall_base(

@@ -97,7 +97,13 @@ class ProcessGroupMPIGPU : public c10d::Backend {
                                          std::vector<at::Tensor> outputs,
                                          std::vector<at::Tensor> inputs,
                                          std::chrono::milliseconds optTimeout, bool asyncOp,
-                                         std::shared_ptr<paths::OpBuffers> bufs, Body body);
+                                         std::shared_ptr<paths::OpBuffers> bufs, Body body,
+                                         int root = -1);
+  // What ranks must agree on for a collective; compared across ranks with TORCH_MPIGPU_DEBUG=1.
+  struct Fingerprint {
+    int64_t type, dtype, numel, root;  // -1: not part of the check (e.g. alltoall sizes)
+  };
+  void checkSameOp(const char* op, uint64_t seq, const Fingerprint& mine);
   int64_t fuseBelow(const paths::OpBuffers& bufs) const;
   std::shared_ptr<paths::OpBuffers> buffersFor(const at::Tensor& t) {
     return paths_->create(t.device());

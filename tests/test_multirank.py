@@ -53,6 +53,11 @@ def test_fsdp2_and_dtensor(np):
     assert passed_counts(run_mpi("fsdp.py", np), np) >= 8
 
 
+@pytest.mark.parametrize("np", [2, 3, 4])
+def test_desync_detected_with_debug(np):
+    assert passed_counts(run_mpi("desync.py", np, env={"TORCH_MPIGPU_DEBUG": "1"}), np) >= 10
+
+
 @pytest.mark.slow
 def test_count_above_int_max():
     # 2^31 + 3 int8 elements per rank (2 GiB each, ~6 GiB in all): real large-count MPI calls.

@@ -1,0 +1,80 @@
+"""Where the time of a small blocking all_reduce goes: timers around each layer, same buffer.
+
+    mpirun -np 2 python benchmarks/overhead.py [--bytes 8] [--iters 2000] [--json out.json]
+
+  raw MPI         mpi4py Allreduce (in place): the floor
+  mpigpu backend  ProcessGroupMPIGPU::allreduce + wait, called directly (our code + MPI)
+  c10d dispatch   ProcessGroup.allreduce + wait (torch's op dispatcher in front of ours)
+  dist.all_reduce the Python API users call (torch's Python wrapper in front of that)
+  gloo            dist.all_reduce on a gloo group, for scale
+
+Each layer's cost is the difference to the one below it. Medians over --iters calls, slowest rank.
+"""
+
+import argparse
+import json
+import statistics
+import time
+
+import torch
+import torch.distributed as dist
+
+import torch_mpi_gpu  # noqa: F401
+
+
+def timed(fn, iters):
+    for _ in range(50):
+        fn()
+    out = []
+    for _ in range(iters):
+        t0 = time.perf_counter()
+        fn()
+        out.append(time.perf_counter() - t0)
+    t = torch.tensor(out, dtype=torch.float64)
+    dist.all_reduce(t, op=dist.ReduceOp.MAX, group=STATS)
+    return statistics.median(t.tolist()) * 1e6
+
+
+def main():
+    global STATS
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--bytes", type=int, default=8)
+    ap.add_argument("--iters", type=int, default=2000)
+    ap.add_argument("--json")
+    args = ap.parse_args()
+    torch.set_num_threads(1)
+    dist.init_process_group("mpigpu")
+    STATS = dist.new_group(backend="gloo")
+    gloo = STATS
+    from mpi4py import MPI
+    comm = MPI.COMM_WORLD
+    t = torch.ones(max(1, args.bytes // 4))
+    arr = t.numpy()
+    pg = dist.distributed_c10d._get_default_group()
+    backend = pg._get_backend(torch.device("cpu"))
+    opts = dist.AllreduceOptions()
+    opts.asyncOp = False  # what dist.all_reduce(async_op=False) passes
+    rows = {
+        "raw MPI (mpi4py)": timed(lambda: comm.Allreduce(MPI.IN_PLACE, arr, op=MPI.SUM), args.iters),
+        "mpigpu backend": timed(lambda: backend.allreduce([t], opts).wait(), args.iters),
+        "c10d dispatch": timed(lambda: pg.allreduce([t], opts).wait(), args.iters),
+        "dist.all_reduce": timed(lambda: dist.all_reduce(t), args.iters),
+        "gloo dist.all_reduce": timed(lambda: dist.all_reduce(t, group=gloo), args.iters),
+    }
+    if dist.get_rank() == 0:
+        print(f"# {args.bytes} bytes fp32 all_reduce, {dist.get_world_size()} ranks, median of "
+              f"{args.iters} calls (slowest rank), torch {torch.__version__}")
+        below = None
+        for name, us in rows.items():
+            extra = "" if below is None or name.startswith("gloo") else f"  (+{us - below:.1f} us)"
+            print(f"{name:<22} {us:8.2f} us{extra}")
+            if not name.startswith("gloo"):
+                below = us
+        if args.json:
+            with open(args.json, "w") as f:
+                json.dump({"bytes": args.bytes, "median_us": rows}, f, indent=1)
+    dist.destroy_process_group()
+
+
+if __name__ == "__main__":
+    main()
