@@ -32,7 +32,6 @@ struct Config {
   // when the group's engine is idle; 0 always hands ops to the engine.
   int64_t inlineBytes = int64_t{1} << 40;
 
-
   static Config fromEnv();
 };
 

@@ -1,6 +1,7 @@
 """Real multi-rank jobs under mpirun: every op, reduce op and dtype at 1-4 ranks, compared with
 references computed independently on each rank (see tests/mp/)."""
 
+import os
 import re
 
 import pytest
@@ -56,6 +57,21 @@ def test_fsdp2_and_dtensor(np):
 @pytest.mark.parametrize("np", [2, 3, 4])
 def test_desync_detected_with_debug(np):
     assert passed_counts(run_mpi("desync.py", np, env={"TORCH_MPIGPU_DEBUG": "1"}), np) >= 10
+
+
+@pytest.mark.parametrize("np", RANKS)
+def test_random_ops_against_reference(np):
+    # 1000 seeded random cases per world size; MPIGPU_RANDOM_CASES=20000 for a long run
+    cases = int(os.environ.get("MPIGPU_RANDOM_CASES", "1000"))
+    out = run_mpi("random_ops.py", np, env={"MPIGPU_RANDOM_CASES": str(cases)}, timeout=900)
+    assert passed_counts(out, np) >= cases
+
+
+@pytest.mark.parametrize("np", [2, 4])
+def test_soak_threads_groups_memory_flat(np):
+    out = run_mpi("soak.py", np, timeout=900)
+    assert passed_counts(out, np) >= 5
+    print("\n".join(line for line in out.splitlines() if "RSS MiB" in line))
 
 
 @pytest.mark.slow
