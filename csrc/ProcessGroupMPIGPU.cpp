@@ -130,6 +130,7 @@ ProcessGroupMPIGPU::ProcessGroupMPIGPU(c10::intrusive_ptr<c10d::Store> store, in
   if (config_.debug) {
     std::cerr << opMessage("init", rank_, describe()) << std::endl;
   }
+  if (store_) Watchdog::addGroup({groupName_, rank_, size_, store_, collectives_});
 }
 
 ProcessGroupMPIGPU::~ProcessGroupMPIGPU() {
@@ -142,6 +143,7 @@ ProcessGroupMPIGPU::~ProcessGroupMPIGPU() {
 
 void ProcessGroupMPIGPU::releaseCommunicators() {
   if (!engine_) return;
+  Watchdog::removeGroup(groupName_, rank_);
   if (!engine_->stopped() && !mpi::isFinalized()) {
     engine_->runAndWait("destroy_process_group", rank_, [this] {
       mpi::freeComm(&comm_.handle);
@@ -205,8 +207,8 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupMPIGPU::enqueue(c10d::OpType type, co
   }
   const bool host = bufs->kind() == paths::PathKind::Cpu;
   const bool small = bufs->bytes() <= config_.inlineBytes;
-  Watchdog::Op watched{groupName_, op, seq, rank_, bufs->bytes(), effectiveTimeout(optTimeout),
-                       false, config_.abortOnTimeout};
+  Watchdog::Op watched{groupName_, op, seq, ++*collectives_, rank_, bufs->bytes(),
+                       effectiveTimeout(optTimeout), false, config_.abortOnTimeout};
   Engine::Task task = [this, watched, fp, bufs = std::move(bufs),
                        body = std::move(body)]() mutable {
     const bool onCaller = !engine_->onWorkerThread();

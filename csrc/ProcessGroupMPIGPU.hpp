@@ -122,6 +122,8 @@ class ProcessGroupMPIGPU : public c10d::Backend {
   std::unique_ptr<paths::PathFactory> paths_;
   std::shared_ptr<Engine> engine_;
   std::atomic<uint64_t> seq_{0};
+  // Collectives issued (not p2p): the same numbering on every rank, published by the watchdog.
+  std::shared_ptr<std::atomic<uint64_t>> collectives_ = std::make_shared<std::atomic<uint64_t>>(0);
 
   std::mutex coalesceMutex_;
   bool coalescing_ = false;

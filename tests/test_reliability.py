@@ -35,6 +35,9 @@ def test_stalled_rank_is_reported_and_ends_the_job(mode):
     assert re.search(r"WATCHDOG \[rank [02]\]: allreduce \(op #2 of group '\S+', 64 bytes", out), \
         out[-3000:]
     assert "WATCHDOG [rank 1]" not in out
+    # and it names the rank that never issued the collective (from the progress in the store)
+    assert "This is collective #2 of the group; ranks that had not issued it" in out, out[-3000:]
+    assert "1 (has issued 1)" in out, out[-3000:]
     assert "past its timeout of 2 s" in out and "Ending the job (MPI_Abort)" in out, out[-3000:]
     assert "unreachable" not in out
     assert took < 60, f"the job took {took:.0f} s to end"

@@ -2,12 +2,14 @@
 
 #include <mpi.h>
 
+#include <algorithm>
 #include <condition_variable>
 #include <iostream>
 #include <map>
 #include <mutex>
 #include <sstream>
 #include <thread>
+#include <vector>
 
 namespace mpigpu {
 namespace {
@@ -20,7 +22,18 @@ struct Entry {
   bool reported = false;
 };
 
+struct Published {
+  Watchdog::Progress progress;
+  uint64_t lastPublished = ~uint64_t{0};
+};
+
+std::string key(const std::string& group, int rank) {
+  return "mpigpu_watchdog/" + group + "/" + std::to_string(rank);
+}
+
 struct State {
+  std::vector<Published> groups;
+  Clock::time_point lastPublish;
   std::mutex mutex;
   std::condition_variable cv;
   std::map<uint64_t, Entry> running;
@@ -34,7 +47,55 @@ State& state() {
   return *s;
 }
 
-std::string report(const Entry& e, Clock::time_point now) {
+void publish(Published& p) {
+  const uint64_t issued = p.progress.issued->load();
+  if (issued == p.lastPublished) return;
+  try {
+    const std::string v = std::to_string(issued);
+    p.progress.store->set(key(p.progress.group, p.progress.rank),
+                          std::vector<uint8_t>(v.begin(), v.end()));
+    p.lastPublished = issued;
+  } catch (...) {
+    // The store may be gone (its rank died): progress is a diagnostic, never a failure.
+  }
+}
+
+// Which ranks of the stuck op's group have not issued it yet, from what they published.
+std::string laggards(State& st, const Watchdog::Op& op) {
+  for (auto& p : st.groups) {
+    if (p.progress.group != op.group || p.progress.rank != op.rank) continue;
+    publish(p);
+    std::ostringstream s;
+    int behind = 0;
+    try {
+      for (int r = 0; r < p.progress.size; ++r) {
+        if (r == op.rank) continue;
+        const std::string k = key(op.group, r);
+        if (!p.progress.store->check({k})) {
+          s << (behind++ ? ", " : "") << r << " (published nothing: no collective yet, or gone)";
+          continue;
+        }
+        const auto raw = p.progress.store->get(k);
+        const uint64_t issued = std::stoull(std::string(raw.begin(), raw.end()));
+        if (issued < op.collective) {
+          s << (behind++ ? ", " : "") << r << " (has issued " << issued << ")";
+        }
+      }
+    } catch (const std::exception& e) {
+      return std::string(" Could not read the other ranks' progress from the store: ") + e.what() +
+             ".";
+    }
+    if (behind == 0) {
+      return " Every other rank had issued this collective by its last report (about once a "
+             "second): one may be stuck inside it, or blocked in another group.";
+    }
+    return " This is collective #" + std::to_string(op.collective) + " of the group; ranks that " +
+           "had not issued it at their last report (about once a second): " + s.str() + ".";
+  }
+  return "";
+}
+
+std::string report(State& st, const Entry& e, Clock::time_point now) {
   const auto ran = std::chrono::duration<double>(now - e.start).count();
   std::ostringstream s;
   s << "mpigpu WATCHDOG [rank " << e.op.rank << "]: " << e.op.name << " (op #" << e.op.seq
@@ -42,7 +103,8 @@ std::string report(const Entry& e, Clock::time_point now) {
     << (e.op.onCaller ? ", running on the calling thread" : "") << ") has been inside MPI for "
     << ran << " s, past its timeout of " << e.op.timeout.count() / 1000.0
     << " s. Some rank is not calling this op, or calls ops in a different order (run with "
-       "TORCH_MPIGPU_DEBUG=1 to log every op), or a rank has died. ";
+       "TORCH_MPIGPU_DEBUG=1 to log every op), or a rank has died.";
+  s << laggards(st, e.op) << " ";
   s << (e.op.abortOnTimeout ? "Ending the job (MPI_Abort); TORCH_MPIGPU_TIMEOUT_ACTION=report "
                               "only reports."
                             : "TORCH_MPIGPU_TIMEOUT_ACTION=report: the op keeps waiting.");
@@ -55,10 +117,14 @@ void loop() {
   while (!st.stop) {
     st.cv.wait_for(lock, std::chrono::milliseconds(200));
     const auto now = Clock::now();
+    if (now - st.lastPublish > std::chrono::seconds(1)) {
+      for (auto& p : st.groups) publish(p);
+      st.lastPublish = now;
+    }
     for (auto& [id, e] : st.running) {
       if (e.reported || now - e.start < e.op.timeout) continue;
       e.reported = true;
-      std::cerr << report(e, now) << std::endl;
+      std::cerr << report(st, e, now) << std::endl;
       if (e.op.abortOnTimeout) {
         int finalized = 1;
         MPI_Finalized(&finalized);
@@ -69,6 +135,23 @@ void loop() {
 }
 
 } // namespace
+
+void Watchdog::addGroup(Progress p) {
+  State& st = state();
+  std::lock_guard<std::mutex> lock(st.mutex);
+  if (!st.thread.joinable() && !st.stop) st.thread = std::thread(loop);
+  st.groups.push_back({std::move(p)});
+}
+
+void Watchdog::removeGroup(const std::string& group, int rank) {
+  State& st = state();
+  std::lock_guard<std::mutex> lock(st.mutex);
+  st.groups.erase(std::remove_if(st.groups.begin(), st.groups.end(),
+                                 [&](const Published& p) {
+                                   return p.progress.group == group && p.progress.rank == rank;
+                                 }),
+                  st.groups.end());
+}
 
 Watchdog::Scope::Scope(Op op) {
   State& st = state();

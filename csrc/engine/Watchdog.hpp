@@ -5,8 +5,12 @@
 // (TORCH_MPIGPU_TIMEOUT_ACTION=abort|report).
 #pragma once
 
+#include <torch/csrc/distributed/c10d/Store.hpp>
+
+#include <atomic>
 #include <chrono>
 #include <cstdint>
+#include <memory>
 #include <string>
 
 namespace mpigpu {
@@ -17,6 +21,7 @@ class Watchdog {
     std::string group;
     const char* name = "";
     uint64_t seq = 0;
+    uint64_t collective = 0;  // the group's collective number (issue order, same on every rank)
     int rank = 0;
     int64_t bytes = 0;
     std::chrono::milliseconds timeout{0};
@@ -35,6 +40,17 @@ class Watchdog {
    private:
     uint64_t id_;
   };
+
+  // A group's progress, published through its store about once a second (only when it changed),
+  // so that a rank reporting a stuck collective can name the ranks that have not reached it.
+  struct Progress {
+    std::string group;
+    int rank = 0, size = 1;
+    c10::intrusive_ptr<c10d::Store> store;
+    std::shared_ptr<std::atomic<uint64_t>> issued;  // collectives this rank has issued
+  };
+  static void addGroup(Progress p);
+  static void removeGroup(const std::string& group, int rank);
 
   // Stops the watchdog thread (at exit, before MPI_Finalize).
   static void stop();

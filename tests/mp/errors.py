@@ -65,6 +65,25 @@ def main():
              if world > 1 else pg.gather([[torch.empty(4)]], [f], _gather_opts(5)),
              ("gather", who))
 
+    be = pg._get_backend(torch.device("cpu"))  # our backend itself: no torch-side checks in front
+    c.raises("meta tensor", TypeError, lambda: be.allreduce([torch.empty(3, device="meta")]),
+             ("allreduce", who, "meta"))
+    q = torch.quantize_per_tensor(torch.ones(3), 0.1, 0, torch.quint8)
+    c.raises("quantized tensor", TypeError, lambda: be.allreduce([q]), ("allreduce", who, "quantized"))
+    if torch.cuda.is_available():  # (a meta tensor would be refused as meta first)
+        c.raises("tensors on two devices in one call", TypeError,
+                 lambda: be.allreduce([torch.ones(3), torch.ones(3, device="cuda")]),
+                 ("allreduce", who, "one device"))
+    c.raises("empty tensor list", ValueError, lambda: be.allreduce([]), ("allreduce", who))
+    c.raises("non-zero rootTensor", ValueError,
+             lambda: be.broadcast([f.clone()], _bcast_opts(0, 1)), ("broadcast", who, "rootTensor"))
+    # use after destroy: the backend object of a destroyed group refuses, it does not crash
+    g = dist.new_group(list(range(world)))
+    gb = g._get_backend(torch.device("cpu"))
+    dist.destroy_process_group(g)
+    c.raises("use after destroy_process_group", ValueError, lambda: gb.allreduce([f.clone()]),
+             ("allreduce", who, "destroyed"))
+
     # the group still works after all that
     t = torch.full((3,), float(rank))
     dist.all_reduce(t)
@@ -75,6 +94,13 @@ def main():
 def _gather_opts(root):
     o = dist.GatherOptions()
     o.rootRank = root
+    return o
+
+
+def _bcast_opts(root, root_tensor):
+    o = dist.BroadcastOptions()
+    o.rootRank = root
+    o.rootTensor = root_tensor
     return o
 
 
