@@ -259,14 +259,9 @@ def orchestrate(args):
         track = lambda it, **_: it  # noqa: E731
     runs = [launch(m, b, n, t, args) for m, b, n, t in track(plan, description="training runs")]
     summarize(runs)
-    cpu = platform.processor() or platform.machine()
-    try:
-        with open("/proc/cpuinfo") as f:
-            cpu = next(l.split(":", 1)[1].strip() for l in f if l.startswith("model name"))
-    except (OSError, StopIteration):
-        pass
     import torch_mpi_gpu
-    head = {"machine": f"{platform.node()}: {cpu}, {os.cpu_count()} cores",
+    from torch_mpi_gpu.bench import cpu_model
+    head = {"machine": f"{platform.node()}: {cpu_model()}, {os.cpu_count()} cores",
             "torch": torch.__version__, "mpi": torch_mpi_gpu.info()["mpi_library"].split(",")[0],
             "device": args.device, "epochs": args.epochs, "batch_per_rank": args.batch,
             "images_per_epoch": args.samples,

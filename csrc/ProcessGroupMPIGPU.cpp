@@ -197,17 +197,20 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupMPIGPU::enqueue(c10d::OpType type, co
     coalescing = coalescing_;
     if (coalescing) coalesced_.push_back(work);
   }
-  // What every rank must agree on (checked before the op with TORCH_MPIGPU_DEBUG=1).
+  // What every rank must agree on (checked before the op with TORCH_MPIGPU_DEBUG=1 only).
   Fingerprint fp{static_cast<int64_t>(type), -1, -1, root};
-  const auto& described = type == c10d::OpType::SCATTER || inputs.empty() ? outputs : inputs;
-  if (!described.empty()) fp.dtype = static_cast<int64_t>(described[0].scalar_type());
-  if (type != c10d::OpType::ALLTOALL && type != c10d::OpType::ALLTOALL_BASE) {
-    fp.numel = 0;
-    for (const auto& t : described) fp.numel += t.numel();
+  if (config_.debug) {
+    const auto& described = type == c10d::OpType::SCATTER || inputs.empty() ? outputs : inputs;
+    if (!described.empty()) fp.dtype = static_cast<int64_t>(described[0].scalar_type());
+    if (type != c10d::OpType::ALLTOALL && type != c10d::OpType::ALLTOALL_BASE) {
+      fp.numel = 0;
+      for (const auto& t : described) fp.numel += t.numel();
+    }
   }
+  const int64_t bytes = bufs->bytes();
   const bool host = bufs->kind() == paths::PathKind::Cpu;
-  const bool small = bufs->bytes() <= config_.inlineBytes;
-  Watchdog::Op watched{groupName_, op, seq, ++*collectives_, rank_, bufs->bytes(),
+  const bool small = bytes <= config_.inlineBytes;
+  Watchdog::Op watched{groupName_, op, seq, ++*collectives_, rank_, bytes,
                        effectiveTimeout(optTimeout), false, config_.abortOnTimeout};
   Engine::Task task = [this, watched, fp, bufs = std::move(bufs),
                        body = std::move(body)]() mutable {

@@ -52,14 +52,17 @@ def bus_factor(op, n):
     return 1.0
 
 
-def machine_header(device, world):
-    cpu = platform.processor() or platform.machine()
+def cpu_model():
+    """The CPU's model name (from /proc/cpuinfo where there is one)."""
     try:
         with open("/proc/cpuinfo") as f:
-            cpu = next(line.split(":", 1)[1].strip() for line in f if line.startswith("model name"))
+            return next(line.split(":", 1)[1].strip() for line in f if line.startswith("model name"))
     except (OSError, StopIteration):
-        pass
-    head = {"host": platform.node(), "cpu": f"{cpu}, {os.cpu_count()} cores",
+        return platform.processor() or platform.machine()
+
+
+def machine_header(device, world):
+    head = {"host": platform.node(), "cpu": f"{cpu_model()}, {os.cpu_count()} cores",
             "torch": torch.__version__, "ranks": world, "device": device}
     if device == "cuda":
         head["gpu"] = torch.cuda.get_device_name()
