@@ -231,6 +231,7 @@ def open_backends(names, device, rank):
                     raise RuntimeError("nccl needs --device cuda")
                 if not dist.is_nccl_available():
                     raise RuntimeError("this torch has no NCCL")
+                _check_nccl_can_share_gpu()
                 out[name] = dist.new_group(backend="nccl")
             elif name == "mpigpu":
                 if not _under_mpi():
@@ -243,6 +244,23 @@ def open_backends(names, device, rank):
         except Exception as e:  # noqa: BLE001
             out[name] = f"cannot run: {e}"
     return out
+
+
+def _check_nccl_can_share_gpu():
+    """NCCL before 2.30 refuses two ranks on one GPU ("Duplicate GPU detected") at its first
+    collective; say so up front instead of failing every point."""
+    from torch_mpi_gpu.launcher import detect_launcher
+    found = detect_launcher() or {}
+    local = int(found.get("local_size") or 1)
+    if local <= torch.cuda.device_count():
+        return
+    version = torch.cuda.nccl.version()
+    if version < (2, 30):
+        raise RuntimeError(f"{local} ranks share {torch.cuda.device_count()} GPU(s) and NCCL "
+                           f"{'.'.join(map(str, version))} refuses that (allowed from NCCL 2.30)")
+    if os.environ.get("NCCL_MULTI_RANK_GPU_ENABLE") != "1":
+        raise RuntimeError(f"{local} ranks share a GPU: set NCCL_MULTI_RANK_GPU_ENABLE=1 "
+                           "(mpirun -x) to let NCCL run them")
 
 
 def _under_mpi():
