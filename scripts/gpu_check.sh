@@ -77,7 +77,7 @@ for path in direct staged; do
   TORCH_MPIGPU_CUDA_AWARE=$aware timeout "$BENCH_BUDGET_S" mpirun --oversubscribe -np 2 \
     -x TORCH_MPIGPU_CUDA_AWARE -x NCCL_MULTI_RANK_GPU_ENABLE \
     python -m torch_mpi_gpu.bench --device cuda -b 8 -e 64M -f 8 -n 20 \
-    --backends "mpigpu,nccl,${MPI_OK:+$MPI_OK,}gloo" --no-progress \
+    --backends "mpigpu,nccl,${MPI_OK:+$MPI_OK,}gloo,gloo-host" --no-progress \
     --json "collectives_cuda_2ranks_$path.json" --plot "collectives_cuda_2ranks_$path.png" \
     > "collectives_cuda_2ranks_$path.txt" 2>&1
   echo "exit $?"; cat "collectives_cuda_2ranks_$path.txt"

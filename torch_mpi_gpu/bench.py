@@ -10,7 +10,8 @@ over iterations of the slowest rank; algbw = size / time; busbw = algbw x the op
 Every point is first checked against the expected result (inputs are small integers, so sums
 are exact in every dtype); any wrong element makes the exit status 1. A backend that cannot run
 here (nccl without a GPU, nccl refusing two ranks on one GPU, raw MPI on CUDA buffers with an MPI
-that is not CUDA-aware) is reported as such. `mpi` is MPI called through mpi4py on the same
+that is not CUDA-aware, gloo on CUDA tensors) is reported as such; `gloo-host` is gloo on host
+tensors of the same size, for a CPU-side reference in a --device cuda run. `mpi` is MPI called through mpi4py on the same
 buffers: the floor a backend over MPI can approach.
 """
 
@@ -26,7 +27,7 @@ import torch
 import torch.distributed as dist
 
 OPS = ["allreduce", "allgather", "reduce_scatter", "broadcast", "alltoall", "sendrecv"]
-BACKENDS = ["mpigpu", "gloo", "nccl", "mpi"]
+BACKENDS = ["mpigpu", "gloo", "gloo-host", "nccl", "mpi"]
 DTYPES = {"float32": torch.float32, "float16": torch.float16, "bfloat16": torch.bfloat16,
           "float64": torch.float64, "int32": torch.int32, "int64": torch.int64}
 REDUCE_OPS = {"sum": dist.ReduceOp.SUM, "max": dist.ReduceOp.MAX, "min": dist.ReduceOp.MIN}
@@ -238,6 +239,13 @@ def open_backends(names, device, rank):
                     raise RuntimeError("mpigpu needs an MPI launcher (mpirun/srun), not torchrun")
                 out[name] = dist.new_group(backend="mpigpu")
             elif name == "gloo":
+                if device == "cuda":
+                    # gloo's TCP pair thread throws on a device pointer and the process aborts
+                    # (nothing to catch): seen with torch 2.11 on an H100, 2 ranks on one GPU
+                    raise RuntimeError("gloo aborts the whole job on CUDA tensors (gloo::IoException "
+                                       "'writev: Bad address'); gloo-host times gloo on host copies")
+                out[name] = dist.new_group(backend="gloo")
+            elif name == "gloo-host":
                 out[name] = dist.new_group(backend="gloo")
             else:
                 raise ValueError(f"unknown backend {name}; choose from {BACKENDS}")
@@ -339,7 +347,8 @@ def main(argv=None):
     for op in ops:
         for size in sizes:
             for name in live:
-                case = Case(op, size, dtype, device, rank, world, args.mode == "inplace", red)
+                where = torch.device("cpu") if name == "gloo-host" else device
+                case = Case(op, size, dtype, where, rank, world, args.mode == "inplace", red)
                 row = {"op": op, "bytes": case.nbytes, "backend": name}
                 try:
                     if name == "mpi":
@@ -396,7 +405,7 @@ def print_table(rows, ops, sizes, live):
     ref = "mpi" if "mpi" in live else None
     for op in ops:
         print(f"\n## {op}")
-        print(f"{'bytes':>10} {'backend':>7} {'median us':>11} {'p95 us':>10} {'algbw GB/s':>11} "
+        print(f"{'bytes':>10} {'backend':>9} {'median us':>11} {'p95 us':>10} {'algbw GB/s':>11} "
               f"{'busbw GB/s':>11} {'wrong':>6} {'vs mpi':>7} {'vs mpigpu':>9}")
         for size_bytes in sorted({r["bytes"] for r in rows if r["op"] == op}):
             base = lookup(rows, op, size_bytes, ref) if ref else None
@@ -406,11 +415,11 @@ def print_table(rows, ops, sizes, live):
                 if r is None:
                     continue
                 if "error" in r:
-                    print(f"{size_bytes:>10} {name:>7} {r['error']}")
+                    print(f"{size_bytes:>10} {name:>9} {r['error']}")
                     continue
                 vs_mpi = r["median_us"] / base["median_us"] if base and "median_us" in base else float("nan")
                 vs_ours = r["median_us"] / ours["median_us"] if ours and "median_us" in ours else float("nan")
-                print(f"{size_bytes:>10} {name:>7} {r['median_us']:>11.1f} {r['p95_us']:>10.1f} "
+                print(f"{size_bytes:>10} {name:>9} {r['median_us']:>11.1f} {r['p95_us']:>10.1f} "
                       f"{r['algbw_GBps']:>11.3f} {r['busbw_GBps']:>11.3f} {r['wrong']:>6} "
                       f"{vs_mpi:>7.2f} {vs_ours:>9.2f}")
     sys.stdout.flush()

@@ -204,7 +204,8 @@ Reduction resolveReduction(const c10d::ReduceOp& reduceOp, at::ScalarType dtype,
         unsupported(r.kind, dtype, op, rank, "PREMUL_SUM needs a floating-point dtype");
       }
       r.op = is16 ? ops16[kSum] : MPI_SUM;
-      auto* supplement = dynamic_cast<c10d::PreMulSumSupplement*>(reduceOp.supplement_.get());
+      // NCCLPreMulSumSupplement: the name torch < 2.13 knows; later torch keeps it as an alias
+      auto* supplement = dynamic_cast<c10d::NCCLPreMulSumSupplement*>(reduceOp.supplement_.get());
       MPIGPU_CHECK_VALUE(supplement != nullptr, op, rank,
                          "PREMUL_SUM without a factor; create it with "
                          "torch.distributed._make_nccl_premul_sum(factor)");

@@ -81,7 +81,12 @@ def async_semantics(c, rank, world):
     w.wait()
     c.true("is_completed after wait", w.is_completed())
     c.true("is_success", w.is_success())
-    c.true("exception is None", w.exception() is None)
+    try:
+        c.true("exception is None", w.exception() is None)
+    except TypeError as e:  # torch <= 2.11's binding cannot convert the (null) exception_ptr
+        if "exception_ptr" not in str(e):
+            raise
+        c.true("exception is None (binding broken in this torch; is_success instead)", w.is_success())
     expect = float(sum(range(world)))
     c.close("future value", fut.wait()[0], torch.full((1000,), expect))
     c.close("future then", chained.wait(), torch.full((1000,), 2 * expect))
