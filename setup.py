@@ -173,12 +173,45 @@ def extension():
     return ext
 
 
-def main():
+def private_libstdcxx(so_path):
+    """How many of libstdc++'s std::locale functions the built extension defines itself. A
+    toolchain that links libstdc++ (partly) statically gives the extension its own copy, whose
+    locale facet ids the shared libstdc++ that torch loads never registered: the first number
+    formatted into an error message then segfaults. Seen with the lent GPU image's CXX wrapper
+    (/opt/gcc/bin/g++); its /usr/bin/g++ builds a working extension. None when nm is missing."""
+    nm = shutil.which("nm")
+    if not nm:
+        return None
+    out = subprocess.run([nm, "--defined-only", so_path], capture_output=True, text=True).stdout
+    return sum(1 for line in out.splitlines()
+               if len(line.split()) == 3 and line.split()[1] in "Tt"
+               and line.split()[2].startswith("_ZNSt6locale"))
+
+
+def build_ext_class():
     from torch.utils.cpp_extension import BuildExtension
 
+    class BuildExtensionChecked(BuildExtension):
+        def build_extensions(self):
+            super().build_extensions()
+            for ext in self.extensions:
+                so_path = self.get_ext_fullpath(ext.name)
+                count = private_libstdcxx(so_path)
+                if count:
+                    os.remove(so_path)
+                    sys.exit(f"torch_mpi_gpu: the C++ compiler ({os.environ.get('CXX', 'c++')}) linked "
+                             f"its own copy of libstdc++ into the extension ({count} std::locale "
+                             "functions defined in it); next to torch's shared libstdc++ that copy "
+                             "crashes at the first formatted message. Build with a compiler that "
+                             "links libstdc++ dynamically, e.g. CXX=/usr/bin/g++ CC=/usr/bin/gcc.")
+
+    return BuildExtensionChecked.with_options(use_ninja=True)
+
+
+def main():
     setup(
         ext_modules=[extension()],
-        cmdclass={"build_ext": BuildExtension.with_options(use_ninja=True)},
+        cmdclass={"build_ext": build_ext_class()},
         package_data={"torch_mpi_gpu": ["_build_info.json"]},
     )
 

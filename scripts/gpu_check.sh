@@ -27,6 +27,10 @@ export PATH="$MPI_HOME/bin:$PATH" LD_LIBRARY_PATH="$MPI_HOME/lib:${LD_LIBRARY_PA
 export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1
 export CUDA_HOME="${CUDA_HOME:-/usr/local/cuda}" TORCH_CUDA_ARCH_LIST="${TORCH_CUDA_ARCH_LIST:-9.0}"
 export TORCH_MPIGPU_WITH_CUDA=1 MAX_JOBS="${MAX_JOBS:-16}"
+# The lent image sets CXX=/opt/gcc/bin/g++, a wrapper that links libstdc++ statically: that
+# extension segfaulted at its first formatted error message (setup.py now refuses such a build).
+if [ -x /usr/bin/g++ ]; then export CXX=/usr/bin/g++ CC=/usr/bin/gcc; fi
+echo "compiler: ${CXX:-c++} ($(${CXX:-c++} --version | head -1))"
 python -c "import sys, torch; print(sys.version.split()[0], 'torch', torch.__version__, 'cuda', torch.version.cuda, 'nccl', torch.cuda.nccl.version(), torch.cuda.get_device_name())"
 ompi_info --parsable --all 2>/dev/null | grep -m1 "mpi_built_with_cuda_support:value" || true
 
