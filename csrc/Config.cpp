@@ -55,6 +55,14 @@ Config Config::fromEnv() {
     else C10_THROW_ERROR(ValueError, c10::str("mpigpu: TORCH_MPIGPU_CUDA_AWARE=", a,
                                               " must be auto, 1 or 0"));
   }
+  if (const char* a = env("TORCH_MPIGPU_CUDA_REDUCE")) {
+    const std::string v = a;
+    if (v == "auto") c.cudaReduce = -1;
+    else if (v == "direct") c.cudaReduce = 1;
+    else if (v == "staged") c.cudaReduce = 0;
+    else C10_THROW_ERROR(ValueError, c10::str("mpigpu: TORCH_MPIGPU_CUDA_REDUCE=", a,
+                                              " must be auto, direct or staged"));
+  }
   if (const char* t = env("TORCH_MPIGPU_TIMEOUT")) {
     char* end = nullptr;
     c.timeoutSeconds = std::strtod(t, &end);

@@ -20,6 +20,10 @@ struct Config {
   // How CUDA tensors meet MPI: -1 auto (ask the MPI library), 1 device pointers (CUDA-aware MPI),
   // 0 staged through pinned host memory (TORCH_MPIGPU_CUDA_AWARE=auto|1|0).
   int cudaAware = -1;
+  // Reductions on CUDA tensors when cudaAware resolves to device pointers: -1 auto (staged where
+  // the MPI reduces device buffers on the host anyway, i.e. Open MPI), 1 device pointers, 0 staged
+  // (TORCH_MPIGPU_CUDA_REDUCE=auto|direct|staged).
+  int cudaReduce = -1;
   // Piece size of the staged path's pipeline: copies of one piece overlap MPI on the previous.
   int64_t stagingChunkBytes = 4 << 20;
   // Most bytes packed into one fused MPI call when an op gets many tensors (allreduce lists,

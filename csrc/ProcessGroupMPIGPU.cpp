@@ -164,7 +164,9 @@ std::string ProcessGroupMPIGPU::describe() const {
     << config_.maxElementsPerCall << ", fusion up to " << config_.fusionBytes
     << " bytes per MPI call; paths: CPU tensors cpu, CUDA tensors "
     << paths::pathName(paths_->cudaPath()) << " (" << paths_->cudaPathReason()
-    << "; staging pieces of " << config_.stagingChunkBytes << " bytes), other devices via-cpu";
+    << "; staging pieces of " << config_.stagingChunkBytes << " bytes), CUDA reductions "
+    << paths::pathName(paths_->cudaReducePath()) << " (" << paths_->cudaReducePathReason()
+    << "), other devices via-cpu";
   return s.str();
 }
 
@@ -361,7 +363,7 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupMPIGPU::allreduce(std::vector<at::Ten
     size_t slot;
     mpi::Reduction red;
   };
-  auto bufs = buffersFor(tensors[0]);
+  auto bufs = reduceBuffersFor(tensors[0]);
   std::vector<Bucket> buckets;
   for (const auto& idx : fusionBuckets(tensors, config_.fusionBytes, fuseBelow(*bufs))) {
     auto red = mpi::resolveReduction(opts.reduceOp, tensors[idx[0]].scalar_type(), op, rank_);
@@ -395,7 +397,7 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupMPIGPU::reduce(std::vector<at::Tensor
   MPIGPU_CHECK_VALUE(opts.rootTensor == 0, op, rank_, "rootTensor must be 0");
   const int root = static_cast<int>(opts.rootRank);
   auto red = mpi::resolveReduction(opts.reduceOp, tensors[0].scalar_type(), op, rank_);
-  auto bufs = buffersFor(tensors[0]);
+  auto bufs = reduceBuffersFor(tensors[0]);
   // Only the root's tensor changes.
   const size_t slot = bufs->add(tensors[0], rank_ == root ? Access::ReadWrite : Access::Read,
                                 /*elementwise=*/true);
@@ -419,7 +421,7 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupMPIGPU::reduce_scatter(
                        "output's ", outputs[0].numel(), " elements, one has ", t.numel());
   }
   auto red = mpi::resolveReduction(opts.reduceOp, outputs[0].scalar_type(), op, rank_);
-  auto bufs = buffersFor(outputs[0]);
+  auto bufs = reduceBuffersFor(outputs[0]);
   const size_t in = bufs->add(inputs[0], Access::Read);
   const size_t out = bufs->add(outputs[0], Access::Write);
   return enqueue(c10d::OpType::REDUCE_SCATTER, op, outputs, inputs[0], opts.timeout, opts.asyncOp, bufs,
@@ -454,7 +456,7 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupMPIGPU::reduce_scatter_tensor_coalesc
     size_t in, out;
     mpi::Reduction red;
   };
-  auto bufs = buffersFor(outputs[0]);
+  auto bufs = reduceBuffersFor(outputs[0]);
   std::vector<Bucket> buckets;
   for (const auto& idx : fusionBuckets(outputs, config_.fusionBytes, fuseBelow(*bufs))) {
     std::vector<at::Tensor> ins;
@@ -729,7 +731,8 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupMPIGPU::alltoall(std::vector<at::Tens
 }
 
 // ---------------------------------------------------------------------------------------------
-// Point-to-point: posted in issue order on the worker, completed as MPI finishes them.
+// Point-to-point: posted in issue order (on the caller when nothing is ahead, else on the
+// worker), completed as MPI finishes them (found by the worker's polling or a waiting caller).
 
 c10::intrusive_ptr<c10d::Work> ProcessGroupMPIGPU::enqueueP2P(c10d::OpType type, const char* op,
                                                               at::Tensor tensor, int peer,
@@ -761,7 +764,7 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupMPIGPU::enqueueP2P(c10d::OpType type,
     std::lock_guard<std::mutex> lock(coalesceMutex_);
     if (coalescing_) coalesced_.push_back(work);
   }
-  engine_->submit(work, [this, op, bufs, peer, tag, sending, work] {
+  auto post = [this, op, bufs, peer, tag, sending, work] {
     std::vector<MPI_Request> reqs;
     {
       auto onCommStream = bufs->enter();
@@ -779,7 +782,14 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupMPIGPU::enqueueP2P(c10d::OpType type,
       bufs->release();
     });
     return false;
-  });
+  };
+  // Host tensors: posted on the calling thread when nothing is ahead of it, and wait() tests
+  // for the reply itself, so a send/recv pays no thread hand-off or wake-up on either end.
+  if (bufs->kind() == paths::PathKind::Cpu && tensor.nbytes() <= static_cast<size_t>(config_.inlineBytes)) {
+    work->setProgressDriver(std::weak_ptr<ProgressDriver>(engine_));
+    if (engine_->tryPostInline(work, post)) return work;
+  }
+  engine_->submit(work, std::move(post));
   return work;
 }
 

@@ -108,6 +108,9 @@ class ProcessGroupMPIGPU : public c10d::Backend {
   std::shared_ptr<paths::OpBuffers> buffersFor(const at::Tensor& t) {
     return paths_->create(t.device());
   }
+  std::shared_ptr<paths::OpBuffers> reduceBuffersFor(const at::Tensor& t) {
+    return paths_->create(t.device(), /*reduces=*/true);
+  }
   c10::intrusive_ptr<c10d::Work> enqueueP2P(c10d::OpType type, const char* op, at::Tensor tensor,
                                             int peer, int tag);
   std::chrono::milliseconds effectiveTimeout(std::chrono::milliseconds optTimeout) const;

@@ -5,12 +5,16 @@
 #include <algorithm>
 #include <atomic>
 #include <memory>
+#include <thread>
 
 #include "Errors.hpp"
 #include "engine/FutureCompleter.hpp"
 
 namespace mpigpu {
 namespace {
+
+// How long wait() on a point-to-point op tests for completion itself before sleeping.
+constexpr std::chrono::microseconds kAssistFor(2000);
 
 // A CUDA-aware future records events on its devices' current streams when completed, and makes
 // its consumers' streams wait for them; so it must know the devices.
@@ -55,6 +59,18 @@ WorkMPIGPU::WorkMPIGPU(int rank, c10d::OpType type, const char* opName, uint64_t
 
 bool WorkMPIGPU::wait(std::chrono::milliseconds timeout) {
   const auto limit = timeout == kNoTimeout ? timeout_ : timeout;
+  if (auto driver = driver_.lock(); driver && !isCompleted()) {
+    // A reply usually lands within microseconds: test for it here rather than pay a thread
+    // wake-up. Bounded, then the worker's polling takes over.
+    const auto spinUntil = std::chrono::steady_clock::now() +
+                           std::min<std::chrono::microseconds>(kAssistFor, limit);
+    driver->callerWaiting(true);
+    while (!isCompleted() && std::chrono::steady_clock::now() < spinUntil) {
+      driver->assistProgress();
+      std::this_thread::yield();
+    }
+    driver->callerWaiting(false);
+  }
   std::unique_lock<std::mutex> lock(mutex_);
   if (!cv_.wait_for(lock, limit, [&] { return completed_; })) {
     MPIGPU_THROW_BACKEND(opName_, rank_, "op #", seq_, " did not complete within ",
@@ -172,6 +188,14 @@ c10::intrusive_ptr<WorkMPIGPU> combineWorks(
     std::mutex mutex;
     std::exception_ptr firstError;
   };
+  // Parts that are point-to-point drive progress while the whole is waited for (one engine
+  // pass serves them all, so the first part's assist is enough).
+  for (const auto& p : parts) {
+    if (!p->progressDriver().expired()) {
+      whole->setProgressDriver(p->progressDriver());
+      break;
+    }
+  }
   auto state = std::make_shared<State>();
   state->left = parts.size();
   for (const auto& p : parts) {

@@ -16,6 +16,17 @@
 
 namespace mpigpu {
 
+// What lets wait() drive MPI progress itself (point-to-point); the group's engine implements it.
+class ProgressDriver {
+ public:
+  virtual ~ProgressDriver() = default;
+  // A caller is (or stops) testing for completion: the worker thread backs off meanwhile, so
+  // the two do not fight over the cores.
+  virtual void callerWaiting(bool waiting) = 0;
+  // Tests the pending requests once (skipped if another thread is testing them).
+  virtual void assistProgress() = 0;
+};
+
 class WorkMPIGPU : public c10d::Work {
  public:
   WorkMPIGPU(int rank, c10d::OpType type, const char* opName, uint64_t seq,
@@ -47,6 +58,11 @@ class WorkMPIGPU : public c10d::Work {
   // several (coalescing).
   void onDone(std::function<void(WorkMPIGPU&)> fn);
   const std::vector<std::shared_ptr<paths::OpBuffers>>& buffers() const { return buffers_; }
+  // For point-to-point: wait() first drives MPI progress itself (tests the group's pending
+  // requests) for a short while, instead of sleeping until the worker thread notices the
+  // completion and wakes it. Set before the work is handed out.
+  void setProgressDriver(std::weak_ptr<ProgressDriver> driver) { driver_ = std::move(driver); }
+  const std::weak_ptr<ProgressDriver>& progressDriver() const { return driver_; }
 
  private:
   void runDoneCallbacks();
@@ -65,6 +81,7 @@ class WorkMPIGPU : public c10d::Work {
   bool futureRequested_ = false;
   std::chrono::steady_clock::time_point created_, started_, finished_;
   std::vector<std::function<void(WorkMPIGPU&)>> doneCallbacks_;  // guarded by mutex_
+  std::weak_ptr<ProgressDriver> driver_;  // empty: wait() just sleeps until completion
 };
 
 // One Work for several: completes when all have, failing with the first failure.

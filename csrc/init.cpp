@@ -66,6 +66,13 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
     return py::make_tuple(mpigpu::paths::pathName(kind), reason);
   }, "The path CUDA tensors take with this build, MPI and TORCH_MPIGPU_CUDA_AWARE, and why "
      "(initialises MPI if needed).");
+  m.def("cuda_reduce_path", [] {
+    const auto config = mpigpu::Config::fromEnv();
+    auto [kind, reason] = mpigpu::paths::chooseCudaReducePath(
+        config, mpigpu::paths::chooseCudaPath(config).first);
+    return py::make_tuple(mpigpu::paths::pathName(kind), reason);
+  }, "The path reductions (all_reduce, reduce, reduce_scatter) on CUDA tensors take, and why "
+     "(TORCH_MPIGPU_CUDA_REDUCE).");
   m.def("shutdown", [] {
     mpigpu::Engine::shutdownAll();
     mpigpu::Watchdog::stop();

@@ -6,7 +6,7 @@
 # ranks sharing the GPU; cuda-direct and cuda-staged), then the collectives benchmark on CUDA
 # tensors (mpigpu direct and staged, nccl where it runs, raw MPI, gloo). Every step is
 # time-boxed so a lease ends with whatever finished; logs and results go to $OUT
-# (default ./gpu-results), at most 8 files.
+# (default ./gpu-results): gpu_check.log, test_gpu.log and a JSON and a plot per path.
 #
 #   OMPI_TARBALL=.carry/openmpi-cuda-4.1.4.tar.gz scripts/gpu_check.sh
 set -uo pipefail
@@ -75,16 +75,22 @@ MPI_OK=mpi
 timeout 60 mpirun -np 1 python -c "from mpi4py import MPI; print('mpi4py on', MPI.Get_library_version().splitlines()[0])" \
   || { MPI_OK=; echo "mpi4py cannot use this MPI: raw MPI left out of the benchmark"; }
 export NCCL_MULTI_RANK_GPU_ENABLE=1
-for path in direct staged; do
+# hybrid: the default on a CUDA-aware Open MPI (device pointers, reductions staged)
+for path in hybrid direct staged; do
   step "benchmark cuda-$path (budget ${BENCH_BUDGET_S}s)"
-  aware=$([ $path = direct ] && echo 1 || echo 0)
-  TORCH_MPIGPU_CUDA_AWARE=$aware timeout "$BENCH_BUDGET_S" mpirun --oversubscribe -np 2 \
-    -x TORCH_MPIGPU_CUDA_AWARE -x NCCL_MULTI_RANK_GPU_ENABLE \
+  case $path in
+    hybrid) aware=1 reduce=auto ;;
+    direct) aware=1 reduce=direct ;;
+    staged) aware=0 reduce=auto ;;
+  esac
+  TORCH_MPIGPU_CUDA_AWARE=$aware TORCH_MPIGPU_CUDA_REDUCE=$reduce timeout "$BENCH_BUDGET_S" \
+    mpirun --oversubscribe -np 2 -x TORCH_MPIGPU_CUDA_AWARE -x TORCH_MPIGPU_CUDA_REDUCE \
+    -x NCCL_MULTI_RANK_GPU_ENABLE \
     python -m torch_mpi_gpu.bench --device cuda -b 8 -e 64M -f 8 -n 20 \
     --backends "mpigpu,nccl,${MPI_OK:+$MPI_OK,}gloo,gloo-host" --no-progress \
-    --json "collectives_cuda_2ranks_$path.json" --plot "collectives_cuda_2ranks_$path.png" \
-    > "collectives_cuda_2ranks_$path.txt" 2>&1
-  echo "exit $?"; cat "collectives_cuda_2ranks_$path.txt"
+    --json "collectives_cuda_2ranks_$path.json" --plot "collectives_cuda_2ranks_$path.png" 2>&1 \
+    | grep -v '^\[vm'   # the table lands in gpu_check.log (8 files come back at most)
+  echo "exit ${PIPESTATUS[0]}"
 done
 step done
 exit "$status"

@@ -20,7 +20,11 @@ pytestmark = [pytest.mark.gpu,
 
 STAGED = {"TORCH_MPIGPU_CUDA_AWARE": "0", "TORCH_MPIGPU_STAGING_CHUNK_BYTES": "4096",
           "MPIGPU_EXPECT_PATH": "cuda-staged"}
-DIRECT = {"TORCH_MPIGPU_CUDA_AWARE": "1", "MPIGPU_EXPECT_PATH": "cuda-direct"}
+DIRECT = {"TORCH_MPIGPU_CUDA_AWARE": "1", "TORCH_MPIGPU_CUDA_REDUCE": "direct",
+          "MPIGPU_EXPECT_PATH": "cuda-direct", "MPIGPU_EXPECT_REDUCE_PATH": "cuda-direct"}
+# The default on a CUDA-aware MPI: device pointers, except reductions on Open MPI (staged).
+HYBRID = {"TORCH_MPIGPU_CUDA_AWARE": "1", "TORCH_MPIGPU_CUDA_REDUCE": "auto",
+          "MPIGPU_EXPECT_PATH": "cuda-direct"}
 
 
 @functools.lru_cache(maxsize=None)
@@ -33,15 +37,15 @@ def auto_cuda_path():
 
 
 def path_env(path):
-    if path == "direct":
+    if path in ("direct", "hybrid"):
         if not auto_cuda_path().startswith("cuda-direct"):
             pytest.skip(f"this MPI is not CUDA-aware ({auto_cuda_path()}); build against a "
                         "CUDA-aware one (scripts/build_openmpi_cuda.sh) to test cuda-direct")
-        return DIRECT
+        return DIRECT if path == "direct" else HYBRID
     return STAGED
 
 
-@pytest.mark.parametrize("path", ["direct", "staged"])
+@pytest.mark.parametrize("path", ["direct", "staged", "hybrid"])
 @pytest.mark.parametrize("np", [2, 3])
 def test_collectives_cuda(path, np):
     out = run_mpi("collectives.py", np, env={"MPIGPU_TEST_DEVICE": "cuda", **path_env(path)})
@@ -69,7 +73,7 @@ def test_mixed_cuda_and_cpu_ranks(np):
     assert passed_counts(out, np) > 1500
 
 
-@pytest.mark.parametrize("path", ["direct", "staged"])
+@pytest.mark.parametrize("path", ["direct", "staged", "hybrid"])
 def test_ddp_cuda(path):
     out = run_mpi("ddp.py", 2, env={"MPIGPU_TEST_DEVICE": "cuda", **path_env(path)})
     assert passed_counts(out, 2) >= 60

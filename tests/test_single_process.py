@@ -89,8 +89,39 @@ def test_info_cli_reports_mpi_paths_and_settings():
     assert "Open MPI" in data["mpi_library"] or "MPICH" in data["mpi_library"]
     assert data["mpi_thread_level"] == "MPI_THREAD_MULTIPLE"
     assert data["built_with"]["mpi_source"]
-    assert set(data["paths"]) == {"cpu tensors", "cuda tensors", "other devices (xpu, ...)"}
+    assert set(data["paths"]) == {"cpu tensors", "cuda tensors", "cuda reductions",
+                                  "other devices (xpu, ...)"}
     assert "TORCH_MPIGPU_TIMEOUT" in data["settings"]
+
+
+@pytest.mark.parametrize("aware, reduce, expect", [
+    ("1", "auto", ("cuda-direct", "cuda-staged")),   # Open MPI reduces device buffers on the host
+    ("1", "direct", ("cuda-direct", "cuda-direct")),
+    ("1", "staged", ("cuda-direct", "cuda-staged")),
+    ("0", "direct", ("cuda-staged", "cuda-staged")),  # reductions never go direct alone
+])
+def test_cuda_path_choice(aware, reduce, expect):
+    """Which path CUDA tensors and CUDA reductions take, from the settings and the MPI library
+    (no GPU needed: the choice is made before any device memory is touched)."""
+    code = ("from torch_mpi_gpu import _C\n"
+            "print(_C.cuda_path()[0], _C.cuda_reduce_path()[0], _C.cuda_reduce_path()[1], sep='|')")
+    rc, out = python(code, env={"TORCH_MPIGPU_CUDA_AWARE": aware, "TORCH_MPIGPU_CUDA_REDUCE": reduce})
+    assert rc == 0, out
+    path, reduce_path, reason = out.strip().splitlines()[-1].split("|")
+    import torch_mpi_gpu
+    if not torch_mpi_gpu._C.with_cuda():
+        assert (path, reduce_path) == ("via-cpu", "via-cpu"), out
+        return
+    if reduce == "auto" and "Open MPI" not in torch_mpi_gpu.info()["mpi_library"]:
+        expect = ("cuda-direct", "cuda-direct")
+    assert (path, reduce_path) == expect, out
+    assert reason, out
+
+
+def test_bad_cuda_reduce_setting_names_it():
+    rc, out = python("from torch_mpi_gpu import _C\n_C.cuda_reduce_path()",
+                     env={"TORCH_MPIGPU_CUDA_REDUCE": "sometimes"})
+    assert rc != 0 and "ValueError" in out and "TORCH_MPIGPU_CUDA_REDUCE=sometimes" in out, out
 
 
 def test_build_without_mpi_explains_every_option(monkeypatch, tmp_path):

@@ -78,6 +78,7 @@ def machine_header(device, world):
         head["mpi"] = info["mpi_library"]
         head["cuda_aware_mpi"] = info["cuda_aware_mpi"]
         head["mpigpu_cuda_path"] = info["paths"]["cuda tensors"].split(":")[0]
+        head["mpigpu_cuda_reduce_path"] = info["paths"]["cuda reductions"].split(":")[0]
         head["mpigpu_settings"] = {k: v for k, v in info["settings"].items()
                                    if "(default)" not in str(v)}
     except Exception as e:  # noqa: BLE001

@@ -40,6 +40,10 @@ SETTINGS = [
             "How CUDA tensors reach MPI. auto: ask the MPI library (MPIX_Query_cuda_support, "
             "MPIX_GPU_query_support); 1: device pointers (cuda-direct; only for a CUDA-aware MPI); "
             "0: staged through pinned host memory (cuda-staged)."),
+    Setting("TORCH_MPIGPU_CUDA_REDUCE", "auto",
+            "Reductions (all_reduce, reduce, reduce_scatter) on CUDA tensors when the other ops "
+            "take device pointers. auto: staged where the MPI reduces device buffers on the host "
+            "anyway (Open MPI), direct elsewhere; direct; staged."),
     Setting("TORCH_MPIGPU_STAGING_CHUNK_BYTES", str(4 << 20),
             "cuda-staged: piece size of the copy/MPI pipeline for allreduce, broadcast and reduce."),
     Setting("TORCH_MPIGPU_FUSION_BYTES", str(64 << 20),

@@ -8,8 +8,8 @@ import torch
 from . import _C, build_info, config, detect_launcher
 
 
-def _cuda_paths():
-    path, reason = _C.cuda_path()
+def _cuda_paths(which=None):
+    path, reason = (which or _C.cuda_path)()
     seen = "" if torch.cuda.is_available() else " [no CUDA device visible to this process]"
     return f"{path}: {reason}{seen}"
 
@@ -34,6 +34,7 @@ def collect():
         "paths": {
             "cpu tensors": "cpu: MPI on host memory (non-contiguous tensors are copied)",
             "cuda tensors": _cuda_paths(),
+            "cuda reductions": _cuda_paths(_C.cuda_reduce_path),
             "other devices (xpu, ...)": "via-cpu (host copy)",
         },
         "settings": {s.name: (s.value if s.is_set else f"{s.default} (default)")

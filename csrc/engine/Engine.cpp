@@ -14,11 +14,11 @@ std::mutex g_registryMutex;
 std::vector<std::weak_ptr<Engine>> g_engines;
 std::weak_ptr<Engine> g_shared;
 
-// While point-to-point requests are outstanding the worker polls them: without sleeping for the
-// first kSpinFor after the last progress (a reply usually comes within microseconds), then every
-// kPollInterval, and every kSlowPollInterval once nothing has moved for kSlowAfter (a receive
-// posted long before its send, as in pipeline parallelism).
-constexpr auto kSpinFor = std::chrono::microseconds(100);
+// While point-to-point requests are outstanding the worker polls them every kPollInterval, and
+// every kSlowPollInterval once nothing has moved for kSlowAfter (a receive posted long before its
+// send, as in pipeline parallelism) or while a caller in wait() tests them itself (the usual
+// case for host tensors: the reply is seen without any thread wake-up). It sleeps for good only
+// after kSlowAfter without point-to-point traffic.
 constexpr auto kPollInterval = std::chrono::microseconds(20);
 constexpr auto kSlowAfter = std::chrono::milliseconds(10);
 constexpr auto kSlowPollInterval = std::chrono::microseconds(200);
@@ -52,7 +52,10 @@ void Engine::shutdownAll() {
 }
 
 Engine::Engine(std::string name)
-    : name_(std::move(name)), rank_(mpi::ensureInitialized().worldRank), thread_([this] { loop(); }) {}
+    : name_(std::move(name)),
+      rank_(mpi::ensureInitialized().worldRank),
+      serialized_(mpi::needsSerializedAccess()),
+      thread_([this] { loop(); }) {}
 
 Engine::~Engine() { shutdown(); }
 
@@ -76,6 +79,12 @@ void Engine::submit(c10::intrusive_ptr<WorkMPIGPU> work, Task task) {
                                     "interpreter is exiting); create a new one"))));
 }
 
+bool Engine::endInline() {
+  std::lock_guard<std::mutex> lock(mutex_);
+  inlineBusy_ = false;
+  return !queue_.empty();  // a thread queued an op meanwhile and the worker skipped it: wake it
+}
+
 bool Engine::tryRunInline(const c10::intrusive_ptr<WorkMPIGPU>& work, const Task& task) {
   {
     std::lock_guard<std::mutex> lock(mutex_);
@@ -93,12 +102,41 @@ bool Engine::tryRunInline(const c10::intrusive_ptr<WorkMPIGPU>& work, const Task
   } catch (...) {
     work->markFailed(std::current_exception());
   }
+  if (endInline()) cv_.notify_all();  // ops queued meanwhile by other threads
+  return true;
+}
+
+bool Engine::tryPostInline(const c10::intrusive_ptr<WorkMPIGPU>& work, const Task& task) {
+  if (serialized_) return false;
   {
     std::lock_guard<std::mutex> lock(mutex_);
-    inlineBusy_ = false;
+    if (stop_ || running_ || inlineBusy_ || !queue_.empty()) return false;
+    inlineBusy_ = true;  // the worker starts nothing queued meanwhile: issue order holds
   }
-  cv_.notify_all();  // ops queued meanwhile by other threads
+  work->markStarted();
+  try {
+    at::NoGradGuard noGrad;
+    if (task()) work->markCompleted();
+  } catch (...) {
+    work->markFailed(std::current_exception());
+  }
+  if (endInline()) cv_.notify_all();  // ops queued meanwhile by other threads
   return true;
+}
+
+void Engine::assistProgress() {
+  if (serialized_ || pendingCount_.load() == 0) return;
+  at::NoGradGuard noGrad;  // a receive copied back into a tensor that requires grad
+  progressPending(/*blocking=*/false);
+}
+
+void Engine::callerWaiting(bool waiting) {
+  if (serialized_) return;
+  if (waiting) {
+    ++callersWaiting_;
+    return;
+  }
+  --callersWaiting_;  // the worker resumes polling at its next look (within kSlowPollInterval)
 }
 
 void Engine::runAndWait(const char* opName, int rank, std::function<void()> task) {
@@ -114,9 +152,21 @@ void Engine::runAndWait(const char* opName, int rank, std::function<void()> task
 
 void Engine::addPending(std::vector<MPI_Request> requests, c10::intrusive_ptr<WorkMPIGPU> work,
                         Then then) {
-  pending_.push_back({std::move(requests), std::move(work), std::move(then)});
-  pendingCount_ = pending_.size();
-  lastProgress_ = std::chrono::steady_clock::now();
+  {
+    std::lock_guard<std::mutex> lock(progressMutex_);
+    pending_.push_back({std::move(requests), std::move(work), std::move(then)});
+    pendingCount_ = pending_.size();
+    lastProgress_ = std::chrono::steady_clock::now().time_since_epoch().count();
+  }
+  // Posted from a caller's thread while the worker sleeps for good: wake it to poll. (Otherwise
+  // it looks within kSlowPollInterval, and a waiting caller tests sooner.) The lock orders this
+  // check against the worker's between its predicate and its wait.
+  bool wake;
+  {
+    std::lock_guard<std::mutex> lock(mutex_);
+    wake = deepSleep_;
+  }
+  if (wake) cv_.notify_all();
 }
 
 void Engine::shutdown() {
@@ -150,17 +200,19 @@ void Engine::loop() {
     {
       std::unique_lock<std::mutex> lock(mutex_);
       auto ready = [&] { return stop_ || (!queue_.empty() && !inlineBusy_); };
-      if (pending_.empty()) {
-        cv_.wait(lock, ready);
+      const auto idle = std::chrono::steady_clock::now() -
+                        std::chrono::steady_clock::time_point(
+                            std::chrono::steady_clock::duration(lastProgress_.load()));
+      if (pendingCount_.load() == 0 && idle >= kSlowAfter) {
+        deepSleep_ = true;  // requests posted by callers now must wake it (addPending)
+        cv_.wait(lock, [&] { return ready() || pendingCount_.load() != 0; });
+        deepSleep_ = false;
+      } else if (pendingCount_.load() == 0 || callersWaiting_.load() > 0) {
+        // Point-to-point traffic lately, or a caller testing its own requests: stay ready
+        // without being woken for every post (each wake-up is a context switch).
+        cv_.wait_for(lock, kSlowPollInterval, ready);
       } else {
-        const auto idle = std::chrono::steady_clock::now() - lastProgress_;
-        if (idle < kSpinFor) {
-          lock.unlock();
-          std::this_thread::yield();
-          lock.lock();
-        } else {
-          cv_.wait_for(lock, idle < kSlowAfter ? kPollInterval : kSlowPollInterval, ready);
-        }
+        cv_.wait_for(lock, idle < kSlowAfter ? kPollInterval : kSlowPollInterval, ready);
       }
       // On stop, queued ops are failed by shutdown(); outstanding requests are abandoned, since
       // the peers may never post their side.
@@ -178,30 +230,65 @@ void Engine::loop() {
       } catch (...) {
         item.work->markFailed(std::current_exception());
       }
-      pendingCount_ = pending_.size();
       std::lock_guard<std::mutex> lock(mutex_);
       running_ = false;
     }
-    // (while a caller runs inline nothing is pending: pending requests block inline runs)
-    if (!pending_.empty()) progressPending();
+    // (a caller's inline collective never overlaps pending requests: they block inline runs;
+    // a caller's inline post may, which MPI_THREAD_MULTIPLE allows)
+    if (pendingCount_.load() != 0 && callersWaiting_.load() == 0) progressPending(/*blocking=*/true);
   }
-  for (auto& p : pending_) {
+  std::vector<Pending> abandoned;
+  {
+    std::lock_guard<std::mutex> lock(progressMutex_);
+    abandoned.swap(pending_);
+    pendingCount_ = 0;
+  }
+  for (auto& p : abandoned) {
     p.work->markFailed(std::make_exception_ptr(c10::DistBackendError(
         {__func__, __FILE__, static_cast<uint32_t>(__LINE__)},
         opMessage(p.work->opName(), rank_, "op #", p.work->getSequencenumber(),
                   " was still waiting for its peer when the process group was shut down"))));
   }
-  pending_.clear();
 }
 
-void Engine::progressPending() {
-  for (size_t i = 0; i < pending_.size();) {
-    Pending& p = pending_[i];
-    int done = 0;
-    std::vector<MPI_Status> statuses(p.requests.size());
-    int rc = MPI_Testall(static_cast<int>(p.requests.size()), p.requests.data(), &done,
-                         statuses.data());
-    if (rc != MPI_SUCCESS || done) {
+void Engine::progressPending(bool blocking) {
+  struct Finished {
+    Pending pending;
+    int rc;
+    std::vector<MPI_Status> statuses;
+  };
+  std::vector<Finished> finished;
+  {
+    std::unique_lock<std::mutex> lock(progressMutex_, std::defer_lock);
+    if (blocking) {
+      lock.lock();
+    } else if (!lock.try_lock()) {
+      return;
+    }
+    for (size_t i = 0; i < pending_.size();) {
+      Pending& p = pending_[i];
+      int done = 0;
+      std::vector<MPI_Status> statuses(p.requests.size());
+      int rc = MPI_Testall(static_cast<int>(p.requests.size()), p.requests.data(), &done,
+                           statuses.data());
+      if (rc != MPI_SUCCESS || done) {
+        finished.push_back({std::move(p), rc, std::move(statuses)});
+        pending_.erase(pending_.begin() + static_cast<std::ptrdiff_t>(i));
+      } else {
+        ++i;
+      }
+    }
+    if (!finished.empty()) {
+      pendingCount_ = pending_.size();
+      lastProgress_ = std::chrono::steady_clock::now().time_since_epoch().count();
+    }
+  }
+  // Completion runs callbacks that may issue new ops (and so add pending requests): unlocked.
+  for (auto& f : finished) {
+    Pending& p = f.pending;
+    int rc = f.rc;
+    const auto& statuses = f.statuses;
+    {
       try {
         if (rc != MPI_SUCCESS) {
           if (rc == MPI_ERR_IN_STATUS) {  // the request's own error says what went wrong
@@ -220,11 +307,6 @@ void Engine::progressPending() {
       } catch (...) {
         p.work->markFailed(std::current_exception());
       }
-      pending_.erase(pending_.begin() + static_cast<std::ptrdiff_t>(i));
-      pendingCount_ = pending_.size();
-      lastProgress_ = std::chrono::steady_clock::now();
-    } else {
-      ++i;
     }
   }
 }

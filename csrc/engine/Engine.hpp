@@ -19,7 +19,7 @@
 
 namespace mpigpu {
 
-class Engine {
+class Engine : public ProgressDriver {
  public:
   // Runs on the worker; returns true when the op is finished, false when it left requests with
   // addPending (point-to-point). A throw fails the Work with that exception.
@@ -43,6 +43,15 @@ class Engine {
   // running or pending, and returns true; otherwise does nothing and returns false (then
   // submit it). For small blocking ops: no hand-off, no thread wake-ups on the critical path.
   bool tryRunInline(const c10::intrusive_ptr<WorkMPIGPU>& work, const Task& task);
+  // Posts a point-to-point task (one that leaves requests with addPending) on the calling thread
+  // when nothing is queued or running ahead of it, so issue order is kept; requests already
+  // pending are fine. Returns false (then submit it) otherwise, or when MPI calls must stay on
+  // one thread (MPI_THREAD_SERIALIZED).
+  bool tryPostInline(const c10::intrusive_ptr<WorkMPIGPU>& work, const Task& task);
+  // Tests the pending requests once from the calling thread, unless another thread is at it;
+  // completes what finished. Lets Work::wait() see a reply without waiting for the worker.
+  void assistProgress() override;
+  void callerWaiting(bool waiting) override;
   // Runs `task` on the worker and waits for it (communicator creation and release).
   void runAndWait(const char* opName, int rank, std::function<void()> task);
   void addPending(std::vector<MPI_Request> requests, c10::intrusive_ptr<WorkMPIGPU> work,
@@ -63,7 +72,10 @@ class Engine {
   };
 
   void loop();
-  void progressPending();
+  bool endInline();  // clears inlineBusy_; true when ops were queued meanwhile
+  // Tests every pending request set; completes the finished ones outside the lock. `blocking`:
+  // wait for another thread's pass instead of skipping.
+  void progressPending(bool blocking);
 
   const std::string name_;
   const int rank_;  // world rank, for messages
@@ -73,9 +85,16 @@ class Engine {
   bool stop_ = false;
   bool running_ = false;       // the worker is inside a task
   bool inlineBusy_ = false;    // a caller is running a task inline; the worker must wait
-  std::atomic<size_t> pendingCount_{0};  // pending_.size(), readable from callers
-  std::vector<Pending> pending_;  // touched by the worker thread only
-  std::chrono::steady_clock::time_point lastProgress_;  // worker only: last post or completion
+  bool deepSleep_ = false;     // the worker waits for work with no time limit
+  const bool serialized_;  // MPI_THREAD_SERIALIZED: MPI calls only on the worker
+  std::atomic<size_t> pendingCount_{0};  // pending_.size(), readable without the lock
+  std::atomic<int> callersWaiting_{0};    // callers inside assisted waits: the worker backs off
+  // pending_ is tested by the worker and by waiting callers (assistProgress): one pass at a time
+  // (two threads must not test the same request).
+  std::mutex progressMutex_;
+  std::vector<Pending> pending_;  // guarded by progressMutex_
+  // Last post or completion (steady_clock ticks): the worker polls fast just after one.
+  std::atomic<int64_t> lastProgress_{0};
   std::thread thread_;
 };
 

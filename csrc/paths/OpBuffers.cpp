@@ -240,11 +240,29 @@ std::pair<PathKind, std::string> chooseCudaPath(const Config& config) {
 #endif
 }
 
+std::pair<PathKind, std::string> chooseCudaReducePath(const Config& config, PathKind cudaPath) {
+  if (cudaPath != PathKind::CudaDirect) return {cudaPath, "as the other ops"};
+  if (config.cudaReduce == 1) return {cudaPath, "TORCH_MPIGPU_CUDA_REDUCE=direct"};
+  if (config.cudaReduce == 0) {
+    return {PathKind::CudaStaged, "TORCH_MPIGPU_CUDA_REDUCE=staged: staged through pinned host memory"};
+  }
+  if (mpi::ensureInitialized().libraryVersion.find("Open MPI") != std::string::npos) {
+    // Open MPI's coll/cuda copies device buffers to the host and reduces there, one blocking
+    // copy after another; our staged pipeline overlaps the copies with MPI (an H100 measured
+    // 4.6 ms against 12.7 ms for a 16 MiB all_reduce, 71 us against 363 us at 32 KiB).
+    return {PathKind::CudaStaged, "Open MPI reduces device buffers on the host without "
+                                  "overlapping copies; staged through pinned host memory "
+                                  "(TORCH_MPIGPU_CUDA_REDUCE=direct overrides)"};
+  }
+  return {cudaPath, "device pointers go to MPI, which reduces them itself"};
+}
+
 PathFactory::PathFactory(const Config& config)
     : config_(config),
       // Big enough for a full fusion bucket; larger one-off packs get a temporary buffer.
       hostScratch_(std::make_shared<HostScratch>(std::max<int64_t>(config.fusionBytes, 1 << 20))) {
   std::tie(cudaPath_, cudaReason_) = chooseCudaPath(config_);
+  std::tie(cudaReducePath_, cudaReduceReason_) = chooseCudaReducePath(config_, cudaPath_);
 #if MPIGPU_WITH_CUDA
   cudaState_ = cuda::createGroupState();
 #endif
@@ -252,11 +270,12 @@ PathFactory::PathFactory(const Config& config)
 
 PathFactory::~PathFactory() = default;
 
-std::shared_ptr<OpBuffers> PathFactory::create(const at::Device& device) {
+std::shared_ptr<OpBuffers> PathFactory::create(const at::Device& device, bool reduces) {
   if (device.is_cpu()) return std::make_shared<HostOpBuffers>(PathKind::Cpu, device, hostScratch_);
 #if MPIGPU_WITH_CUDA
   if (device.is_cuda() && cudaPath_ != PathKind::ViaCpu) {
-    return cuda::createOpBuffers(cudaPath_, device, cudaState_, config_.stagingChunkBytes);
+    return cuda::createOpBuffers(reduces ? cudaReducePath_ : cudaPath_, device, cudaState_,
+                                 config_.stagingChunkBytes);
   }
 #endif
   return std::make_shared<HostOpBuffers>(PathKind::ViaCpu, device, hostScratch_);

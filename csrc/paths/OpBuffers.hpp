@@ -121,20 +121,25 @@ class PathFactory {
   struct HostScratch;
   explicit PathFactory(const Config& config);
   ~PathFactory();
-  std::shared_ptr<OpBuffers> create(const at::Device& device);
+  // `reduces`: the op reduces (allreduce, reduce, reduce_scatter), which may take another path.
+  std::shared_ptr<OpBuffers> create(const at::Device& device, bool reduces = false);
   // Which path CUDA tensors take, and why (for info() and the debug log).
   PathKind cudaPath() const { return cudaPath_; }
   const std::string& cudaPathReason() const { return cudaReason_; }
+  PathKind cudaReducePath() const { return cudaReducePath_; }
+  const std::string& cudaReducePathReason() const { return cudaReduceReason_; }
 
  private:
   Config config_;
-  PathKind cudaPath_;
-  std::string cudaReason_;
+  PathKind cudaPath_, cudaReducePath_;
+  std::string cudaReason_, cudaReduceReason_;
   std::shared_ptr<void> cudaState_;  // the CUDA side's per-group state (comm streams)
   std::shared_ptr<HostScratch> hostScratch_;  // reused host fusion buffer (engine thread only)
 };
 
 // How CUDA tensors travel with this build, this MPI and this setting (no group needed).
 std::pair<PathKind, std::string> chooseCudaPath(const Config& config);
+// The same for reductions, given the path of the other ops.
+std::pair<PathKind, std::string> chooseCudaReducePath(const Config& config, PathKind cudaPath);
 
 } // namespace mpigpu::paths

@@ -33,6 +33,10 @@ def use_test_device():
         taken = torch_mpi_gpu._C.cuda_path()[0]
         if taken != expect:  # a test of one path must not silently run another
             raise RuntimeError(f"CUDA tensors take {taken}, this run expects {expect}")
+        expect_reduce = os.environ.get("MPIGPU_EXPECT_REDUCE_PATH")
+        taken = torch_mpi_gpu._C.cuda_reduce_path()[0]
+        if expect_reduce and taken != expect_reduce:
+            raise RuntimeError(f"CUDA reductions take {taken}, this run expects {expect_reduce}")
     return device
 
 
