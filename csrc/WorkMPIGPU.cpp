@@ -53,8 +53,8 @@ WorkMPIGPU::WorkMPIGPU(int rank, c10d::OpType type, const char* opName, uint64_t
       outputs_(std::move(outputs)),
       timeout_(timeout),
       buffers_(std::move(buffers)),
-      future_(c10::make_intrusive<c10::ivalue::Future>(
-          c10::ListType::create(c10::TensorType::get()), devicesOf(buffers_))),
+      future_(c10::make_intrusive<c10::ivalue::Future>(c10::ListType::ofTensors(),
+                                                       devicesOf(buffers_))),
       created_(std::chrono::steady_clock::now()) {}
 
 bool WorkMPIGPU::wait(std::chrono::milliseconds timeout) {
@@ -91,6 +91,10 @@ void WorkMPIGPU::synchronize() {
 c10::intrusive_ptr<c10::ivalue::Future> WorkMPIGPU::getFuture() {
   std::lock_guard<std::mutex> lock(futureMutex_);
   futureRequested_ = true;
+  if (futureDeferred_) {  // the op finished before anyone asked: complete the future now
+    futureDeferred_ = false;
+    completeFuture();
+  }
   return future_;
 }
 
@@ -114,20 +118,28 @@ void WorkMPIGPU::markCompleted() {
     finished_ = std::chrono::steady_clock::now();
   }
   finish();
-  auto complete = [future = future_, outputs = outputs_, streams = streamsOf(buffers_)] {
-    // With the comm streams current, the future's events mark the op's end on them.
-    c10::MultiStreamGuard onCommStreams(streams);
-    future->markCompleted(c10::IValue(outputs));
-  };
   {
     std::lock_guard<std::mutex> lock(futureMutex_);
     if (!futureRequested_) {
-      complete();
+      // Nobody can have attached a callback: leave building the future's value (a list of
+      // every output) to getFuture(), if anyone ever asks.
+      futureDeferred_ = true;
       return runDoneCallbacks();
     }
   }
-  completeFutureAsync(std::move(complete));  // callbacks may block: not on the engine thread
+  completeFutureAsync([future = future_, outputs = outputs_, streams = streamsOf(buffers_)] {
+    // With the comm streams current, the future's events mark the op's end on them.
+    c10::MultiStreamGuard onCommStreams(streams);
+    future->markCompleted(c10::IValue(outputs));
+  });  // callbacks may block: not on the engine thread
   runDoneCallbacks();
+}
+
+void WorkMPIGPU::completeFuture() {
+  // With the comm streams current, the future's events mark the op's end on them (recorded now,
+  // after the op: later work on those streams can only make a consumer wait longer).
+  c10::MultiStreamGuard onCommStreams(streamsOf(buffers_));
+  future_->markCompleted(c10::IValue(outputs_));
 }
 
 void WorkMPIGPU::markFailed(std::exception_ptr error) {

@@ -66,6 +66,7 @@ class WorkMPIGPU : public c10d::Work {
 
  private:
   void runDoneCallbacks();
+  void completeFuture();  // with futureMutex_ held
 
   const char* opName_;
   const uint64_t seq_;
@@ -74,11 +75,12 @@ class WorkMPIGPU : public c10d::Work {
   const std::vector<std::shared_ptr<paths::OpBuffers>> buffers_;
   c10::intrusive_ptr<c10::ivalue::Future> future_;
   int sourceRank_ = -1;
-  // Until someone asks for the future nobody can have attached a callback to it, so it can be
-  // completed right away on the completing thread instead of through the completer pool.
+  // Until someone asks for the future nobody can have attached a callback to it, so completing
+  // it can wait for getFuture() (most ops never get asked) instead of the completer pool.
   // futureMutex_ makes "not requested yet, so complete it here" atomic against getFuture().
   std::mutex futureMutex_;
   bool futureRequested_ = false;
+  bool futureDeferred_ = false;  // completed before getFuture(): its value is built on request
   std::chrono::steady_clock::time_point created_, started_, finished_;
   std::vector<std::function<void(WorkMPIGPU&)>> doneCallbacks_;  // guarded by mutex_
   std::weak_ptr<ProgressDriver> driver_;  // empty: wait() just sleeps until completion

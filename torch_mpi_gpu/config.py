@@ -57,7 +57,8 @@ SETTINGS = [
             "Blocking ops (async_op=False) on host tensors up to this many bytes run on the "
             "calling thread when the group is idle, skipping the hand-off to the worker thread. "
             "Such a call cannot raise at the timeout (the watchdog reports it, and by default "
-            "ends the job); 0 hands every op to the worker."),
+            "ends the job). Host send/recv up to this size are posted there too and wait() "
+            "tests for their completion itself. 0 hands every op to the worker."),
     Setting("TORCH_MPIGPU_SET_DEVICE", "1",
             "1: under an MPI launcher, make cuda:(local rank mod device count) current before MPI "
             "starts (CUDA-aware MPIs set up IPC for the current device). 0: leave it alone."),
