@@ -164,3 +164,31 @@ def test_mpi_initialised_by_someone_else_is_left_to_them():
         "dist.destroy_process_group()\n")
     assert rc == 0, out
     assert "ours False [1.0, 1.0]" in out and "finalized after our exit hook: False" in out, out
+
+
+@pytest.mark.parametrize("cores, node, local_size, user, setting, expect", [
+    (8, 8, 2, None, "auto", None),      # 4 cores per rank: leave MPI spinning
+    (2, 2, 2, None, "auto", "1"),       # 1 core per rank: yield
+    (1, 16, 4, None, "auto", "1"),      # bound to one core of a big node: yield
+    (2, 2, 2, "0", "auto", "0"),        # the user's own Open MPI setting wins
+    (2, 2, 2, None, "0", None),         # switched off
+    (8, 8, 1, None, "1", "1"),          # forced on
+])
+def test_mpi_yield_choice(monkeypatch, cores, node, local_size, user, setting, expect):
+    from torch_mpi_gpu import launcher
+    monkeypatch.setattr(launcher.os, "sched_getaffinity", lambda pid: set(range(cores)))
+    monkeypatch.setattr(launcher.os, "cpu_count", lambda: node)
+    monkeypatch.setenv("TORCH_MPIGPU_MPI_YIELD", setting)
+    environ = {"OMPI_COMM_WORLD_RANK": "0", "OMPI_COMM_WORLD_SIZE": str(local_size),
+               "OMPI_COMM_WORLD_LOCAL_RANK": "0", "OMPI_COMM_WORLD_LOCAL_SIZE": str(local_size)}
+    if user is not None:
+        environ["OMPI_MCA_mpi_yield_when_idle"] = user
+    launcher.choose_mpi_yield(environ)
+    assert environ.get("OMPI_MCA_mpi_yield_when_idle") == expect
+
+
+def test_bad_mpi_yield_setting_names_it(monkeypatch):
+    from torch_mpi_gpu import launcher
+    monkeypatch.setenv("TORCH_MPIGPU_MPI_YIELD", "sometimes")
+    with pytest.raises(ValueError, match="TORCH_MPIGPU_MPI_YIELD=sometimes"):
+        launcher.choose_mpi_yield({})

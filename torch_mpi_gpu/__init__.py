@@ -12,8 +12,8 @@ import torch
 import torch.distributed as dist
 
 from . import _C
-from .launcher import (detect_launcher, install_env_rendezvous_hook, select_cuda_device,
-                       setup_env)
+from .launcher import (choose_mpi_yield, detect_launcher, install_env_rendezvous_hook,
+                       select_cuda_device, setup_env)
 
 __version__ = "0.1.0"
 BACKEND_NAME = "mpigpu"
@@ -74,5 +74,6 @@ def info():
 
 _register()
 install_env_rendezvous_hook()
+choose_mpi_yield()  # MPI reads it at MPI_Init, which has not happened yet
 # Engines stop and MPI is finalised (only if we initialised it) before the interpreter tears down.
 atexit.register(_C.shutdown)
