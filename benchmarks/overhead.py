@@ -1,6 +1,11 @@
 """Where the time of a small blocking all_reduce goes: timers around each layer, same buffer.
 
     mpirun -np 2 python benchmarks/overhead.py [--bytes 8] [--iters 2000] [--json out.json]
+    mpirun -np 2 python benchmarks/overhead.py --tensors 1000 --bytes 1024   # a coalesced call
+
+With --tensors N the layers are those of one all_reduce_coalesced of N tensors of --bytes each
+(raw MPI: one Allreduce of all the bytes, the floor fusion can approach), plus the same call on
+N views of one flat buffer (what DDP buckets and FSDP flat parameters are: no packing needed).
 
   raw MPI         mpi4py Allreduce (in place): the floor
   mpigpu backend  ProcessGroupMPIGPU::allreduce + wait, called directly (our code + MPI)
@@ -40,6 +45,7 @@ def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--bytes", type=int, default=8)
     ap.add_argument("--iters", type=int, default=2000)
+    ap.add_argument("--tensors", type=int, default=1, help="N > 1: a coalesced call of N tensors")
     ap.add_argument("--json")
     args = ap.parse_args()
     torch.set_num_threads(1)
@@ -48,32 +54,65 @@ def main():
     gloo = STATS
     from mpi4py import MPI
     comm = MPI.COMM_WORLD
-    t = torch.ones(max(1, args.bytes // 4))
-    arr = t.numpy()
     pg = dist.distributed_c10d._get_default_group()
     backend = pg._get_backend(torch.device("cpu"))
+    if args.tensors > 1:
+        rows = coalesced_rows(args, comm, MPI, pg, backend, gloo)
+        what = f"{args.tensors} x {args.bytes} bytes fp32 all_reduce_coalesced"
+    else:
+        rows = single_rows(args, comm, MPI, pg, backend, gloo)
+        what = f"{args.bytes} bytes fp32 all_reduce"
+    report(args, rows, what)
+    dist.destroy_process_group()
+
+
+def single_rows(args, comm, MPI, pg, backend, gloo):
+    t = torch.ones(max(1, args.bytes // 4))
+    arr = t.numpy()
     opts = dist.AllreduceOptions()
     opts.asyncOp = False  # what dist.all_reduce(async_op=False) passes
-    rows = {
+    return {
         "raw MPI (mpi4py)": timed(lambda: comm.Allreduce(MPI.IN_PLACE, arr, op=MPI.SUM), args.iters),
         "mpigpu backend": timed(lambda: backend.allreduce([t], opts).wait(), args.iters),
         "c10d dispatch": timed(lambda: pg.allreduce([t], opts).wait(), args.iters),
         "dist.all_reduce": timed(lambda: dist.all_reduce(t), args.iters),
         "gloo dist.all_reduce": timed(lambda: dist.all_reduce(t, group=gloo), args.iters),
     }
+
+
+def coalesced_rows(args, comm, MPI, pg, backend, gloo):
+    count = max(1, args.bytes // 4)
+    ts = [torch.zeros(count) for _ in range(args.tensors)]
+    flat = torch.zeros(count * args.tensors)
+    views = list(flat.split(count))
+    arr = flat.numpy()
+    opts = dist.AllreduceCoalescedOptions()
+    return {
+        "raw MPI, all bytes at once": timed(lambda: comm.Allreduce(MPI.IN_PLACE, arr, op=MPI.SUM), args.iters),
+        "mpigpu backend": timed(lambda: backend.allreduce_coalesced(ts, opts).wait(), args.iters),
+        "c10d dispatch": timed(lambda: pg.allreduce_coalesced(ts, opts).wait(), args.iters),
+        "dist.all_reduce_coalesced": timed(lambda: dist.all_reduce_coalesced(ts), args.iters),
+        "gloo dist.all_reduce_coalesced": timed(lambda: dist.all_reduce_coalesced(ts, group=gloo), args.iters),
+        "views: mpigpu backend": timed(lambda: backend.allreduce_coalesced(views, opts).wait(), args.iters),
+        "views: dist.all_reduce_coalesced": timed(lambda: dist.all_reduce_coalesced(views), args.iters),
+    }
+
+
+def report(args, rows, what):
     if dist.get_rank() == 0:
-        print(f"# {args.bytes} bytes fp32 all_reduce, {dist.get_world_size()} ranks, median of "
+        print(f"# {what}, {dist.get_world_size()} ranks, median of "
               f"{args.iters} calls (slowest rank), torch {torch.__version__}")
         below = None
         for name, us in rows.items():
-            extra = "" if below is None or name.startswith("gloo") else f"  (+{us - below:.1f} us)"
-            print(f"{name:<22} {us:8.2f} us{extra}")
-            if not name.startswith("gloo"):
+            layered = not name.startswith(("gloo", "views"))
+            extra = f"  (+{us - below:.1f} us)" if layered and below is not None else ""
+            print(f"{name:<34} {us:8.2f} us{extra}")
+            if layered:
                 below = us
         if args.json:
             with open(args.json, "w") as f:
-                json.dump({"bytes": args.bytes, "median_us": rows}, f, indent=1)
-    dist.destroy_process_group()
+                json.dump({"bytes": args.bytes, "tensors": args.tensors, "median_us": rows}, f,
+                          indent=1)
 
 
 if __name__ == "__main__":

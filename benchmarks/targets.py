@@ -2,11 +2,13 @@
 ratio, and met / not met, from the project's own benchmarks in one run.
 
     python benchmarks/targets.py --run --out benchmarks/results/targets_cpu_2ranks
-    python benchmarks/targets.py --collectives C.json --fusion F.json --train T.json
+    python benchmarks/targets.py --collectives C1.json C2.json --fusion F.json --train T1.json T2.json
 
---run launches the three benchmarks (2 ranks each; the training study takes a few minutes; skip
-it with --no-train) and writes their JSON and plots next to OUT; without --run the named JSON
-files are read. Targets (2 ranks):
+--run launches the three benchmarks, 2 ranks each: the collectives benchmark --repeats times
+(3 by default, about a minute each), the fusion benchmark once, the training study --repeats
+times (about 3 minutes each; skip it with --no-train). Their JSON and plots go next to OUT;
+without --run the named JSON files are read. Every figure is the median over the repeats (this
+VM moves single points by 10-60% between runs). Targets (2 ranks):
   1. small messages, 8 B - 4 KiB: a blocking all_reduce costs at most raw MPI + 10 us and at
      least 10x less than gloo;
   2. large messages, >= 1 MiB: at most 1.05x raw MPI for all_reduce, all_gather,
@@ -20,6 +22,7 @@ Nothing here asserts: the table is the result, and it is printed whatever it say
 import argparse
 import json
 import os
+import statistics
 import subprocess
 import sys
 from pathlib import Path
@@ -44,29 +47,32 @@ def run(cmd, cwd):
     return proc.returncode
 
 
-def measure(out, train):
+def measure(out, repeats, train):
     out = Path(out).resolve()
     out.parent.mkdir(parents=True, exist_ok=True)
     here = Path(__file__).resolve().parent
     np2 = [mpirun(), "--oversubscribe", "-np", "2"]
-    files = {"collectives": f"{out}_collectives.json", "fusion": f"{out}_fusion.json",
-             "train": f"{out}_train.json" if train else None}
-    run(np2 + [sys.executable, "-m", "torch_mpi_gpu.bench", "-b", "8", "-e", "16M", "-f", "8",
-               "-n", "50", "--backends", "mpigpu,gloo,mpi", "--no-progress",
-               "--json", files["collectives"], "--plot", f"{out}_collectives.png"], out.parent)
+    files = {"collectives": [f"{out}_collectives{i + 1}.json" for i in range(repeats)],
+             "fusion": f"{out}_fusion.json",
+             "train": [f"{out}_train{i + 1}.json" for i in range(repeats if train else 0)]}
+    for i, path in enumerate(files["collectives"]):
+        plot = ["--plot", f"{out}_collectives.png"] if i == 0 else []
+        run(np2 + [sys.executable, "-m", "torch_mpi_gpu.bench", "-b", "8", "-e", "16M", "-f", "8",
+                   "-n", "100", "--backends", "mpigpu,gloo,mpi", "--no-progress",
+                   "--json", path] + plot, out.parent)
     run(np2 + [sys.executable, str(here / "fusion_bench.py"), "--n", "1000", "--sizes", "1024",
                "--json", files["fusion"]], out.parent)
-    if train:
+    for path in files["train"]:
         run([sys.executable, str(here / "train_study.py"), "--ranks", "1,2", "--out",
-             f"{out}_train"], out.parent)
+             path[:-len(".json")]], out.parent)
     return files
 
 
 def median(rows, op, size, backend):
-    for r in rows:
-        if r["op"] == op and r["bytes"] == size and r["backend"] == backend and "median_us" in r:
-            return r["median_us"]
-    return None
+    """The median over the runs of each run's median time for one point (None if missing)."""
+    got = [r["median_us"] for r in rows
+           if r["op"] == op and r["bytes"] == size and r["backend"] == backend and "median_us" in r]
+    return statistics.median(got) if got else None
 
 
 def verdict(ok):
@@ -77,10 +83,11 @@ def score(collectives, fusion, train):
     lines = []
     add = lines.append
     if collectives:
-        data = json.loads(Path(collectives).read_text())
-        rows, head = data["rows"], data["header"]
+        runs = [json.loads(Path(c).read_text()) for c in collectives]
+        rows, head = [r for d in runs for r in d["rows"]], runs[0]["header"]
         add(f"# collectives: {head.get('host')} | {head.get('cpu')} | torch {head.get('torch')} | "
-            f"{str(head.get('mpi')).split(',')[0]} | {head.get('ranks')} ranks")
+            f"{str(head.get('mpi')).split(',')[0]} | {head.get('ranks')} ranks | median of "
+            f"{len(runs)} run(s) of {head.get('iters')} iterations")
         sizes = sorted({r["bytes"] for r in rows if r["op"] == "allreduce"})
         add("\n1. small messages: blocking all_reduce <= raw MPI + 10 us and >= 10x faster than gloo")
         add(f"{'bytes':>8} {'mpigpu us':>10} {'mpi us':>8} {'over mpi':>9} {'gloo us':>9} "
@@ -117,17 +124,17 @@ def score(collectives, fusion, train):
                 f"separate {r['separate_ms']:.3f} ms: ratio {r['coalesced_vs_big']:.2f}  "
                 f"{verdict(r['coalesced_vs_big'] <= 1.5)}")
     if train:
-        data = json.loads(Path(train).read_text())
-        runs = [r for r in data["runs"] if "error" not in r]
+        studies = [json.loads(Path(t).read_text()) for t in train]
+        runs = [r for d in studies for r in d["runs"] if "error" not in r]
 
         def ips(model, backend, ranks, threads):
-            for r in runs:
-                if (r["model"], r["backend"], r["ranks"], r["threads"]) == (model, backend, ranks, threads):
-                    return r["images_per_s"]
-            return None
+            got = [r["images_per_s"] for r in runs
+                   if (r["model"], r["backend"], r["ranks"], r["threads"]) == (model, backend, ranks, threads)]
+            return statistics.median(got) if got else None
 
-        add(f"\n4. training, images/s ({data['header'].get('machine')}): mpigpu 2 ranks x 1 thread "
-            ">= sequential 2 threads; ahead of gloo on the MLP")
+        add(f"\n4. training, images/s, median of {len(studies)} run(s) "
+            f"({studies[0]['header'].get('machine')}): mpigpu 2 ranks x 1 thread >= sequential "
+            "2 threads; ahead of gloo on the MLP")
         add(f"{'model':>6} {'seq 1 thr':>10} {'seq 2 thr':>10} {'mpigpu 2':>10} {'gloo 2':>10} "
             f"{'vs seq2':>8} {'vs gloo':>8}  verdict")
         for model in sorted({r["model"] for r in runs}):
@@ -146,14 +153,16 @@ def main():
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--run", action="store_true", help="run the benchmarks first (2 ranks)")
     ap.add_argument("--no-train", action="store_true", help="with --run: skip the training study")
+    ap.add_argument("--repeats", type=int, default=3, help="with --run: runs of the collectives "
+                    "benchmark and of the training study")
     ap.add_argument("--out", default="targets", help="with --run: prefix of the files written")
-    ap.add_argument("--collectives")
+    ap.add_argument("--collectives", nargs="*", default=[], help="collectives benchmark JSON files")
     ap.add_argument("--fusion")
-    ap.add_argument("--train")
+    ap.add_argument("--train", nargs="*", default=[], help="one or more train_study JSON files")
     args = ap.parse_args()
     files = {"collectives": args.collectives, "fusion": args.fusion, "train": args.train}
     if args.run:
-        files = measure(args.out, not args.no_train)
+        files = measure(args.out, args.repeats, not args.no_train)
     text = score(files["collectives"], files["fusion"], files["train"])
     print(text)
     if args.run:

@@ -171,7 +171,7 @@ def test_mpi_initialised_by_someone_else_is_left_to_them():
     (2, 2, 2, None, "auto", "1"),       # 1 core per rank: yield
     (1, 16, 4, None, "auto", "1"),      # bound to one core of a big node: yield
     (2, 2, 2, "0", "auto", "0"),        # the user's own Open MPI setting wins
-    (2, 2, 2, None, "0", None),         # switched off
+    (2, 2, 2, None, "0", None),         # off (the default)
     (8, 8, 1, None, "1", "1"),          # forced on
 ])
 def test_mpi_yield_choice(monkeypatch, cores, node, local_size, user, setting, expect):

@@ -59,10 +59,12 @@ SETTINGS = [
             "Such a call cannot raise at the timeout (the watchdog reports it, and by default "
             "ends the job). Host send/recv up to this size are posted there too and wait() "
             "tests for their completion itself. 0 hands every op to the worker."),
-    Setting("TORCH_MPIGPU_MPI_YIELD", "auto",
-            "Open MPI: let a rank waiting inside MPI yield its core (mpi_yield_when_idle). auto: "
-            "when this rank has fewer than 2 cores (its compute thread and its MPI worker share "
-            "them), unless OMPI_MCA_mpi_yield_when_idle is set; 1: always; 0: never."),
+    Setting("TORCH_MPIGPU_MPI_YIELD", "0",
+            "Open MPI: let a rank waiting inside MPI yield its core (mpi_yield_when_idle). 0: "
+            "leave Open MPI's choice; auto: when this rank has fewer than 2 cores (its compute "
+            "thread and its MPI worker share them), unless OMPI_MCA_mpi_yield_when_idle is set; "
+            "1: always. Off by default: yielding made small-message medians jump to 10-30 us "
+            "and its gain in training was within this VM's noise."),
     Setting("TORCH_MPIGPU_SET_DEVICE", "1",
             "1: under an MPI launcher, make cuda:(local rank mod device count) current before MPI "
             "starts (CUDA-aware MPIs set up IPC for the current device). 0: leave it alone."),
