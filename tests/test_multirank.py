@@ -35,6 +35,12 @@ def test_p2p_async_groups(np):
     assert passed_counts(run_mpi("p2p_groups.py", np), np) > 30
 
 
+@pytest.mark.parametrize("np", [2, 3])
+def test_p2p_stress_threads_and_timings(np):
+    # 60 + 4 x 80 ring rounds per rank, each checked, plus a 16 MiB message left in flight
+    assert passed_counts(run_mpi("p2p_stress.py", np), np) >= 381
+
+
 @pytest.mark.parametrize("np", RANKS)
 def test_bad_arguments(np):
     assert passed_counts(run_mpi("errors.py", np), np) >= 17
