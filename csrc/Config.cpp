@@ -5,7 +5,9 @@
 
 #include <climits>
 #include <cstdlib>
+#include <initializer_list>
 #include <string>
+#include <utility>
 
 namespace mpigpu {
 namespace {
@@ -27,6 +29,20 @@ int64_t parseInt(const char* name, int64_t fallback, int64_t lo, int64_t hi) {
   return x;
 }
 
+// One of a fixed set of words: the value paired with the word given, `fallback` when unset;
+// anything else is a ValueError listing the words.
+int parseChoice(const char* name, int fallback,
+                std::initializer_list<std::pair<const char*, int>> choices) {
+  const char* v = env(name);
+  if (v == nullptr) return fallback;
+  std::string words;
+  for (const auto& [word, value] : choices) {
+    if (std::string(v) == word) return value;
+    words += words.empty() ? word : std::string(", ") + word;
+  }
+  C10_THROW_ERROR(ValueError, c10::str("mpigpu: ", name, "=", v, " must be one of: ", words));
+}
+
 } // namespace
 
 Config Config::fromEnv() {
@@ -39,30 +55,10 @@ Config Config::fromEnv() {
   c.inlineBytes = parseInt("TORCH_MPIGPU_INLINE_BYTES", c.inlineBytes, 0, int64_t{1} << 40);
   c.fuseBelowBytes = parseInt("TORCH_MPIGPU_FUSE_BELOW_BYTES", c.fuseBelowBytes, 0,
                               int64_t{1} << 40);
-  if (const char* a = env("TORCH_MPIGPU_TIMEOUT_ACTION")) {
-    const std::string v = a;
-    if (v != "abort" && v != "report") {
-      C10_THROW_ERROR(ValueError, c10::str("mpigpu: TORCH_MPIGPU_TIMEOUT_ACTION=", a,
-                                           " must be abort or report"));
-    }
-    c.abortOnTimeout = v == "abort";
-  }
-  if (const char* a = env("TORCH_MPIGPU_CUDA_AWARE")) {
-    const std::string v = a;
-    if (v == "auto") c.cudaAware = -1;
-    else if (v == "1") c.cudaAware = 1;
-    else if (v == "0") c.cudaAware = 0;
-    else C10_THROW_ERROR(ValueError, c10::str("mpigpu: TORCH_MPIGPU_CUDA_AWARE=", a,
-                                              " must be auto, 1 or 0"));
-  }
-  if (const char* a = env("TORCH_MPIGPU_CUDA_REDUCE")) {
-    const std::string v = a;
-    if (v == "auto") c.cudaReduce = -1;
-    else if (v == "direct") c.cudaReduce = 1;
-    else if (v == "staged") c.cudaReduce = 0;
-    else C10_THROW_ERROR(ValueError, c10::str("mpigpu: TORCH_MPIGPU_CUDA_REDUCE=", a,
-                                              " must be auto, direct or staged"));
-  }
+  c.abortOnTimeout = parseChoice("TORCH_MPIGPU_TIMEOUT_ACTION", 1, {{"abort", 1}, {"report", 0}}) == 1;
+  c.cudaAware = parseChoice("TORCH_MPIGPU_CUDA_AWARE", -1, {{"auto", -1}, {"1", 1}, {"0", 0}});
+  c.cudaReduce = parseChoice("TORCH_MPIGPU_CUDA_REDUCE", -1,
+                             {{"auto", -1}, {"direct", 1}, {"staged", 0}});
   if (const char* t = env("TORCH_MPIGPU_TIMEOUT")) {
     char* end = nullptr;
     c.timeoutSeconds = std::strtod(t, &end);
