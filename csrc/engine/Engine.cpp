@@ -225,13 +225,24 @@ void Engine::loop() {
     }
     if (item.work) {
       item.work->markStarted();
+      bool done = false;
+      std::exception_ptr error;
       try {
-        if (item.task()) item.work->markCompleted();
+        done = item.task();
       } catch (...) {
-        item.work->markFailed(std::current_exception());
+        error = std::current_exception();
       }
-      std::lock_guard<std::mutex> lock(mutex_);
-      running_ = false;
+      {
+        // Not running before the Work completes: the caller it wakes may issue its next
+        // blocking op at once, and must find the engine idle to run it inline.
+        std::lock_guard<std::mutex> lock(mutex_);
+        running_ = false;
+      }
+      if (error) {
+        item.work->markFailed(error);
+      } else if (done) {
+        item.work->markCompleted();
+      }
     }
     // (a caller's inline collective never overlaps pending requests: they block inline runs;
     // a caller's inline post may, which MPI_THREAD_MULTIPLE allows)
