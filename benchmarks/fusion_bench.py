@@ -11,26 +11,18 @@ first checked against the expected sum; any wrong element exits 1.
 import argparse
 import json
 import platform
-import statistics
 import sys
-import time
 
 import torch
 import torch.distributed as dist
 
 import torch_mpi_gpu
+from torch_mpi_gpu.bench import timed as bench_timed
 
 
 def timed(fn, iters):
-    fn()  # warm-up
-    samples = []
-    for _ in range(iters):
-        t0 = time.perf_counter()
-        fn()
-        samples.append(time.perf_counter() - t0)
-    t = torch.tensor(samples, dtype=torch.float64)
-    dist.all_reduce(t, op=dist.ReduceOp.MAX)
-    return statistics.median(t.tolist())
+    """Median seconds of the slowest rank, after one warm-up call (the benchmark's timer)."""
+    return bench_timed(fn, iters, 1, lambda: None, None)[0]
 
 
 def main():

@@ -18,26 +18,17 @@ Each layer's cost is the difference to the one below it. Medians over --iters ca
 
 import argparse
 import json
-import statistics
-import time
 
 import torch
 import torch.distributed as dist
 
 import torch_mpi_gpu  # noqa: F401
+from torch_mpi_gpu.bench import timed as bench_timed
 
 
 def timed(fn, iters):
-    for _ in range(50):
-        fn()
-    out = []
-    for _ in range(iters):
-        t0 = time.perf_counter()
-        fn()
-        out.append(time.perf_counter() - t0)
-    t = torch.tensor(out, dtype=torch.float64)
-    dist.all_reduce(t, op=dist.ReduceOp.MAX, group=STATS)
-    return statistics.median(t.tolist()) * 1e6
+    """Median microseconds of the slowest rank, after 50 warm-up calls (the benchmark's timer)."""
+    return bench_timed(fn, iters, 50, lambda: None, STATS)[0] * 1e6
 
 
 def main():
