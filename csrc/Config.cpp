@@ -59,6 +59,18 @@ Config Config::fromEnv() {
   c.cudaAware = parseChoice("TORCH_MPIGPU_CUDA_AWARE", -1, {{"auto", -1}, {"1", 1}, {"0", 0}});
   c.cudaReduce = parseChoice("TORCH_MPIGPU_CUDA_REDUCE", -1,
                              {{"auto", -1}, {"direct", 1}, {"staged", 0}});
+  c.algo = parseChoice("TORCH_MPIGPU_ALGO", -1, {{"auto", -1}, {"mpi", 0}, {"ring", 1},
+                                                 {"rhd", 2}, {"allgather", 3}});
+  c.algoPieceBytes = parseInt("TORCH_MPIGPU_ALGO_PIECE_BYTES", c.algoPieceBytes, 1,
+                              int64_t{1} << 40);
+  c.algoSmallBytes = parseInt("TORCH_MPIGPU_ALGO_SMALL_BYTES", c.algoSmallBytes, 0,
+                              int64_t{1} << 40);
+  c.algoRingBytes = parseInt("TORCH_MPIGPU_ALGO_RING_BYTES", c.algoRingBytes, 0,
+                             int64_t{1} << 40);
+  c.hostHalfRingBytes = parseInt("TORCH_MPIGPU_HOST_HALF_RING_BYTES", c.hostHalfRingBytes, 0,
+                                 int64_t{1} << 62);
+  c.cudaDirectBytes = parseInt("TORCH_MPIGPU_CUDA_DIRECT_BYTES", c.cudaDirectBytes, 0,
+                               int64_t{1} << 62);
   if (const char* t = env("TORCH_MPIGPU_TIMEOUT")) {
     char* end = nullptr;
     c.timeoutSeconds = std::strtod(t, &end);

@@ -36,6 +36,22 @@ struct Config {
   // when the group's engine is idle; 0 always hands ops to the engine.
   int64_t inlineBytes = int64_t{1} << 40;
 
+  // Reductions: -1 auto, else an algo::Algo forced for every reduction (TORCH_MPIGPU_ALGO=
+  // auto|mpi|ring|rhd|allgather).
+  int algo = -1;
+  // Largest message of our algorithms; pieces of one step pipeline against the reduction.
+  int64_t algoPieceBytes = 4 << 20;
+  // auto, in groups with a GPU: all_reduce below this uses the allgather algorithm, below
+  // algoRingBytes recursive halving/doubling, from there the ring.
+  int64_t algoSmallBytes = 64 << 10;
+  int64_t algoRingBytes = 1 << 20;
+  // auto, in groups without a GPU: fp16/bf16 reductions of at least this many bytes use the ring.
+  int64_t hostHalfRingBytes = 64 << 10;
+  // CUDA_REDUCE=auto with a CUDA-aware MPI: our algorithms' messages go as device pointers for
+  // ops of at least this many bytes, through pinned host memory below (device messages pay for
+  // the GPU's context switches on a shared GPU and for IPC set-up).
+  int64_t cudaDirectBytes = 256 << 10;
+
   static Config fromEnv();
 };
 

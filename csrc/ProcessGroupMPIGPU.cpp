@@ -116,9 +116,11 @@ ProcessGroupMPIGPU::ProcessGroupMPIGPU(c10::intrusive_ptr<c10d::Store> store, in
   comm_.rank = rank;
   comm_.size = size;
   comm_.maxCount = config_.maxElementsPerCall;
+  algoComm_ = comm_;
   paths_ = std::make_unique<paths::PathFactory>(config_);
   engine_ = Engine::create("mpigpu-" + groupName_);
-  engine_->runAndWait("new_group", rank, [this] {
+  const int hasGpu = at::hasCUDA() ? 1 : 0;
+  engine_->runAndWait("new_group", rank, [this, hasGpu] {
     comm_.handle = mpi::createGroupComm(worldRanks_, tagFor(groupName_), rank_);
     int commRank = -1;
     MPI_Comm_rank(comm_.handle, &commRank);
@@ -126,6 +128,11 @@ ProcessGroupMPIGPU::ProcessGroupMPIGPU(c10::intrusive_ptr<c10d::Store> store, in
       MPIGPU_THROW_BACKEND("new_group", rank_, "MPI placed this process at rank ", commRank,
                            " of the new communicator, torch at ", rank_);
     }
+    MPIGPU_MPI_CHECK(MPI_Comm_dup(comm_.handle, &algoComm_.handle), "new_group", rank_);
+    int anyGpu = 0;
+    MPIGPU_MPI_CHECK(MPI_Allreduce(&hasGpu, &anyGpu, 1, MPI_INT, MPI_MAX, comm_.handle),
+                     "new_group", rank_);
+    groupHasGpu_ = anyGpu != 0;
   });
   if (config_.debug) {
     std::cerr << opMessage("init", rank_, describe()) << std::endl;
@@ -146,6 +153,7 @@ void ProcessGroupMPIGPU::releaseCommunicators() {
   Watchdog::removeGroup(groupName_, rank_);
   if (!engine_->stopped() && !mpi::isFinalized()) {
     engine_->runAndWait("destroy_process_group", rank_, [this] {
+      mpi::freeComm(&algoComm_.handle);
       mpi::freeComm(&comm_.handle);
     });
   }
@@ -166,8 +174,40 @@ std::string ProcessGroupMPIGPU::describe() const {
     << paths::pathName(paths_->cudaPath()) << " (" << paths_->cudaPathReason()
     << "; staging pieces of " << config_.stagingChunkBytes << " bytes), CUDA reductions "
     << paths::pathName(paths_->cudaReducePath()) << " (" << paths_->cudaReducePathReason()
-    << "), other devices via-cpu";
+    << "), other devices via-cpu; reductions: "
+    << algo::describeChoice(config_, size_, groupHasGpu_);
+  if (paths_->cudaPath() != paths::PathKind::ViaCpu) {
+    s << "; CUDA reductions by our algorithms stay on the GPU, messages "
+      << (paths_->cudaPath() != paths::PathKind::CudaDirect ? "through pinned host memory"
+          : config_.cudaReduce == 1 ? "as device pointers"
+          : config_.cudaReduce == 0 ? "through pinned host memory"
+          : c10::str("as device pointers from ", config_.cudaDirectBytes,
+                     " bytes, through pinned host memory below"));
+  }
   return s.str();
+}
+
+algo::Choice ProcessGroupMPIGPU::chooseAlgo(algo::OpKind kind,
+                                            const std::vector<at::Tensor>& tensors) const {
+  int64_t bytes = 0;
+  for (const auto& t : tensors) bytes += t.numel() * static_cast<int64_t>(t.element_size());
+  return algo::choose(config_, kind, bytes, tensors[0].scalar_type(), size_, groupHasGpu_);
+}
+
+algo::Context ProcessGroupMPIGPU::algoContext(const OpBuffers& bufs, const char* op,
+                                              const at::Tensor& buf, const mpi::Reduction& red,
+                                              std::unique_ptr<algo::Link>& link,
+                                              std::unique_ptr<algo::Reducer>& reducer) const {
+  const int64_t bytes = buf.numel() * static_cast<int64_t>(buf.element_size());
+  // Device messages need a CUDA-aware MPI; below cudaDirectBytes pinned staging is cheaper.
+  const bool staged = paths_->cudaPath() != paths::PathKind::CudaDirect ||
+                      config_.cudaReduce == 0 ||
+                      (config_.cudaReduce == -1 && bytes < config_.cudaDirectBytes);
+  link = bufs.link(algoComm_, op, staged);
+  reducer = bufs.reducer(red.kind);
+  const int64_t piece = std::clamp<int64_t>(
+      config_.algoPieceBytes / static_cast<int64_t>(buf.element_size()), 1, algoComm_.maxCount);
+  return algo::Context{*link, *reducer, red, piece};
 }
 
 milliseconds ProcessGroupMPIGPU::effectiveTimeout(milliseconds optTimeout) const {
@@ -362,18 +402,33 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupMPIGPU::allreduce(std::vector<at::Ten
   struct Bucket {
     size_t slot;
     mpi::Reduction red;
+    algo::Algo algo;
   };
-  auto bufs = reduceBuffersFor(tensors[0]);
+  // The whole op decides whose collectives it uses (its buffers depend on it), each bucket which
+  // of our algorithms.
+  const bool ours = chooseAlgo(algo::OpKind::Allreduce, tensors).algo != algo::Algo::Mpi;
+  auto bufs = ours ? paths_->createForAlgorithm(tensors[0].device()) : reduceBuffersFor(tensors[0]);
   std::vector<Bucket> buckets;
   for (const auto& idx : fusionBuckets(tensors, config_.fusionBytes, fuseBelow(*bufs))) {
     auto red = mpi::resolveReduction(opts.reduceOp, tensors[idx[0]].scalar_type(), op, rank_);
+    auto a = ours ? chooseAlgo(algo::OpKind::Allreduce, pick(tensors, idx)).algo : algo::Algo::Mpi;
+    if (ours && a == algo::Algo::Mpi) a = algo::Algo::Ring;
     buckets.push_back({bufs->add(pick(tensors, idx), Access::ReadWrite, /*elementwise=*/true),
-                       std::move(red)});
+                       std::move(red), a});
   }
   return enqueue(c10d::OpType::ALLREDUCE, op, tensors, tensors, opts.timeout, opts.asyncOp, bufs,
                  [this, op, buckets](OpBuffers& b) {
                    for (const auto& k : buckets) {
-                     b.run(k.slot, [&](at::Tensor& t) { mpi::allreduceInPlace(comm_, op, t, k.red); });
+                     b.run(k.slot, [&](at::Tensor& t) {
+                       if (k.algo == algo::Algo::Mpi) {
+                         mpi::allreduceInPlace(comm_, op, t, k.red);
+                         return;
+                       }
+                       std::unique_ptr<algo::Link> link;
+                       std::unique_ptr<algo::Reducer> reducer;
+                       auto ctx = algoContext(b, op, t, k.red, link, reducer);
+                       algo::allreduce(ctx, k.algo, t);
+                     });
                    }
                  });
 }
@@ -397,13 +452,23 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupMPIGPU::reduce(std::vector<at::Tensor
   MPIGPU_CHECK_VALUE(opts.rootTensor == 0, op, rank_, "rootTensor must be 0");
   const int root = static_cast<int>(opts.rootRank);
   auto red = mpi::resolveReduction(opts.reduceOp, tensors[0].scalar_type(), op, rank_);
-  auto bufs = reduceBuffersFor(tensors[0]);
+  const bool ours = chooseAlgo(algo::OpKind::Reduce, tensors).algo != algo::Algo::Mpi;
+  auto bufs = ours ? paths_->createForAlgorithm(tensors[0].device()) : reduceBuffersFor(tensors[0]);
   // Only the root's tensor changes.
   const size_t slot = bufs->add(tensors[0], rank_ == root ? Access::ReadWrite : Access::Read,
                                 /*elementwise=*/true);
   return enqueue(c10d::OpType::REDUCE, op, tensors, tensors, opts.timeout, opts.asyncOp, bufs,
-                 [this, op, slot, red, root](OpBuffers& b) {
-                   b.run(slot, [&](at::Tensor& t) { mpi::reduce(comm_, op, t, t, red, root); });
+                 [this, op, slot, red, root, ours](OpBuffers& b) {
+                   b.run(slot, [&](at::Tensor& t) {
+                     if (!ours) {
+                       mpi::reduce(comm_, op, t, t, red, root);
+                       return;
+                     }
+                     std::unique_ptr<algo::Link> link;
+                     std::unique_ptr<algo::Reducer> reducer;
+                     auto ctx = algoContext(b, op, t, red, link, reducer);
+                     algo::reduce(ctx, t, root);
+                   });
                  }, root);
 }
 
@@ -421,12 +486,20 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupMPIGPU::reduce_scatter(
                        "output's ", outputs[0].numel(), " elements, one has ", t.numel());
   }
   auto red = mpi::resolveReduction(opts.reduceOp, outputs[0].scalar_type(), op, rank_);
-  auto bufs = reduceBuffersFor(outputs[0]);
+  const bool ours = chooseAlgo(algo::OpKind::ReduceScatter, inputs[0]).algo != algo::Algo::Mpi;
+  auto bufs = ours ? paths_->createForAlgorithm(outputs[0].device()) : reduceBuffersFor(outputs[0]);
   const size_t in = bufs->add(inputs[0], Access::Read);
   const size_t out = bufs->add(outputs[0], Access::Write);
   return enqueue(c10d::OpType::REDUCE_SCATTER, op, outputs, inputs[0], opts.timeout, opts.asyncOp, bufs,
-                 [this, op, in, out, red](OpBuffers& b) {
-                   mpi::reduceScatter(comm_, op, b.mpi(in), b.mpi(out), red);
+                 [this, op, in, out, red, ours](OpBuffers& b) {
+                   if (!ours) {
+                     mpi::reduceScatter(comm_, op, b.mpi(in), b.mpi(out), red);
+                     return;
+                   }
+                   std::unique_ptr<algo::Link> link;
+                   std::unique_ptr<algo::Reducer> reducer;
+                   auto ctx = algoContext(b, op, b.mpi(in), red, link, reducer);
+                   algo::reduceScatter(ctx, b.mpi(in), b.mpi(out));
                  });
 }
 
@@ -456,7 +529,8 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupMPIGPU::reduce_scatter_tensor_coalesc
     size_t in, out;
     mpi::Reduction red;
   };
-  auto bufs = reduceBuffersFor(outputs[0]);
+  const bool ours = chooseAlgo(algo::OpKind::ReduceScatter, inputs).algo != algo::Algo::Mpi;
+  auto bufs = ours ? paths_->createForAlgorithm(outputs[0].device()) : reduceBuffersFor(outputs[0]);
   std::vector<Bucket> buckets;
   for (const auto& idx : fusionBuckets(outputs, config_.fusionBytes, fuseBelow(*bufs))) {
     std::vector<at::Tensor> ins;
@@ -468,9 +542,16 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupMPIGPU::reduce_scatter_tensor_coalesc
                        bufs->add(pick(outputs, idx), Access::Write), std::move(red)});
   }
   return enqueue(c10d::OpType::_REDUCE_SCATTER_BASE, op, outputs, inputs, opts.timeout, opts.asyncOp, bufs,
-                 [this, op, buckets](OpBuffers& b) {
+                 [this, op, buckets, ours](OpBuffers& b) {
                    for (const auto& k : buckets) {
-                     mpi::reduceScatter(comm_, op, b.mpi(k.in), b.mpi(k.out), k.red);
+                     if (!ours) {
+                       mpi::reduceScatter(comm_, op, b.mpi(k.in), b.mpi(k.out), k.red);
+                       continue;
+                     }
+                     std::unique_ptr<algo::Link> link;
+                     std::unique_ptr<algo::Reducer> reducer;
+                     auto ctx = algoContext(b, op, b.mpi(k.in), k.red, link, reducer);
+                     algo::reduceScatter(ctx, b.mpi(k.in), b.mpi(k.out));
                    }
                  });
 }

@@ -12,6 +12,7 @@
 #include <vector>
 
 #include "Config.hpp"
+#include "algorithms/Algorithms.hpp"
 #include "WorkMPIGPU.hpp"
 #include "engine/Engine.hpp"
 #include "mpi/Collectives.hpp"
@@ -93,6 +94,7 @@ class ProcessGroupMPIGPU : public c10d::Backend {
  private:
   // The MPI part of an op; runs on the engine between bufs.stageIn() and bufs.stageOut().
   using Body = std::function<void(paths::OpBuffers& bufs)>;
+  using OpBuffers = paths::OpBuffers;
   c10::intrusive_ptr<c10d::Work> enqueue(c10d::OpType type, const char* op,
                                          std::vector<at::Tensor> outputs,
                                          std::vector<at::Tensor> inputs,
@@ -113,6 +115,11 @@ class ProcessGroupMPIGPU : public c10d::Backend {
   }
   c10::intrusive_ptr<c10d::Work> enqueueP2P(c10d::OpType type, const char* op, at::Tensor tensor,
                                             int peer, int tag);
+  // Our algorithms (algorithms/): the choice for an op, and one run of it on the engine.
+  algo::Choice chooseAlgo(algo::OpKind kind, const std::vector<at::Tensor>& tensors) const;
+  algo::Context algoContext(const OpBuffers& bufs, const char* op, const at::Tensor& buf,
+                            const mpi::Reduction& red, std::unique_ptr<algo::Link>& link,
+                            std::unique_ptr<algo::Reducer>& reducer) const;
   std::chrono::milliseconds effectiveTimeout(std::chrono::milliseconds optTimeout) const;
   void releaseCommunicators();
 
@@ -122,6 +129,10 @@ class ProcessGroupMPIGPU : public c10d::Backend {
   Config config_;
   std::chrono::milliseconds timeout_;
   mpi::Comm comm_;
+  // A duplicate of comm_ for our algorithms' point-to-point, so users' messages never match ours.
+  mpi::Comm algoComm_;
+  // Some member has a GPU (agreed at creation): decides the algorithms on every rank alike.
+  bool groupHasGpu_ = false;
   std::unique_ptr<paths::PathFactory> paths_;
   std::shared_ptr<Engine> engine_;
   std::atomic<uint64_t> seq_{0};

@@ -12,6 +12,10 @@
 #include "mpi/Collectives.hpp"
 #include "mpi/Env.hpp"
 #include "paths/OpBuffers.hpp"
+#include "algorithms/Algorithms.hpp"
+#if MPIGPU_WITH_CUDA
+#include "cuda/ReduceKernels.hpp"
+#endif
 
 namespace py = pybind11;
 using mpigpu::ProcessGroupMPIGPU;
@@ -81,4 +85,35 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   }, py::call_guard<py::gil_scoped_release>(),
      "Stops every engine and finalises MPI if torch_mpi_gpu initialised it (runs at exit).");
   m.def("is_finalized", &mpigpu::mpi::isFinalized);
+  m.def("algorithm_runs", [] {
+    py::dict d;
+    for (auto a : {mpigpu::algo::Algo::Ring, mpigpu::algo::Algo::Rhd, mpigpu::algo::Algo::Allgather}) {
+      d[mpigpu::algo::algoName(a)] = mpigpu::algo::runCount(a);
+    }
+    return d;
+  }, "How many reductions each of our algorithms has run in this process.");
+  m.def("reduce_step", [](const at::Tensor& dst, const at::Tensor& a, const at::Tensor& b,
+                          const std::string& opName, double scale) {
+    using R = c10d::ReduceOp;
+    static const std::pair<const char*, R::RedOpType> names[] = {
+        {"SUM", R::SUM}, {"AVG", R::AVG}, {"PRODUCT", R::PRODUCT}, {"MIN", R::MIN},
+        {"MAX", R::MAX}, {"BAND", R::BAND}, {"BOR", R::BOR}, {"BXOR", R::BXOR},
+        {"PREMUL_SUM", R::PREMUL_SUM}};
+    R::RedOpType kind = R::UNUSED;
+    for (const auto& [name, k] : names) {
+      if (opName == name) kind = k;
+    }
+    if (kind == R::UNUSED) throw py::value_error("reduce_step: unknown reduce op " + opName);
+    py::gil_scoped_release noGil;
+#if MPIGPU_WITH_CUDA
+    if (dst.is_cuda()) {
+      mpigpu::cuda::combine(dst, a, b, kind, scale);
+      return;
+    }
+#endif
+    if (!dst.is_cpu()) throw py::type_error("reduce_step: CPU tensors (or CUDA in a CUDA build)");
+    mpigpu::algo::makeHostReducer(kind)->combine(dst, a, b, scale);
+  }, py::arg("dst"), py::arg("a"), py::arg("b"), py::arg("op"), py::arg("scale") = 1.0,
+     "One local reduction step of our algorithms, dst = (a op b) * scale, with the reducer of "
+     "dst's device (the host's, or the CUDA kernels); for tests against torch's own ops.");
 }

@@ -30,6 +30,35 @@ def test_collectives_split_into_small_mpi_calls():
     assert passed_counts(out, 3) > 1500
 
 
+# Our reduction algorithms forced on host tensors (TORCH_MPIGPU_ALGO), with 64-byte messages so
+# every size above 16 floats is cut into pieces that pipeline.
+ALGOS = ["ring", "rhd", "allgather"]
+
+
+def algo_env(algo):
+    return {"TORCH_MPIGPU_ALGO": algo, "TORCH_MPIGPU_ALGO_PIECE_BYTES": "64"}
+
+
+@pytest.mark.parametrize("algo", ALGOS)
+@pytest.mark.parametrize("np", RANKS + [5])
+def test_collectives_with_algorithm(algo, np):
+    assert passed_counts(run_mpi("collectives.py", np, env=algo_env(algo)), np) > 1500
+
+
+@pytest.mark.parametrize("algo", ALGOS)
+@pytest.mark.parametrize("np", [2, 3])
+def test_fusion_with_algorithm(algo, np):
+    assert passed_counts(run_mpi("fusion.py", np, env=algo_env(algo)), np) >= 20
+
+
+@pytest.mark.parametrize("algo", ALGOS)
+@pytest.mark.parametrize("np", [3, 4])
+def test_random_ops_with_algorithm(algo, np):
+    out = run_mpi("random_ops.py", np, env={"MPIGPU_RANDOM_CASES": "300", **algo_env(algo)},
+                  timeout=900)
+    assert passed_counts(out, np) >= 300
+
+
 @pytest.mark.parametrize("np", RANKS)
 def test_p2p_async_groups(np):
     assert passed_counts(run_mpi("p2p_groups.py", np), np) > 30

@@ -6,6 +6,9 @@
 
 #include <algorithm>
 #include <mutex>
+
+#include "cuda/ReduceKernels.hpp"
+#include "mpi/Collectives.hpp"
 #include <unordered_map>
 
 namespace mpigpu::cuda {
@@ -35,6 +38,40 @@ at::Tensor pinnedEmpty(int64_t numel, at::ScalarType dtype) {
   // (recorded by copy_ with non_blocking=true) have finished.
   return at::empty({numel}, at::TensorOptions().dtype(dtype).pinned_memory(true));
 }
+
+// Our algorithms' messages through pinned host memory, for an MPI that is not CUDA-aware (and
+// for small messages, where a device message costs more than two copies): a send copies its
+// piece to the host on the comm stream and waits for it; a receive lands on the host and is
+// copied to the device on the comm stream, ahead of the kernel that reduces it.
+class StagedLink final : public algo::Link {
+ public:
+  StagedLink(const mpi::Comm& comm, const char* op, c10::cuda::CUDAStream stream)
+      : Link(comm, op, [stream] { stream.synchronize(); }) {}
+
+  void allgather(const at::Tensor& in, const at::Tensor& out) override {
+    at::Tensor hostIn = pinnedEmpty(in.numel(), in.scalar_type());
+    at::Tensor hostOut = pinnedEmpty(out.numel(), out.scalar_type());
+    hostIn.copy_(in, /*non_blocking=*/true);
+    settle();
+    mpi::allgather(comm_, op_, hostIn, hostOut, /*counted=*/false);
+    out.copy_(hostOut, /*non_blocking=*/true);
+  }
+
+ protected:
+  at::Tensor sendBuffer(const at::Tensor& piece) override {
+    at::Tensor host = pinnedEmpty(piece.numel(), piece.scalar_type());
+    host.copy_(piece, /*non_blocking=*/true);
+    settle();
+    return host;
+  }
+  at::Tensor recvBuffer(const at::Tensor& piece) override {
+    return pinnedEmpty(piece.numel(), piece.scalar_type());
+  }
+  void received(const at::Tensor& host, const at::Tensor& piece) override {
+    at::Tensor dst = piece;
+    dst.copy_(host, /*non_blocking=*/true);
+  }
+};
 
 class CudaOpBuffers final : public paths::OpBuffers {
  public:
@@ -99,7 +136,7 @@ class CudaOpBuffers final : public paths::OpBuffers {
     for (size_t i = 0; i < slots_.size(); ++i) {
       Slot& s = slots_[i];
       if (!s.writable()) continue;
-      if (kind_ == PathKind::CudaDirect) {
+      if (kind_ != PathKind::CudaStaged) {  // the MPI buffer is device memory
         if (!s.aliased) unpackInto(s.mpi, s.users, /*nonBlocking=*/true);
         continue;
       }
@@ -123,6 +160,17 @@ class CudaOpBuffers final : public paths::OpBuffers {
   void release() override {
     OpBuffers::release();
     deviceFlat_.clear();
+  }
+
+  std::unique_ptr<algo::Reducer> reducer(c10d::ReduceOp::RedOpType kind) const override {
+    return makeCudaReducer(kind);
+  }
+  std::unique_ptr<algo::Link> link(const mpi::Comm& comm, const char* op,
+                                   bool staged) const override {
+    if (staged) return std::make_unique<StagedLink>(comm, op, comm_);
+    // MPI is stream-blind: kernels that produce or still read a piece finish before MPI uses it.
+    auto stream = comm_;
+    return std::make_unique<algo::Link>(comm, op, [stream] { stream.synchronize(); });
   }
 
   std::vector<c10::Device> futureDevices() const override { return {device_}; }
@@ -160,7 +208,7 @@ class CudaOpBuffers final : public paths::OpBuffers {
 
   void prepare(size_t i) {
     Slot& s = slots_[i];
-    if (kind_ == PathKind::CudaDirect) {
+    if (kind_ != PathKind::CudaStaged) {  // device memory: the caller's, or packed
       if (s.readable()) {
         s.mpi = deviceView(s);
         return;

@@ -112,12 +112,13 @@ void reduce(const Comm& c, const char* op, const at::Tensor& in, at::Tensor& out
   if (isRoot) finishAverage(out, red, c.size);
 }
 
-void allgather(const Comm& c, const char* op, const at::Tensor& in, at::Tensor& out) {
+void allgather(const Comm& c, const char* op, const at::Tensor& in, at::Tensor& out,
+               bool counted) {
   const MPI_Datatype type = transportType(in.scalar_type(), op, c.rank);
   const int64_t count = in.numel();
   if (count == 0) return;
   if (count <= c.maxCount) {
-    ++g_calls;
+    if (counted) ++g_calls;
     MPIGPU_MPI_CHECK(MPI_Allgather(bytes(in), static_cast<int>(count), type, bytes(out),
                                    static_cast<int>(count), type, c.handle), op, c.rank);
     return;
@@ -126,7 +127,7 @@ void allgather(const Comm& c, const char* op, const at::Tensor& in, at::Tensor& 
   at::Tensor outBlocks = out.view({c.size, count});
   forChunks(count, c.maxCount, [&](int64_t off, int n) {
     at::Tensor tmp = at::empty({c.size, n}, out.options());
-    ++g_calls;
+    if (counted) ++g_calls;
     MPIGPU_MPI_CHECK(MPI_Allgather(bytes(in) + off * in.element_size(), n, type, bytes(tmp), n,
                                    type, c.handle), op, c.rank);
     outBlocks.narrow(1, off, n).copy_(tmp);

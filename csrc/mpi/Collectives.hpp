@@ -35,8 +35,10 @@ void broadcast(const Comm& c, const char* op, at::Tensor& buf, int root);
 // `out` is used on the root only and may be `in` itself.
 void reduce(const Comm& c, const char* op, const at::Tensor& in, at::Tensor& out,
             const Reduction& red, int root);
-// `out` holds size * in.numel() elements.
-void allgather(const Comm& c, const char* op, const at::Tensor& in, at::Tensor& out);
+// `out` holds size * in.numel() elements. `counted`: adds to callCount() (our algorithms count
+// their runs themselves).
+void allgather(const Comm& c, const char* op, const at::Tensor& in, at::Tensor& out,
+               bool counted = true);
 void gather(const Comm& c, const char* op, const at::Tensor& in, at::Tensor* out, int root);
 void scatter(const Comm& c, const char* op, const at::Tensor* in, at::Tensor& out, int root);
 // `in` holds size * out.numel() elements.

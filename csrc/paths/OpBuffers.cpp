@@ -18,6 +18,7 @@ const char* pathName(PathKind kind) {
     case PathKind::CudaDirect: return "cuda-direct";
     case PathKind::CudaStaged: return "cuda-staged";
     case PathKind::ViaCpu: return "via-cpu";
+    case PathKind::CudaAlgo: return "cuda-algo";
   }
   return "?";
 }
@@ -279,6 +280,15 @@ std::shared_ptr<OpBuffers> PathFactory::create(const at::Device& device, bool re
   }
 #endif
   return std::make_shared<HostOpBuffers>(PathKind::ViaCpu, device, hostScratch_);
+}
+
+std::shared_ptr<OpBuffers> PathFactory::createForAlgorithm(const at::Device& device) {
+#if MPIGPU_WITH_CUDA
+  if (device.is_cuda()) {
+    return cuda::createOpBuffers(PathKind::CudaAlgo, device, cudaState_, config_.stagingChunkBytes);
+  }
+#endif
+  return create(device);
 }
 
 } // namespace mpigpu::paths

@@ -26,10 +26,14 @@
 #include <vector>
 
 #include "Config.hpp"
+#include "algorithms/Link.hpp"
+#include "algorithms/Reducer.hpp"
 
 namespace mpigpu::paths {
 
-enum class PathKind { Cpu, CudaDirect, CudaStaged, ViaCpu };
+// CudaAlgo: CUDA tensors reduced by our algorithms (algorithms/): the op's buffers stay on the
+// device, the GPU reduces, and each message goes as a device pointer or through pinned memory.
+enum class PathKind { Cpu, CudaDirect, CudaStaged, ViaCpu, CudaAlgo };
 const char* pathName(PathKind kind);
 
 // What MPI does with a slot's memory.
@@ -77,6 +81,17 @@ class OpBuffers {
   // After stageOut: drops the tensors and staging memory (the Work may live much longer).
   virtual void release() { slots_.clear(); }
 
+  // ---- our reduction algorithms (engine thread, inside enter()) ----
+  // The local reduction step on this op's memory, and how the algorithm's messages travel
+  // (`staged`: device pieces through pinned host memory; host paths ignore it).
+  virtual std::unique_ptr<algo::Reducer> reducer(c10d::ReduceOp::RedOpType kind) const {
+    return algo::makeHostReducer(kind);
+  }
+  virtual std::unique_ptr<algo::Link> link(const mpi::Comm& comm, const char* op,
+                                           bool staged) const {
+    return std::make_unique<algo::Link>(comm, op);
+  }
+
   // ---- Work ----
   // Devices and stream a CUDA-aware future needs (empty / none on host paths).
   virtual std::vector<c10::Device> futureDevices() const { return {}; }
@@ -123,6 +138,9 @@ class PathFactory {
   ~PathFactory();
   // `reduces`: the op reduces (allreduce, reduce, reduce_scatter), which may take another path.
   std::shared_ptr<OpBuffers> create(const at::Device& device, bool reduces = false);
+  // For an op our algorithms reduce: host memory on the host paths, device memory (CudaAlgo) for
+  // CUDA tensors in a build with CUDA sources.
+  std::shared_ptr<OpBuffers> createForAlgorithm(const at::Device& device);
   // Which path CUDA tensors take, and why (for info() and the debug log).
   PathKind cudaPath() const { return cudaPath_; }
   const std::string& cudaPathReason() const { return cudaReason_; }

@@ -6,8 +6,14 @@ import os
 import torch
 import torch.distributed as dist
 
+import torch_mpi_gpu
+
 from common import (ALL_DTYPES, FLOAT_DTYPES, INT_DTYPES, Checker, make_input,
                     reference_reduce, run, use_test_device)
+
+# a forced algorithm of ours (not MPI's own collectives)
+OUR_ALGO = os.environ.get("TORCH_MPIGPU_ALGO") if os.environ.get("TORCH_MPIGPU_ALGO") in (
+    "ring", "rhd", "allgather") else None
 
 RED_OPS = {
     "sum": dist.ReduceOp.SUM, "avg": dist.ReduceOp.AVG, "product": dist.ReduceOp.PRODUCT,
@@ -54,6 +60,12 @@ def main():
                 t = inputs[rank].clone()
                 dist.all_reduce(t, op=reduce_op(op, factor))
                 c.close(case, t, expected, dtype, world)
+                if OUR_ALGO and n > 0 and world > 1:
+                    # our algorithms promise the same bits on every rank (DDP relies on it)
+                    rows = torch.empty(world, t.numel() * t.element_size(), dtype=torch.uint8)
+                    dist.all_gather_into_tensor(rows, t.view(torch.uint8).reshape(-1))
+                    c.true(case + " bitwise identical on every rank",
+                           bool((rows == rows[0]).all()), "ranks differ")
 
                 # async + non-contiguous (every other element of a 2n buffer)
                 base = torch.zeros(2 * n, dtype=dtype)
@@ -233,12 +245,15 @@ def main():
     dist.broadcast_object_list(lst, src=0)
     c.true("broadcast_object_list", lst == ["from 0", 3], str(lst))
     dist.barrier()
+    if OUR_ALGO:
+        runs = torch_mpi_gpu._C.algorithm_runs()
+        c.true(f"TORCH_MPIGPU_ALGO={OUR_ALGO} ran", runs.get(OUR_ALGO, 0) > 0, str(runs))
     return c.finish()
 
 
 def torch_mpi_gpu_calls():
-    import torch_mpi_gpu
-    return torch_mpi_gpu._C.mpi_call_count()
+    # MPI collective calls, plus runs of our own algorithms (TORCH_MPIGPU_ALGO): one per bucket
+    return torch_mpi_gpu._C.mpi_call_count() + sum(torch_mpi_gpu._C.algorithm_runs().values())
 
 
 def chunks(numel):

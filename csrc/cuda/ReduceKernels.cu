@@ -1,0 +1,201 @@
+#include "cuda/ReduceKernels.hpp"
+
+#include <c10/cuda/CUDAException.h>
+#include <c10/cuda/CUDAStream.h>
+#include <cuda_runtime.h>
+#include <c10/cuda/CUDAGuard.h>
+#include <c10/util/BFloat16.h>
+#include <c10/util/Half.h>
+
+#include <cstdint>
+#include <type_traits>
+
+namespace mpigpu::cuda {
+namespace {
+
+enum Arith { kSum, kProd, kMin, kMax, kAnd, kOr, kXor };
+
+template <typename T>
+using Acc = std::conditional_t<std::is_same_v<T, double>, double, float>;
+
+template <typename T, int A>
+__device__ __forceinline__ T apply(T x, T y, Acc<T> scale, bool scaled) {
+  if constexpr (std::is_same_v<T, bool>) {
+    if constexpr (A == kSum || A == kMax || A == kOr) return x || y;
+    else if constexpr (A == kXor) return x != y;
+    else return x && y;  // PRODUCT, MIN, BAND
+  } else if constexpr (std::is_integral_v<T>) {
+    // Unsigned arithmetic at least 32 bits wide: wraps like torch, no undefined behaviour.
+    using W = std::conditional_t<(sizeof(T) > 4), uint64_t, uint32_t>;
+    using U = std::make_unsigned_t<T>;
+    if constexpr (A == kSum) return static_cast<T>(static_cast<W>(static_cast<U>(x)) + static_cast<W>(static_cast<U>(y)));
+    else if constexpr (A == kProd) return static_cast<T>(static_cast<W>(static_cast<U>(x)) * static_cast<W>(static_cast<U>(y)));
+    else if constexpr (A == kMin) return x < y ? x : y;
+    else if constexpr (A == kMax) return x > y ? x : y;
+    else if constexpr (A == kAnd) return x & y;
+    else if constexpr (A == kOr) return x | y;
+    else return x ^ y;
+  } else {
+    const Acc<T> u = static_cast<Acc<T>>(x), v = static_cast<Acc<T>>(y);
+    Acc<T> r;
+    if constexpr (A == kSum) r = u + v;
+    else if constexpr (A == kProd) r = u * v;
+    else if constexpr (A == kMin) r = (u < v || u != u) ? u : v;  // NaN propagates, as in torch
+    else r = (u > v || u != u) ? u : v;
+    if (scaled) r *= scale;
+    return static_cast<T>(r);
+  }
+}
+
+template <typename T, int V>
+struct alignas(sizeof(T) * V) Pack {
+  T v[V];
+};
+
+// Grid-stride over packs of V elements (one 16-byte load each), then the tail one by one.
+template <typename T, int A, int V>
+__global__ void combineKernel(T* dst, const T* a, const T* b, int64_t n, Acc<T> scale,
+                              bool scaled) {
+  const int64_t stride = static_cast<int64_t>(gridDim.x) * blockDim.x;
+  const int64_t first = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x;
+  const int64_t packs = n / V;
+  for (int64_t i = first; i < packs; i += stride) {
+    const Pack<T, V> x = reinterpret_cast<const Pack<T, V>*>(a)[i];
+    const Pack<T, V> y = reinterpret_cast<const Pack<T, V>*>(b)[i];
+    Pack<T, V> out;
+#pragma unroll
+    for (int k = 0; k < V; ++k) out.v[k] = apply<T, A>(x.v[k], y.v[k], scale, scaled);
+    reinterpret_cast<Pack<T, V>*>(dst)[i] = out;
+  }
+  for (int64_t i = packs * V + first; i < n; i += stride) {
+    dst[i] = apply<T, A>(a[i], b[i], scale, scaled);
+  }
+}
+
+bool aligned16(const void* p) { return reinterpret_cast<uintptr_t>(p) % 16 == 0; }
+
+int multiprocessors(c10::DeviceIndex device) {
+  int count = 0;
+  C10_CUDA_CHECK(cudaDeviceGetAttribute(&count, cudaDevAttrMultiProcessorCount, device));
+  return count;
+}
+
+template <typename T, int A>
+void launch(const at::Tensor& dst, const at::Tensor& a, const at::Tensor& b, double scale) {
+  constexpr int V = 16 / sizeof(T) > 0 ? 16 / sizeof(T) : 1;
+  const int64_t n = dst.numel();
+  if (n == 0) return;
+  T* d = static_cast<T*>(dst.data_ptr());
+  const T* x = static_cast<const T*>(a.data_ptr());
+  const T* y = static_cast<const T*>(b.data_ptr());
+  const bool vector = aligned16(d) && aligned16(x) && aligned16(y);
+  const int threads = 256;
+  const int64_t units = vector ? (n + V - 1) / V : n;
+  const int sms = multiprocessors(dst.device().index());
+  const int blocks = static_cast<int>(std::max<int64_t>(1, std::min<int64_t>((units + threads - 1) / threads, int64_t{sms} * 8)));
+  auto stream = c10::cuda::getCurrentCUDAStream(dst.device().index()).stream();
+  const bool scaled = scale != 1.0;
+  if (vector) {
+    combineKernel<T, A, V><<<blocks, threads, 0, stream>>>(d, x, y, n, static_cast<Acc<T>>(scale), scaled);
+  } else {
+    combineKernel<T, A, 1><<<blocks, threads, 0, stream>>>(d, x, y, n, static_cast<Acc<T>>(scale), scaled);
+  }
+  C10_CUDA_KERNEL_LAUNCH_CHECK();
+}
+
+template <typename T>
+void byArithmetic(int arith, const at::Tensor& dst, const at::Tensor& a, const at::Tensor& b,
+                  double scale) {
+  if constexpr (std::is_floating_point_v<T> || std::is_same_v<T, c10::Half> ||
+                std::is_same_v<T, c10::BFloat16>) {
+    switch (arith) {
+      case kSum: return launch<T, kSum>(dst, a, b, scale);
+      case kProd: return launch<T, kProd>(dst, a, b, scale);
+      case kMin: return launch<T, kMin>(dst, a, b, scale);
+      case kMax: return launch<T, kMax>(dst, a, b, scale);
+    }
+  } else if constexpr (std::is_same_v<T, bool>) {
+    switch (arith) {
+      case kSum: case kMax: case kOr: return launch<T, kOr>(dst, a, b, scale);
+      case kXor: return launch<T, kXor>(dst, a, b, scale);
+      default: return launch<T, kAnd>(dst, a, b, scale);
+    }
+  } else {
+    switch (arith) {
+      case kSum: return launch<T, kSum>(dst, a, b, scale);
+      case kProd: return launch<T, kProd>(dst, a, b, scale);
+      case kMin: return launch<T, kMin>(dst, a, b, scale);
+      case kMax: return launch<T, kMax>(dst, a, b, scale);
+      case kAnd: return launch<T, kAnd>(dst, a, b, scale);
+      case kOr: return launch<T, kOr>(dst, a, b, scale);
+      case kXor: return launch<T, kXor>(dst, a, b, scale);
+    }
+  }
+  TORCH_CHECK(false, "mpigpu: no CUDA reduction ", arith, " for dtype ", dst.scalar_type());
+}
+
+int arithmeticIndex(c10d::ReduceOp::RedOpType kind) {
+  switch (algo::arithmeticOf(kind)) {
+    case c10d::ReduceOp::SUM: return kSum;
+    case c10d::ReduceOp::PRODUCT: return kProd;
+    case c10d::ReduceOp::MIN: return kMin;
+    case c10d::ReduceOp::MAX: return kMax;
+    case c10d::ReduceOp::BAND: return kAnd;
+    case c10d::ReduceOp::BOR: return kOr;
+    case c10d::ReduceOp::BXOR: return kXor;
+    default: TORCH_CHECK(false, "mpigpu: no CUDA reduction for reduce op ", static_cast<int>(kind));
+  }
+}
+
+class CudaReducer final : public algo::Reducer {
+ public:
+  explicit CudaReducer(c10d::ReduceOp::RedOpType kind) : kind_(kind) {}
+  void combine(const at::Tensor& dst, const at::Tensor& a, const at::Tensor& b,
+               double scale) override {
+    cuda::combine(dst, a, b, kind_, scale);
+  }
+
+ private:
+  const c10d::ReduceOp::RedOpType kind_;
+};
+
+} // namespace
+
+void combine(const at::Tensor& dst, const at::Tensor& a, const at::Tensor& b,
+             c10d::ReduceOp::RedOpType kind, double scale) {
+  TORCH_CHECK(dst.is_cuda() && a.device() == dst.device() && b.device() == dst.device(),
+              "mpigpu: CUDA reduction needs three tensors on one CUDA device");
+  TORCH_CHECK(dst.is_contiguous() && a.is_contiguous() && b.is_contiguous() &&
+                  a.numel() == dst.numel() && b.numel() == dst.numel() &&
+                  a.scalar_type() == dst.scalar_type() && b.scalar_type() == dst.scalar_type(),
+              "mpigpu: CUDA reduction needs contiguous tensors of one dtype and size");
+  if (dst.is_complex()) {  // SUM (AVG, PREMUL_SUM) only: pairs of reals
+    return combine(at::view_as_real(dst).view({-1}), at::view_as_real(a).view({-1}),
+                   at::view_as_real(b).view({-1}), kind, scale);
+  }
+  c10::cuda::CUDAGuard guard(dst.device());
+  const int arith = arithmeticIndex(kind);
+  switch (dst.scalar_type()) {
+    case at::kFloat: return byArithmetic<float>(arith, dst, a, b, scale);
+    case at::kDouble: return byArithmetic<double>(arith, dst, a, b, scale);
+    case at::kHalf: return byArithmetic<c10::Half>(arith, dst, a, b, scale);
+    case at::kBFloat16: return byArithmetic<c10::BFloat16>(arith, dst, a, b, scale);
+    case at::kChar: return byArithmetic<int8_t>(arith, dst, a, b, scale);
+    case at::kByte: return byArithmetic<uint8_t>(arith, dst, a, b, scale);
+    case at::kShort: return byArithmetic<int16_t>(arith, dst, a, b, scale);
+    case at::kInt: return byArithmetic<int32_t>(arith, dst, a, b, scale);
+    case at::kLong: return byArithmetic<int64_t>(arith, dst, a, b, scale);
+    case at::kUInt16: return byArithmetic<uint16_t>(arith, dst, a, b, scale);
+    case at::kUInt32: return byArithmetic<uint32_t>(arith, dst, a, b, scale);
+    case at::kUInt64: return byArithmetic<uint64_t>(arith, dst, a, b, scale);
+    case at::kBool: return byArithmetic<bool>(arith, dst, a, b, scale);
+    default:
+      TORCH_CHECK(false, "mpigpu: no CUDA reduction for dtype ", dst.scalar_type());
+  }
+}
+
+std::unique_ptr<algo::Reducer> makeCudaReducer(c10d::ReduceOp::RedOpType kind) {
+  return std::make_unique<CudaReducer>(kind);
+}
+
+} // namespace mpigpu::cuda
