@@ -1,21 +1,23 @@
 #!/usr/bin/env bash
-# The GPU check, for a machine with a GPU and no MPI of its own (the lent H100/H200 machines):
-# unpacks the CUDA-aware Open MPI tarball, builds torch_mpi_gpu against it and the machine's
-# CUDA torch, probes that two ranks can exchange device buffers on the one GPU (falling back to
-# safer Open MPI transports if the VM blocks cross-process copies), runs the GPU tests (2 and 3
-# ranks sharing the GPU; cuda-direct and cuda-staged), then the collectives benchmark on CUDA
-# tensors (mpigpu direct and staged, nccl where it runs, raw MPI, gloo). Every step is
-# time-boxed so a lease ends with whatever finished; logs and results go to $OUT
-# (default ./gpu-results): gpu_check.log, test_gpu.log and a JSON and a plot per path.
+# The GPU run, for a lent machine with a GPU and no MPI of its own (the H100/H200 machines), in one
+# call of at most ~9 minutes: unpacks the CUDA-aware Open MPI tarball (and NCCL 2.30 when carried),
+# builds torch_mpi_gpu against them and the machine's CUDA torch, probes two ranks on the one GPU,
+# runs the CUDA benchmark (mpigpu auto and each algorithm and message path forced, the previous
+# default (MPI's reduction staged), raw MPI, gloo on host copies, NCCL 2.30 on the same GPU), then
+# the GPU tests. Every step is time-boxed so a lease ends with whatever finished; everything goes
+# to $OUT (default ./gpu-results), at most 8 files.
 #
-#   OMPI_TARBALL=.carry/openmpi-cuda-4.1.4.tar.gz scripts/gpu_check.sh
+#   OMPI_TARBALL=.carry/openmpi-cuda-4.1.4.tar.gz NCCL_TARBALL=.carry/nccl-2.30.7-sm90.tar.xz \
+#     scripts/gpu_check.sh
 set -uo pipefail
 ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 OUT="${OUT:-$ROOT/gpu-results}"
 TARBALL="${OMPI_TARBALL:-$ROOT/.carry/openmpi-cuda-4.1.4.tar.gz}"
-TEST_BUDGET_S="${TEST_BUDGET_S:-270}"
-BENCH_BUDGET_S="${BENCH_BUDGET_S:-100}"
-mkdir -p "$OUT" /tmp/ompi
+NCCL_TARBALL="${NCCL_TARBALL:-$ROOT/.carry/nccl-2.30.7-sm90.tar.xz}"
+ALLREDUCE_BUDGET_S="${ALLREDUCE_BUDGET_S:-170}"
+OTHERS_BUDGET_S="${OTHERS_BUDGET_S:-60}"
+TEST_BUDGET_S="${TEST_BUDGET_S:-200}"
+mkdir -p "$OUT" /tmp/ompi /tmp/nccl
 exec > >(tee "$OUT/gpu_check.log") 2>&1
 export PYTHONUNBUFFERED=1
 step() { echo "=== $(date +%T) $*"; }
@@ -32,7 +34,14 @@ export TORCH_MPIGPU_WITH_CUDA=1 MAX_JOBS="${MAX_JOBS:-16}"
 if [ -x /usr/bin/g++ ]; then export CXX=/usr/bin/g++ CC=/usr/bin/gcc; fi
 echo "compiler: ${CXX:-c++} ($(${CXX:-c++} --version | head -1))"
 python -c "import sys, torch; print(sys.version.split()[0], 'torch', torch.__version__, 'cuda', torch.version.cuda, 'nccl', torch.cuda.nccl.version(), torch.cuda.get_device_name())"
-ompi_info --parsable --all 2>/dev/null | grep -m1 "mpi_built_with_cuda_support:value" || true
+NCCL_PRELOAD=
+if tar xJf "$NCCL_TARBALL" -C /tmp/nccl 2>/dev/null; then
+  lib=$(ls /tmp/nccl/*/lib/libnccl.so.2 | head -1)
+  if LD_PRELOAD=$lib python -c "import torch; v = torch.cuda.nccl.version(); print('preloaded NCCL', v); assert v >= (2, 30)"; then
+    NCCL_PRELOAD=$lib
+  fi
+fi
+[ -n "$NCCL_PRELOAD" ] || echo "NCCL 2.30 not loaded: nccl will say why it cannot share the GPU"
 
 step build
 python -m pip install --no-build-isolation --no-deps -q "$ROOT" || { echo "BUILD FAILED"; exit 1; }
@@ -50,47 +59,44 @@ y = torch.empty(w << 20, device="cuda")
 dist.all_gather_into_tensor(y, x)
 torch.cuda.synchronize()
 assert x.eq(w * (w + 1) / 2).all() and y.eq(w * (w + 1) / 2).all(), (x[:3], y[:3])
-print(f"probe ok rank {r} path {torch_mpi_gpu._C.cuda_path()[0]}", flush=True)
+print(f"probe ok rank {r} path {torch_mpi_gpu._C.cuda_path()[0]} algorithms {torch_mpi_gpu._C.algorithm_runs()}", flush=True)
 dist.destroy_process_group()
 PY
-probe() { timeout 90 mpirun --oversubscribe -np 2 "$@" python /tmp/probe.py; }
+probe() { timeout 60 mpirun --oversubscribe -np 2 "$@" python /tmp/probe.py; }
 if ! probe; then
   echo "probe failed with Open MPI's defaults; retrying without cross-memory-attach"
   export OMPI_MCA_btl_vader_single_copy_mechanism=none
-  if ! probe; then
-    echo "probe failed again; retrying without CUDA IPC"
-    export OMPI_MCA_btl_smcuda_use_cuda_ipc=0
-    probe || echo "PROBE FAILED: the tests below will show where"
-  fi
+  probe || echo "PROBE FAILED: the steps below will show where"
 fi
 env | grep '^OMPI_MCA' || true
-
-step "GPU tests (budget ${TEST_BUDGET_S}s)"
-(cd "$ROOT/tests" && timeout "$TEST_BUDGET_S" python -m pytest -v -rs -p no:cacheprovider test_gpu.py) \
-  2>&1 | tee "$OUT/test_gpu.log"
-status=${PIPESTATUS[0]}
 
 cd "$OUT"
 MPI_OK=mpi
 timeout 60 mpirun -np 1 python -c "from mpi4py import MPI; print('mpi4py on', MPI.Get_library_version().splitlines()[0])" \
   || { MPI_OK=; echo "mpi4py cannot use this MPI: raw MPI left out of the benchmark"; }
-export NCCL_MULTI_RANK_GPU_ENABLE=1
-# hybrid: the default on a CUDA-aware Open MPI (device pointers, reductions staged)
-for path in hybrid direct staged; do
-  step "benchmark cuda-$path (budget ${BENCH_BUDGET_S}s)"
-  case $path in
-    hybrid) aware=1 reduce=auto ;;
-    direct) aware=1 reduce=direct ;;
-    staged) aware=0 reduce=auto ;;
-  esac
-  TORCH_MPIGPU_CUDA_AWARE=$aware TORCH_MPIGPU_CUDA_REDUCE=$reduce timeout "$BENCH_BUDGET_S" \
-    mpirun --oversubscribe -np 2 -x TORCH_MPIGPU_CUDA_AWARE -x TORCH_MPIGPU_CUDA_REDUCE \
-    -x NCCL_MULTI_RANK_GPU_ENABLE \
-    python -m torch_mpi_gpu.bench --device cuda -b 8 -e 64M -f 8 -n 20 \
-    --backends "mpigpu,nccl,${MPI_OK:+$MPI_OK,}gloo,gloo-host" --no-progress \
-    --json "collectives_cuda_2ranks_$path.json" --plot "collectives_cuda_2ranks_$path.png" 2>&1 \
-    | grep -v '^\[vm'   # the table lands in gpu_check.log (8 files come back at most)
+bench() {  # budget, name, extra bench args...
+  local budget=$1 name=$2
+  shift 2
+  step "benchmark $name (budget ${budget}s)"
+  timeout "$budget" mpirun --oversubscribe -np 2 -x NCCL_MULTI_RANK_GPU_ENABLE=1 \
+    ${NCCL_PRELOAD:+-x LD_PRELOAD=$NCCL_PRELOAD} \
+    python -m torch_mpi_gpu.bench --device cuda --no-progress -w 3 \
+    --json "$name.json" --plot "$name.png" "$@" 2>&1 | grep -v '^\[vm'
   echo "exit ${PIPESTATUS[0]}"
-done
+}
+# all_reduce: auto, each algorithm and message path, the previous default, NCCL, raw MPI, gloo
+bench "$ALLREDUCE_BUDGET_S" allreduce_cuda_2ranks --ops allreduce -b 8 -e 256M -f 4 -n 20 \
+  --backends "mpigpu,mpigpu[ALGO=mpi],mpigpu[ALGO=ring;CUDA_REDUCE=direct],mpigpu[ALGO=ring;CUDA_REDUCE=staged],mpigpu[ALGO=rhd;CUDA_REDUCE=direct],mpigpu[ALGO=allgather;CUDA_REDUCE=staged],mpigpu[ALGO=allgather;CUDA_REDUCE=direct],mpigpu[ALGO=ring;CUDA_REDUCE=direct;ALGO_PIECE_BYTES=33554432],nccl,${MPI_OK:+$MPI_OK,}gloo-host"
+# the other ops: mpigpu's defaults against NCCL and raw MPI
+bench "$OTHERS_BUDGET_S" others_cuda_2ranks --ops reduce_scatter,allgather,broadcast -b 8 -e 64M -f 8 -n 20 \
+  --backends "mpigpu,mpigpu[ALGO=mpi],nccl${MPI_OK:+,$MPI_OK}"
+bench 40 allreduce_bf16_cuda_2ranks --ops allreduce --dtype bfloat16 -b 32K -e 64M -f 8 -n 20 \
+  --backends "mpigpu,mpigpu[ALGO=mpi],nccl"
+
+step "GPU tests (budget ${TEST_BUDGET_S}s)"
+(cd "$ROOT/tests" && timeout "$TEST_BUDGET_S" python -m pytest -v -rs -x --durations=0 -p no:cacheprovider test_gpu.py) \
+  > "$OUT/test_gpu.log" 2>&1
+status=$?
+tail -40 "$OUT/test_gpu.log"
 step done
 exit "$status"

@@ -1,6 +1,8 @@
-"""GPU tests: every op on CUDA tensors through the cuda-direct path (when the MPI is CUDA-aware)
-and the cuda-staged path (forced, with a small pipeline piece so large messages really pipeline),
-stream ordering, mixed CUDA/CPU ranks, and DDP with CUDA tensors. Several ranks share one GPU.
+"""GPU tests: our CUDA reduction kernels against torch's ops; our reduction algorithms on CUDA
+tensors with device-pointer and with staged messages; every op on CUDA tensors through the
+cuda-direct path (when the MPI is CUDA-aware) and the cuda-staged path (forced, with a small
+pipeline piece so large messages really pipeline), stream ordering, mixed CUDA/CPU ranks, and DDP
+with CUDA tensors. Several ranks share one GPU.
 Marked `gpu` and skipped (not failed) where no CUDA device is visible."""
 
 import functools
@@ -43,6 +45,96 @@ def path_env(path):
                         "CUDA-aware one (scripts/build_openmpi_cuda.sh) to test cuda-direct")
         return DIRECT if path == "direct" else HYBRID
     return STAGED
+
+
+REDUCE_OPS = ["SUM", "AVG", "PRODUCT", "MIN", "MAX", "BAND", "BOR", "BXOR"]
+KERNEL_DTYPES = [torch.float16, torch.bfloat16, torch.float32, torch.float64, torch.int8,
+                 torch.uint8, torch.int16, torch.int32, torch.int64, torch.uint16, torch.uint32,
+                 torch.uint64, torch.bool]
+
+
+def torch_reference(op, a, b, scale):
+    """torch's own ops on the host, as the reference for one reduction step."""
+    if a.dtype == torch.bool:
+        f = {"SUM": torch.logical_or, "MAX": torch.logical_or, "BOR": torch.logical_or,
+             "PRODUCT": torch.logical_and, "MIN": torch.logical_and, "BAND": torch.logical_and,
+             "BXOR": torch.logical_xor}[op]
+        return f(a, b)
+    if a.dtype in (torch.uint16, torch.uint32, torch.uint64):  # few CPU ops for these: via int64
+        wide = {"SUM": torch.add, "AVG": torch.add, "PRODUCT": torch.mul, "MIN": torch.minimum,
+                "MAX": torch.maximum, "BAND": torch.bitwise_and, "BOR": torch.bitwise_or,
+                "BXOR": torch.bitwise_xor}[op](a.to(torch.int64), b.to(torch.int64))
+        return (wide & ((1 << (8 * a.element_size())) - 1 if a.element_size() < 8 else -1)).to(a.dtype)
+    f = {"SUM": torch.add, "AVG": torch.add, "PRODUCT": torch.mul, "MIN": torch.minimum,
+         "MAX": torch.maximum, "BAND": torch.bitwise_and, "BOR": torch.bitwise_or,
+         "BXOR": torch.bitwise_xor}[op]
+    if a.dtype in (torch.float16, torch.bfloat16):
+        out = f(a.float(), b.float())
+        return (out * scale if scale != 1 else out).to(a.dtype)
+    out = f(a, b)
+    return out * scale if scale != 1 else out
+
+
+def test_reduce_kernels_match_torch():
+    # One process: our CUDA kernels for every reduce op x dtype against torch's ops, at sizes
+    # around the 16-byte vector width, misaligned views (the scalar kernel) and a large one.
+    import torch_mpi_gpu
+    gen = torch.Generator().manual_seed(0)
+    failures = []
+    for dtype in KERNEL_DTYPES:
+        for op in REDUCE_OPS:
+            floating = dtype.is_floating_point
+            if op in ("BAND", "BOR", "BXOR") and floating:
+                continue
+            if op == "AVG" and not floating:
+                continue
+            scale = 0.25 if op == "AVG" else 1.0
+            for n, shift in ((0, 0), (1, 0), (7, 0), (1000, 0), (1000, 1), ((1 << 20) + 3, 0)):
+                def draw():
+                    if dtype == torch.bool:
+                        return torch.randint(0, 2, (n + shift,), generator=gen).bool()
+                    if floating:
+                        return (torch.rand(n + shift, generator=gen, dtype=torch.float64) * 4 - 2).to(dtype)
+                    hi = 100 if dtype in (torch.uint8, torch.int8) else 1 << 20
+                    return torch.randint(0, hi, (n + shift,), generator=gen).to(dtype)
+                a, b = draw()[shift:], draw()[shift:]
+                expect = torch_reference(op, a, b, scale)
+                da, db = a.cuda(), b.cuda()
+                dst = torch.empty(n + shift, dtype=dtype, device="cuda")[shift:]
+                torch_mpi_gpu._C.reduce_step(dst, da, db, op, scale)
+                got = dst.cpu()
+                if floating:
+                    ok = torch.allclose(got.double(), expect.double(), rtol=1e-2 if dtype in (
+                        torch.float16, torch.bfloat16) else 1e-6, equal_nan=True)
+                else:
+                    ok = torch.equal(got.to(torch.int64), expect.to(torch.int64))
+                if not ok:
+                    failures.append(f"{op} {dtype} n={n} shift={shift}: {got[:6]} vs {expect[:6]}")
+                # the host reducer must agree with the same reference
+                host = torch.empty(n, dtype=dtype)
+                torch_mpi_gpu._C.reduce_step(host, a.contiguous(), b.contiguous(), op, scale)
+                if not (torch.allclose(host.double(), expect.double(), rtol=1e-2) if floating
+                        else torch.equal(host.to(torch.int64), expect.to(torch.int64))):
+                    failures.append(f"host {op} {dtype} n={n}: {host[:6]} vs {expect[:6]}")
+    assert not failures, "\n".join(failures[:40])
+
+
+# Our algorithms on CUDA tensors, each forced, with device-pointer messages (CUDA-aware MPI) and
+# with pinned staging; 4 KiB messages so the 1000-element cases pipeline.
+ALGO_CASES = [("ring", 2), ("ring", 3), ("rhd", 3), ("allgather", 3)]
+
+
+@pytest.mark.parametrize("transport", ["device", "staged"])
+@pytest.mark.parametrize("algo,np", ALGO_CASES)
+def test_algorithms_cuda(algo, np, transport):
+    env = {"MPIGPU_TEST_DEVICE": "cuda", "TORCH_MPIGPU_ALGO": algo,
+           "TORCH_MPIGPU_ALGO_PIECE_BYTES": "4096"}
+    if transport == "device":
+        env.update(path_env("direct"))
+    else:
+        env.update({"TORCH_MPIGPU_CUDA_REDUCE": "staged"})
+    out = run_mpi("collectives.py", np, env=env)
+    assert passed_counts(out, np) > 1500
 
 
 @pytest.mark.parametrize("path", ["direct", "staged", "hybrid"])

@@ -214,11 +214,39 @@ def timed(fn, iters, warmup, sync, stats_group):
     return statistics.median(s), s[min(len(s) - 1, int(0.95 * len(s)))]
 
 
+def mpigpu_variant(name):
+    """`mpigpu[ALGO=ring;CUDA_REDUCE=staged]` -> {"TORCH_MPIGPU_ALGO": "ring", ...}: an mpigpu
+    group created with these settings (read at group creation), so one run compares algorithms
+    and paths side by side."""
+    if not name.startswith("mpigpu[") or not name.endswith("]"):
+        return None
+    settings = {}
+    for item in filter(None, name[len("mpigpu["):-1].split(";")):
+        key, _, value = item.partition("=")
+        settings["TORCH_MPIGPU_" + key.strip()] = value.strip()
+    return settings
+
+
 def open_backends(names, device, rank):
     """{name: (group or comm) or an error string saying why it cannot run here}."""
     out = {}
     for name in names:
         try:
+            variant = mpigpu_variant(name)
+            if variant is not None:
+                if not _under_mpi():
+                    raise RuntimeError("mpigpu needs an MPI launcher (mpirun/srun), not torchrun")
+                saved = {k: os.environ.get(k) for k in variant}
+                os.environ.update(variant)
+                try:
+                    out[name] = dist.new_group(backend="mpigpu")
+                finally:
+                    for k, v in saved.items():
+                        if v is None:
+                            os.environ.pop(k, None)
+                        else:
+                            os.environ[k] = v
+                continue
             if name == "mpi":
                 if not _under_mpi():
                     raise RuntimeError("not started by an MPI launcher")
@@ -249,7 +277,8 @@ def open_backends(names, device, rank):
             elif name == "gloo-host":
                 out[name] = dist.new_group(backend="gloo")
             else:
-                raise ValueError(f"unknown backend {name}; choose from {BACKENDS}")
+                raise ValueError(f"unknown backend {name}; choose from {BACKENDS} or "
+                                 "mpigpu[SETTING=value;...]")
         except Exception as e:  # noqa: BLE001
             out[name] = f"cannot run: {e}"
     return out
@@ -296,7 +325,9 @@ def main(argv=None):
     ap.add_argument("-e", "--end", default="64M", help="largest size in bytes")
     ap.add_argument("-f", "--factor", type=int, default=4, help="size multiplier between points")
     ap.add_argument("--ops", default=",".join(OPS))
-    ap.add_argument("--backends", default="mpigpu,gloo,nccl,mpi")
+    ap.add_argument("--backends", default="mpigpu,gloo,nccl,mpi",
+                    help="comma-separated; mpigpu[ALGO=ring;CUDA_REDUCE=staged] is an mpigpu group "
+                         "with those TORCH_MPIGPU_* settings")
     ap.add_argument("--device", choices=["cpu", "cuda"], default="cpu")
     ap.add_argument("--dtype", choices=list(DTYPES), default="float32")
     ap.add_argument("--op", choices=list(REDUCE_OPS), default="sum", help="reduce op")
@@ -406,23 +437,26 @@ def print_table(rows, ops, sizes, live):
     ref = "mpi" if "mpi" in live else None
     for op in ops:
         print(f"\n## {op}")
-        print(f"{'bytes':>10} {'backend':>9} {'median us':>11} {'p95 us':>10} {'algbw GB/s':>11} "
-              f"{'busbw GB/s':>11} {'wrong':>6} {'vs mpi':>7} {'vs mpigpu':>9}")
+        width = max(9, *(len(n) for n in live))
+        print(f"{'bytes':>10} {'backend':>{width}} {'median us':>11} {'p95 us':>10} {'algbw GB/s':>11} "
+              f"{'busbw GB/s':>11} {'wrong':>6} {'vs mpi':>7} {'vs mpigpu':>9} {'vs nccl':>7}")
         for size_bytes in sorted({r["bytes"] for r in rows if r["op"] == op}):
             base = lookup(rows, op, size_bytes, ref) if ref else None
             ours = lookup(rows, op, size_bytes, "mpigpu")
+            nccl = lookup(rows, op, size_bytes, "nccl")
             for name in live:
                 r = lookup(rows, op, size_bytes, name)
                 if r is None:
                     continue
                 if "error" in r:
-                    print(f"{size_bytes:>10} {name:>9} {r['error']}")
+                    print(f"{size_bytes:>10} {name:>{width}} {r['error']}")
                     continue
                 vs_mpi = r["median_us"] / base["median_us"] if base and "median_us" in base else float("nan")
                 vs_ours = r["median_us"] / ours["median_us"] if ours and "median_us" in ours else float("nan")
-                print(f"{size_bytes:>10} {name:>9} {r['median_us']:>11.1f} {r['p95_us']:>10.1f} "
+                vs_nccl = r["median_us"] / nccl["median_us"] if nccl and "median_us" in nccl else float("nan")
+                print(f"{size_bytes:>10} {name:>{width}} {r['median_us']:>11.1f} {r['p95_us']:>10.1f} "
                       f"{r['algbw_GBps']:>11.3f} {r['busbw_GBps']:>11.3f} {r['wrong']:>6} "
-                      f"{vs_mpi:>7.2f} {vs_ours:>9.2f}")
+                      f"{vs_mpi:>7.2f} {vs_ours:>9.2f} {vs_nccl:>7.2f}")
     sys.stdout.flush()
 
 

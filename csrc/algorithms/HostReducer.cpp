@@ -3,6 +3,9 @@
 #include <ATen/ATen.h>
 #include <ATen/core/grad_mode.h>
 
+#include <cstdint>
+#include <type_traits>
+
 #include "algorithms/Reducer.hpp"
 
 namespace mpigpu::algo {
@@ -15,6 +18,33 @@ c10d::ReduceOp::RedOpType arithmeticOf(c10d::ReduceOp::RedOpType kind) {
 }
 
 namespace {
+
+// ATen has no CPU arithmetic for uint16/32/64: plain loops (wrapping, as unsigned types do).
+template <typename T>
+void unsignedLoop(c10d::ReduceOp::RedOpType kind, T* out, const T* a, const T* b, int64_t n) {
+  using W = std::conditional_t<(sizeof(T) > 4), uint64_t, uint32_t>;
+  for (int64_t i = 0; i < n; ++i) {
+    const T x = a[i], y = b[i];
+    switch (kind) {
+      case c10d::ReduceOp::SUM: out[i] = static_cast<T>(W{x} + W{y}); break;
+      case c10d::ReduceOp::PRODUCT: out[i] = static_cast<T>(W{x} * W{y}); break;
+      case c10d::ReduceOp::MIN: out[i] = x < y ? x : y; break;
+      case c10d::ReduceOp::MAX: out[i] = x > y ? x : y; break;
+      case c10d::ReduceOp::BAND: out[i] = x & y; break;
+      case c10d::ReduceOp::BOR: out[i] = x | y; break;
+      default: out[i] = x ^ y; break;
+    }
+  }
+}
+
+template <typename T>
+bool tryUnsigned(c10d::ReduceOp::RedOpType kind, const at::Tensor& out, const at::Tensor& a,
+                 const at::Tensor& b) {
+  if (out.scalar_type() != c10::CppTypeToScalarType<T>::value) return false;
+  unsignedLoop<T>(kind, out.data_ptr<T>(), a.const_data_ptr<T>(), b.const_data_ptr<T>(),
+                  out.numel());
+  return true;
+}
 
 class HostReducer final : public Reducer {
  public:
@@ -33,6 +63,10 @@ class HostReducer final : public Reducer {
 
  private:
   void apply(at::Tensor out, const at::Tensor& a, const at::Tensor& b, double scale) {
+    if (tryUnsigned<uint16_t>(kind_, out, a, b) || tryUnsigned<uint32_t>(kind_, out, a, b) ||
+        tryUnsigned<uint64_t>(kind_, out, a, b)) {
+      return;
+    }
     const bool boolean = out.scalar_type() == at::kBool;
     const bool half = out.scalar_type() == at::kHalf || out.scalar_type() == at::kBFloat16;
     if (scale != 1.0 && half) {
