@@ -406,6 +406,10 @@ def main(argv=None):
                     row["error"] = "failed on another rank"
                 wrong_total += row["wrong"]
                 rows.append(row)
+                if rank == 0 and args.no_progress:  # each point as it lands: a run cut short keeps them
+                    print(f"# point {op} {row['bytes']} {name}: " + (row["error"] if "error" in row else
+                          f"{row['median_us']:.1f} us, busbw {row['busbw_GBps']:.3f} GB/s, wrong {row['wrong']}"),
+                          flush=True)
                 if bar:
                     bar[0].advance(bar[1])
     if bar:
