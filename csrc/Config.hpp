@@ -40,17 +40,21 @@ struct Config {
   // auto|mpi|ring|rhd|allgather).
   int algo = -1;
   // Largest message of our algorithms; pieces of one step pipeline against the reduction.
-  int64_t algoPieceBytes = 4 << 20;
-  // auto, in groups with a GPU: all_reduce below this uses the allgather algorithm, below
-  // algoRingBytes recursive halving/doubling, from there the ring.
-  int64_t algoSmallBytes = 64 << 10;
-  int64_t algoRingBytes = 1 << 20;
+  // 32 MiB: on one shared H100 every device message costs a context switch, and 32 MiB pieces
+  // beat 4 MiB ones at 64-256 MiB (1.15-1.65 ms against 1.31-1.93 ms).
+  int64_t algoPieceBytes = 32 << 20;
+  // auto, in groups with a GPU: reductions below algoMinBytes use MPI's own collectives (CUDA
+  // tensors staged through pinned memory: one kernel launch on a shared GPU costs more than the
+  // whole op there); from it, 2-rank all_reduce below algoRingBytes uses the allgather algorithm
+  // (one exchange), everything else the ring.
+  int64_t algoMinBytes = 2 << 20;
+  int64_t algoRingBytes = 128 << 20;
   // auto, in groups without a GPU: fp16/bf16 reductions of at least this many bytes use the ring.
   int64_t hostHalfRingBytes = 64 << 10;
   // CUDA_REDUCE=auto with a CUDA-aware MPI: our algorithms' messages go as device pointers for
   // ops of at least this many bytes, through pinned host memory below (device messages pay for
   // the GPU's context switches on a shared GPU and for IPC set-up).
-  int64_t cudaDirectBytes = 256 << 10;
+  int64_t cudaDirectBytes = 1 << 20;
 
   static Config fromEnv();
 };

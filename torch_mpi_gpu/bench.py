@@ -339,6 +339,9 @@ def main(argv=None):
     ap.add_argument("--json", help="write every point and the header here (rank 0)")
     ap.add_argument("--plot", help="write busbw and latency against size per backend (PNG)")
     ap.add_argument("--no-progress", action="store_true")
+    ap.add_argument("--external", action="append", default=[],
+                    help="JSON rows measured by another program with the same conventions "
+                         "(benchmarks/nccl_bench.cu): shown in the table and the plot beside ours")
     args = ap.parse_args(argv)
     torch.set_num_threads(args.threads)
 
@@ -414,6 +417,15 @@ def main(argv=None):
                     bar[0].advance(bar[1])
     if bar:
         bar[0].stop()
+    for path in args.external:  # rows of the sizes and ops of this run, under their own name
+        with open(path) as f:
+            ext = json.load(f)
+        for r in ext["rows"]:
+            if r["op"] in ops and any(row["op"] == r["op"] and row["bytes"] == r["bytes"] for row in rows):
+                rows.append(r)
+                if r["backend"] not in live:
+                    live.append(r["backend"])
+        head.setdefault("external", []).append({k: v for k, v in ext.items() if k != "rows"} | {"file": path})
     if rank == 0:
         print_table(rows, ops, sizes, live)
         if wrong_total:

@@ -46,16 +46,16 @@ Choice choose(const Config& config, OpKind kind, int64_t bytes, at::ScalarType d
     }
     return {Algo::Mpi, "no member of the group has a GPU: MPI's own collectives"};
   }
-  if (kind != OpKind::Allreduce) return {Algo::Ring, "a member has a GPU: ring, reduced on the device"};
-  if (bytes < config.algoSmallBytes) {
-    return {Algo::Allgather, c10::str("a member has a GPU; under TORCH_MPIGPU_ALGO_SMALL_BYTES (",
-                                      config.algoSmallBytes, "): one allgather, reduced locally")};
+  if (bytes < config.algoMinBytes) {
+    return {Algo::Mpi, c10::str("a member has a GPU; under TORCH_MPIGPU_ALGO_MIN_BYTES (",
+                                config.algoMinBytes, "): MPI's own collectives")};
   }
-  if (bytes < config.algoRingBytes) {
-    return {Algo::Rhd, c10::str("a member has a GPU; under TORCH_MPIGPU_ALGO_RING_BYTES (",
-                                config.algoRingBytes, "): recursive halving/doubling")};
+  if (kind == OpKind::Allreduce && worldSize == 2 && bytes < config.algoRingBytes) {
+    return {Algo::Allgather, c10::str("a member has a GPU, 2 ranks, under "
+                                      "TORCH_MPIGPU_ALGO_RING_BYTES (", config.algoRingBytes,
+                                      "): one exchange, reduced on the device")};
   }
-  return {Algo::Ring, "a member has a GPU; large: ring, reduced on the device"};
+  return {Algo::Ring, "a member has a GPU: ring, reduced on the device"};
 }
 
 std::string describeChoice(const Config& config, int worldSize, bool groupHasGpu) {
@@ -67,9 +67,10 @@ std::string describeChoice(const Config& config, int worldSize, bool groupHasGpu
     return c10::str("auto, no member has a GPU: MPI's own collectives, except fp16/bf16 of at "
                     "least ", config.hostHalfRingBytes, " bytes: ring");
   }
-  return c10::str("auto, a member has a GPU: all_reduce allgather below ", config.algoSmallBytes,
-                  " bytes, rhd below ", config.algoRingBytes, ", ring above; reduce_scatter and "
-                  "reduce ring; pieces of ", config.algoPieceBytes, " bytes");
+  return c10::str("auto, a member has a GPU: MPI's own below ", config.algoMinBytes,
+                  " bytes; from there the ring (2-rank all_reduce below ", config.algoRingBytes,
+                  " bytes: allgather), reduced on the device; messages of at most ",
+                  config.algoPieceBytes, " bytes");
 }
 
 // ---------------------------------------------------------------------------------------------

@@ -47,6 +47,15 @@ at::Tensor Link::sendBuffer(const at::Tensor& piece) {
   return piece;
 }
 
+at::Tensor Link::recvBuffer(const at::Tensor& piece) {
+  // MPI writes device memory outside any stream: nothing queued may still use it. That includes
+  // memory the caching allocator just handed back (a GPU run saw MPI overwrite PREMUL_SUM's
+  // factor, freed a moment before and reused as this receive buffer, while the kernel reading it
+  // was still queued).
+  settle();
+  return piece;
+}
+
 size_t Link::isend(const at::Tensor& piece, int peer) {
   Pending p;
   p.mpiBuffer = sendBuffer(piece);

@@ -52,7 +52,7 @@ class Link {
   // The memory MPI reads for a send of `piece` (the piece itself here; a pinned copy when staged).
   virtual at::Tensor sendBuffer(const at::Tensor& piece);
   // The memory MPI writes for a receive into `piece`, and what to do once it has arrived.
-  virtual at::Tensor recvBuffer(const at::Tensor& piece) { return piece; }
+  virtual at::Tensor recvBuffer(const at::Tensor& piece);
   virtual void received(const at::Tensor& mpiBuffer, const at::Tensor& piece) {}
 
   const mpi::Comm& comm_;
