@@ -64,9 +64,10 @@ Config Config::fromEnv() {
   c.algoPieceBytes = parseInt("TORCH_MPIGPU_ALGO_PIECE_BYTES", c.algoPieceBytes, 1,
                               int64_t{1} << 40);
   c.algoMinBytes = parseInt("TORCH_MPIGPU_ALGO_MIN_BYTES", c.algoMinBytes, 0, int64_t{1} << 62);
-  c.algoRingBytes = parseInt("TORCH_MPIGPU_ALGO_RING_BYTES", c.algoRingBytes, 0, int64_t{1} << 62);
   c.hostHalfRingBytes = parseInt("TORCH_MPIGPU_HOST_HALF_RING_BYTES", c.hostHalfRingBytes, 0,
                                  int64_t{1} << 62);
+  c.hostReduceScatterRingBytes = parseInt("TORCH_MPIGPU_HOST_RS_RING_BYTES",
+                                          c.hostReduceScatterRingBytes, 0, int64_t{1} << 62);
   c.cudaDirectBytes = parseInt("TORCH_MPIGPU_CUDA_DIRECT_BYTES", c.cudaDirectBytes, 0,
                                int64_t{1} << 62);
   if (const char* t = env("TORCH_MPIGPU_TIMEOUT")) {

@@ -43,14 +43,17 @@ struct Config {
   // 32 MiB: on one shared H100 every device message costs a context switch, and 32 MiB pieces
   // beat 4 MiB ones at 64-256 MiB (1.15-1.65 ms against 1.31-1.93 ms).
   int64_t algoPieceBytes = 32 << 20;
-  // auto, in groups with a GPU: reductions below algoMinBytes use MPI's own collectives (CUDA
-  // tensors staged through pinned memory: one kernel launch on a shared GPU costs more than the
-  // whole op there); from it, 2-rank all_reduce below algoRingBytes uses the allgather algorithm
-  // (one exchange), everything else the ring.
+  // auto, in groups with a GPU: reductions below this use MPI's own collectives (CUDA tensors
+  // staged through pinned memory: on one shared H100, 0.1-0.4 ms up to 1 MiB against 0.8 ms for
+  // the ring, whose device messages and kernel cost a GPU context switch each); from here the
+  // ring (4 MiB: 0.8-0.9 ms against 1.4-1.5 ms).
   int64_t algoMinBytes = 2 << 20;
-  int64_t algoRingBytes = 128 << 20;
-  // auto, in groups without a GPU: fp16/bf16 reductions of at least this many bytes use the ring.
+  // auto, in groups without a GPU (measured on the 2-core CI VM, Open MPI 5): fp16/bf16
+  // reductions of at least hostHalfRingBytes use the ring (MPI reduces them with a user-defined
+  // op one element at a time: a 16 MiB fp16 all_reduce 22 ms against 5.2 ms), and reduce_scatter
+  // of at least hostReduceScatterRingBytes too (fp32 1 MiB: 0.21 ms against 0.09 ms).
   int64_t hostHalfRingBytes = 64 << 10;
+  int64_t hostReduceScatterRingBytes = 1 << 20;
   // CUDA_REDUCE=auto with a CUDA-aware MPI: our algorithms' messages go as device pointers for
   // ops of at least this many bytes, through pinned host memory below (device messages pay for
   // the GPU's context switches on a shared GPU and for IPC set-up).

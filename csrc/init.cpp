@@ -58,10 +58,12 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
       py::gil_scoped_release noGil;
       b = mpigpu::mpi::bootstrapAddress(host, port);
     }
-    return py::make_tuple(b.host, b.port, b.singleHost, b.worldRank, b.worldSize);
+    return py::make_tuple(b.host, b.port, b.singleHost, b.worldRank, b.worldSize, b.localRank,
+                          b.localSize);
   },
      "Collective over MPI_COMM_WORLD: rank 0's (host, port) to every rank, whether all share a "
-     "host, and this process's world rank and size.");
+     "host, this process's world rank and size, and its rank and count among the ranks on its "
+     "host (from the gathered host names).");
   m.def("mpi_call_count", &mpigpu::mpi::callCount,
         "MPI communication calls made by this process so far (tests use it to prove fusion).");
   m.def("with_cuda", [] { return MPIGPU_WITH_CUDA != 0; });
@@ -85,6 +87,22 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   }, py::call_guard<py::gil_scoped_release>(),
      "Stops every engine and finalises MPI if torch_mpi_gpu initialised it (runs at exit).");
   m.def("is_finalized", &mpigpu::mpi::isFinalized);
+  m.def("running_world_size", [] {
+    int initialized = 0, finalized = 0, size = 0;
+    MPI_Initialized(&initialized);
+    MPI_Finalized(&finalized);
+    if (!initialized || finalized) return 0;
+    MPI_Comm_size(MPI_COMM_WORLD, &size);
+    return size;
+  }, "MPI_COMM_WORLD's size while MPI is running (initialised by anyone, not finalised), else 0; "
+     "never initialises MPI.");
+  m.def("abort_job", [](int code) {
+    int initialized = 0, finalized = 0;
+    MPI_Initialized(&initialized);
+    MPI_Finalized(&finalized);
+    if (initialized && !finalized) MPI_Abort(MPI_COMM_WORLD, code);
+  }, py::call_guard<py::gil_scoped_release>(),
+     "MPI_Abort(MPI_COMM_WORLD, code) when MPI is running: the launcher ends every rank.");
   m.def("algorithm_runs", [] {
     py::dict d;
     for (auto a : {mpigpu::algo::Algo::Ring, mpigpu::algo::Algo::Rhd, mpigpu::algo::Algo::Allgather}) {

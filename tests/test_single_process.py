@@ -39,6 +39,11 @@ def test_registered_for_cpu_and_cuda():
     ({"SLURM_PROCID": "5", "SLURM_NTASKS": "6", "SLURM_LOCALID": "1"}, "Slurm srun", 5, 6, 1),
     ({"MV2_COMM_WORLD_RANK": "1", "MV2_COMM_WORLD_SIZE": "2"}, "MVAPICH", 1, 2, None),
     ({"PMIX_RANK": "7"}, "PMIx (prterun)", 7, None, None),
+    # srun --mpi=pmix / --mpi=pmi2: the MPI's variables carry no local rank, Slurm's do
+    ({"PMIX_RANK": "3", "SLURM_PROCID": "3", "SLURM_NTASKS": "4", "SLURM_LOCALID": "1"},
+     "PMIx (prterun)", 3, 4, 1),
+    ({"PMI_RANK": "2", "PMI_SIZE": "4", "SLURM_PROCID": "2", "SLURM_LOCALID": "0"},
+     "MPICH/Hydra mpiexec", 2, 4, 0),
 ])
 def test_detect_launcher(env, launcher, rank, size, local):
     from torch_mpi_gpu.launcher import detect_launcher
@@ -46,6 +51,24 @@ def test_detect_launcher(env, launcher, rank, size, local):
     found = detect_launcher(env)
     assert found["launcher"] == launcher
     assert (found["rank"], found["size"], found["local_rank"]) == (rank, size, local)
+
+
+def test_srun_without_mpi_plugin_stops_with_the_command_to_use():
+    # srun without --mpi starts N singletons of world size 1: each would train alone, silently.
+    rc, out = python("import torch.distributed as dist, torch_mpi_gpu\n"
+                     "dist.init_process_group('mpigpu')",
+                     env={"SLURM_PROCID": "0", "SLURM_NTASKS": "2", "SLURM_LOCALID": "0"})
+    assert rc != 0, out
+    assert "started 2 tasks but MPI sees a world of 1" in out and "srun --mpi=pmix" in out, out
+
+
+def test_local_rank_from_host_names_when_the_launcher_gives_none():
+    # PMIx alone carries no local rank: it is then derived from the gathered host names.
+    rc, out = python("import os, torch.distributed as dist, torch_mpi_gpu\n"
+                     "dist.init_process_group('mpigpu')\n"
+                     "print('local', os.environ['LOCAL_RANK'], os.environ['LOCAL_WORLD_SIZE'])\n"
+                     "dist.destroy_process_group()", env={"PMIX_RANK": "0"})
+    assert rc == 0 and "local 0 1" in out, out
 
 
 def test_no_launcher_means_no_env_changes():

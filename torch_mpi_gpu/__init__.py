@@ -6,12 +6,16 @@
 
 import atexit
 import json
+import os
+import sys
+import time
+import traceback
 from pathlib import Path
 
 import torch
 import torch.distributed as dist
 
-from . import _C
+from . import _C, config
 from .launcher import (choose_mpi_yield, detect_launcher, install_env_rendezvous_hook,
                        select_cuda_device, setup_env)
 
@@ -72,8 +76,43 @@ def info():
     return collect()
 
 
+def _install_abort_on_uncaught_exception():
+    """A rank that leaves on an uncaught exception must end the whole job: otherwise its exit
+    handlers finalise MPI, which waits for the ranks still inside a collective with it, forever.
+    Print the traceback, then MPI_Abort (as mpi4py's `python -m mpi4py` does). Normal exits and
+    sys.exit() still finalise cleanly."""
+    previous = sys.excepthook
+
+    def hook(exc_type, exc, tb):
+        size = _C.running_world_size()
+        if size <= 1 or config.get("TORCH_MPIGPU_ABORT_ON_EXCEPTION") == "0":
+            previous(exc_type, exc, tb)
+            return
+        # Straight to the process's stderr: torch's own excepthook (installed by
+        # init_process_group, wrapping this one) buffers sys.stderr until we return, and we
+        # do not return.
+        rank = os.environ.get("RANK", "?")
+        text = "".join(traceback.format_exception(exc_type, exc, tb))
+        err = sys.__stderr__
+        err.write("".join(f"[rank{rank}]: {line}\n" for line in text.rstrip("\n").split("\n")))
+        err.write(f"mpigpu [rank {rank}]: uncaught {exc_type.__name__}; ending all {size} ranks "
+                  "with MPI_Abort so none waits for this one forever "
+                  "(TORCH_MPIGPU_ABORT_ON_EXCEPTION=0 turns this off)\n")
+        err.flush()
+        sys.stdout.flush()
+        # the launcher forwards output asynchronously and drops what is in flight when the job
+        # is aborted: give it a moment to pass the traceback on
+        time.sleep(1.0)
+        _C.abort_job(1)
+
+    hook._mpigpu = True
+    if not getattr(sys.excepthook, "_mpigpu", False):
+        sys.excepthook = hook
+
+
 _register()
 install_env_rendezvous_hook()
+_install_abort_on_uncaught_exception()
 choose_mpi_yield()  # (opt-in) MPI reads it at MPI_Init, which has not happened yet
 # Engines stop and MPI is finalised (only if we initialised it) before the interpreter tears down.
 atexit.register(_C.shutdown)

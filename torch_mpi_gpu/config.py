@@ -41,9 +41,36 @@ SETTINGS = [
             "MPIX_GPU_query_support); 1: device pointers (cuda-direct; only for a CUDA-aware MPI); "
             "0: staged through pinned host memory (cuda-staged)."),
     Setting("TORCH_MPIGPU_CUDA_REDUCE", "auto",
-            "Reductions (all_reduce, reduce, reduce_scatter) on CUDA tensors when the other ops "
-            "take device pointers. auto: staged where the MPI reduces device buffers on the host "
-            "anyway (Open MPI), direct elsewhere; direct; staged."),
+            "How reductions (all_reduce, reduce, reduce_scatter) on CUDA tensors travel when the "
+            "other ops take device pointers. With MPI's own collectives (TORCH_MPIGPU_ALGO=mpi, "
+            "or auto below TORCH_MPIGPU_ALGO_MIN_BYTES): auto is staged where the MPI reduces "
+            "device buffers on the host anyway (Open MPI), direct elsewhere. With our algorithms "
+            "(the GPU reduces either way): auto sends device pointers for ops of at least "
+            "TORCH_MPIGPU_CUDA_DIRECT_BYTES and stages smaller ones; direct; staged."),
+    Setting("TORCH_MPIGPU_ALGO", "auto",
+            "Reduction algorithm for all_reduce, reduce_scatter and reduce: auto; mpi (MPI's own "
+            "collectives); ring; rhd (recursive halving/doubling; all_reduce only, the others use "
+            "the ring); allgather (one allgather, reduced locally; all_reduce only). auto: in a "
+            "group where some member has a GPU, mpi below TORCH_MPIGPU_ALGO_MIN_BYTES and the "
+            "ring from there (reduced on the GPU for CUDA tensors); in a group without a GPU, mpi "
+            "except fp16/bf16 from TORCH_MPIGPU_HOST_HALF_RING_BYTES. Every rank must use the "
+            "same value."),
+    Setting("TORCH_MPIGPU_ALGO_MIN_BYTES", str(2 << 20),
+            "auto, groups with a GPU: reductions below this many bytes use MPI's own collectives "
+            "(on one shared H100 they are faster there: no kernel launch, no device messages)."),
+    Setting("TORCH_MPIGPU_ALGO_PIECE_BYTES", str(32 << 20),
+            "Largest message of our algorithms; the pieces of one step are all posted at once and "
+            "reduced as they arrive."),
+    Setting("TORCH_MPIGPU_CUDA_DIRECT_BYTES", str(1 << 20),
+            "Our algorithms with CUDA_REDUCE=auto on a CUDA-aware MPI: ops of at least this many "
+            "bytes send device pointers, smaller ones go through pinned host memory."),
+    Setting("TORCH_MPIGPU_HOST_HALF_RING_BYTES", str(64 << 10),
+            "auto, groups without a GPU: fp16/bf16 reductions of at least this many bytes use the "
+            "ring (ATen's vectorized kernels) instead of MPI with a user-defined op (all_reduce "
+            "and reduce_scatter)."),
+    Setting("TORCH_MPIGPU_HOST_RS_RING_BYTES", str(1 << 20),
+            "auto, groups without a GPU: reduce_scatter of at least this many bytes uses the "
+            "ring (it beat Open MPI 5's MPI_Reduce_scatter_block 1.9-2.7x from 1 MiB here)."),
     Setting("TORCH_MPIGPU_STAGING_CHUNK_BYTES", str(4 << 20),
             "cuda-staged: piece size of the copy/MPI pipeline for allreduce, broadcast and reduce."),
     Setting("TORCH_MPIGPU_FUSION_BYTES", str(64 << 20),
@@ -65,6 +92,10 @@ SETTINGS = [
             "thread and its MPI worker share them), unless OMPI_MCA_mpi_yield_when_idle is set; "
             "1: always. Off by default: yielding made small-message medians jump to 10-30 us "
             "and its gain in training was within this VM's noise."),
+    Setting("TORCH_MPIGPU_ABORT_ON_EXCEPTION", "1",
+            "1: a rank that leaves on an uncaught exception prints its traceback and ends the "
+            "whole job (MPI_Abort), instead of hanging in MPI_Finalize while the other ranks "
+            "wait in a collective. 0: off."),
     Setting("TORCH_MPIGPU_SET_DEVICE", "1",
             "1: under an MPI launcher, make cuda:(local rank mod device count) current before MPI "
             "starts (CUDA-aware MPIs set up IPC for the current device). 0: leave it alone."),

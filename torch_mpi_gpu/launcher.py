@@ -26,6 +26,14 @@ LAUNCHERS = [
     ("Slurm srun", "SLURM_PROCID", "SLURM_NTASKS", "SLURM_LOCALID", "SLURM_NTASKS_PER_NODE"),
 ]
 
+# Where a launcher's own variables carry no local rank or size (PMIx, Hydra under srun), these
+# may: the first one present wins.
+LOCAL_FALLBACKS = [("SLURM_LOCALID", "SLURM_NTASKS_PER_NODE"),
+                   ("MPI_LOCALRANKID", "MPI_LOCALNRANKS"),
+                   ("OMPI_COMM_WORLD_LOCAL_RANK", "OMPI_COMM_WORLD_LOCAL_SIZE"),
+                   ("MV2_COMM_WORLD_LOCAL_RANK", "MV2_COMM_WORLD_LOCAL_SIZE")]
+SIZE_FALLBACKS = ["SLURM_NTASKS", "PMI_SIZE", "OMPI_COMM_WORLD_SIZE"]
+
 TORCH_VARS = ("RANK", "WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT")
 
 # Variables this module set (not the user): refreshed at every rendezvous, so destroy +
@@ -36,14 +44,38 @@ _set_by_us = {}
 def detect_launcher(environ=None):
     """The launcher that started this process, as a dict, or None (e.g. torchrun, plain python)."""
     environ = os.environ if environ is None else environ
+
+    def read(var):
+        v = environ.get(var) if var else None
+        return int(v) if v is not None and v.strip().isdigit() else None
+
     for name, rank, size, local_rank, local_size in LAUNCHERS:
         if rank in environ:
-            def read(var):
-                v = environ.get(var) if var else None
-                return int(v) if v is not None and v.strip().isdigit() else None
-            return {"launcher": name, "rank": read(rank), "size": read(size),
-                    "local_rank": read(local_rank), "local_size": read(local_size)}
+            found = {"launcher": name, "rank": read(rank), "size": read(size),
+                     "local_rank": read(local_rank), "local_size": read(local_size)}
+            if found["local_rank"] is None:
+                for lr, ls in LOCAL_FALLBACKS:
+                    if read(lr) is not None:
+                        found["local_rank"], found["local_size"] = read(lr), read(ls)
+                        break
+            if found["size"] is None:
+                found["size"] = next((read(v) for v in SIZE_FALLBACKS if read(v) is not None), None)
+            return found
     return None
+
+
+def check_world_size(found, mpi_size):
+    """The launcher started several tasks but MPI sees a world of 1: every task is its own MPI
+    job (srun without its --mpi plugin), which would otherwise train N copies silently."""
+    if found and (found.get("size") or 1) > 1 and mpi_size == 1:
+        slurm = found["launcher"] == "Slurm srun"
+        raise RuntimeError(
+            f"mpigpu: {found['launcher']} started {found['size']} tasks but MPI sees a world of 1 "
+            "in each: the tasks are separate MPI jobs. "
+            + ("srun needs the plugin of your MPI: `srun --mpi=pmix ...` for Open MPI, "
+               "`srun --mpi=pmi2 ...` for MPICH (`srun --mpi=list` shows what this Slurm has), "
+               "or launch with mpirun inside the allocation." if slurm else
+               "Launch with the mpirun/mpiexec of the MPI torch_mpi_gpu was built against."))
 
 
 def _free_port():
@@ -121,13 +153,15 @@ def setup_env(force=False):
 
     select_cuda_device()
     port = int(config.get("TORCH_MPIGPU_MASTER_PORT") or 0) or _free_port()
-    host, port, single_host, rank, size = _C.bootstrap_address(socket.gethostname(), port)
+    host, port, single_host, rank, size, host_rank, host_size = _C.bootstrap_address(
+        socket.gethostname(), port)
+    check_world_size(found, size)
     values = {"RANK": str(rank), "WORLD_SIZE": str(size),
               "MASTER_ADDR": "127.0.0.1" if single_host else host, "MASTER_PORT": str(port)}
-    if found["local_rank"] is not None:
-        values["LOCAL_RANK"] = str(found["local_rank"])
-    if found["local_size"] is not None:
-        values["LOCAL_WORLD_SIZE"] = str(found["local_size"])
+    # the launcher's local rank, else the rank's place among the ranks on its host
+    values["LOCAL_RANK"] = str(found["local_rank"] if found["local_rank"] is not None else host_rank)
+    values["LOCAL_WORLD_SIZE"] = str(found["local_size"] if found["local_size"] is not None
+                                     else host_size)
     set_now = {}
     for k, v in values.items():
         if k not in os.environ:

@@ -40,20 +40,19 @@ Choice choose(const Config& config, OpKind kind, int64_t bytes, at::ScalarType d
   }
   if (!groupHasGpu) {
     const bool half = dtype == at::kHalf || dtype == at::kBFloat16;
-    if (half && worldSize > 1 && bytes >= config.hostHalfRingBytes) {
+    if (half && kind != OpKind::Reduce && worldSize > 1 && bytes >= config.hostHalfRingBytes) {
       return {Algo::Ring, "fp16/bf16 on the host: MPI reduces them with a user-defined op one "
                           "element at a time, our ring with vectorized kernels"};
+    }
+    if (kind == OpKind::ReduceScatter && worldSize > 1 &&
+        bytes >= config.hostReduceScatterRingBytes) {
+      return {Algo::Ring, "reduce_scatter on the host: the ring beat MPI_Reduce_scatter_block"};
     }
     return {Algo::Mpi, "no member of the group has a GPU: MPI's own collectives"};
   }
   if (bytes < config.algoMinBytes) {
     return {Algo::Mpi, c10::str("a member has a GPU; under TORCH_MPIGPU_ALGO_MIN_BYTES (",
                                 config.algoMinBytes, "): MPI's own collectives")};
-  }
-  if (kind == OpKind::Allreduce && worldSize == 2 && bytes < config.algoRingBytes) {
-    return {Algo::Allgather, c10::str("a member has a GPU, 2 ranks, under "
-                                      "TORCH_MPIGPU_ALGO_RING_BYTES (", config.algoRingBytes,
-                                      "): one exchange, reduced on the device")};
   }
   return {Algo::Ring, "a member has a GPU: ring, reduced on the device"};
 }
@@ -64,12 +63,13 @@ std::string describeChoice(const Config& config, int worldSize, bool groupHasGpu
                     " for every reduction (reduce_scatter and reduce: ring unless mpi)");
   }
   if (!groupHasGpu) {
-    return c10::str("auto, no member has a GPU: MPI's own collectives, except fp16/bf16 of at "
-                    "least ", config.hostHalfRingBytes, " bytes: ring");
+    return c10::str("auto, no member has a GPU: MPI's own collectives, except the ring for "
+                    "fp16/bf16 all_reduce and reduce_scatter from ", config.hostHalfRingBytes,
+                    " bytes and any reduce_scatter from ", config.hostReduceScatterRingBytes,
+                    " bytes");
   }
   return c10::str("auto, a member has a GPU: MPI's own below ", config.algoMinBytes,
-                  " bytes; from there the ring (2-rank all_reduce below ", config.algoRingBytes,
-                  " bytes: allgather), reduced on the device; messages of at most ",
+                  " bytes, from there the ring, reduced on the device; messages of at most ",
                   config.algoPieceBytes, " bytes");
 }
 

@@ -1,5 +1,10 @@
 #include "engine/Engine.hpp"
 
+#include <c10/util/StringUtil.h>
+
+#include <iostream>
+#include <thread>
+
 #include <ATen/core/grad_mode.h>
 
 #include <sys/prctl.h>
@@ -48,7 +53,46 @@ void Engine::shutdownAll() {
     }
     g_engines.clear();
   }
+  // At interpreter exit a collective may still be queued (issued with async_op=True and never
+  // waited). Its peers may already be inside it: dropping it would leave them there while this
+  // rank sits in MPI_Finalize. So run what is queued first; if that does not finish in bounded
+  // time, end the job with a message instead of hanging.
+  constexpr auto kDrainTimeout = std::chrono::seconds(60);
+  for (auto& e : alive) {
+    std::string busy;
+    if (!e->drain(kDrainTimeout, &busy) && !mpi::isFinalized()) {
+      std::cerr << opMessage("exit", mpi::ensureInitialized().worldRank,
+                             "the interpreter is exiting but ", busy, " did not finish within ",
+                             kDrainTimeout.count(), " s (another rank never issued it, or left "
+                             "early); ending the job with MPI_Abort instead of hanging in "
+                             "MPI_Finalize. Wait for async ops (work.wait()) and call "
+                             "dist.destroy_process_group() before exiting.")
+                << std::endl;
+      MPI_Abort(MPI_COMM_WORLD, 1);
+    }
+  }
   for (auto& e : alive) e->shutdown();
+}
+
+bool Engine::drain(std::chrono::milliseconds timeout, std::string* busy) {
+  const auto deadline = std::chrono::steady_clock::now() + timeout;
+  while (true) {
+    {
+      std::lock_guard<std::mutex> lock(mutex_);
+      if (stop_ || (queue_.empty() && !running_ && !inlineBusy_)) return true;
+      if (std::chrono::steady_clock::now() >= deadline) {
+        if (busy != nullptr) {
+          *busy = queue_.empty()
+                      ? std::string("an op running on group engine ") + name_
+                      : c10::str(queue_.size(), " queued op(s) of ", name_, ", the first ",
+                                 queue_.front().work->opName());
+        }
+        return false;
+      }
+      cv_.notify_all();
+    }
+    std::this_thread::sleep_for(std::chrono::milliseconds(1));
+  }
 }
 
 Engine::Engine(std::string name)

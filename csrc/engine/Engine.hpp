@@ -72,6 +72,9 @@ class Engine : public ProgressDriver {
   };
 
   void loop();
+  // Lets what is queued run (in issue order, on the worker) and waits until the engine is idle
+  // or `timeout` passed; false: still busy, `busy` then says with what.
+  bool drain(std::chrono::milliseconds timeout, std::string* busy);
   bool endInline();  // clears inlineBusy_; true when ops were queued meanwhile
   // Tests every pending request set; completes the finished ones outside the lock. `blocking`:
   // wait for another thread's pass instead of skipping.

@@ -43,6 +43,16 @@ void finishAverage(at::Tensor& out, const Reduction& red, int size) {
   if (red.divideBySize) out.div_(size);
 }
 
+// The MPI standard forbids a send buffer that overlaps the receive buffer (MPICH rejects it:
+// "Buffers must not be aliased"; Open MPI happens to tolerate it). In-place torch calls (FSDP's
+// all_gather_into_tensor / reduce_scatter_tensor on views of one buffer) produce exactly that.
+bool overlaps(const at::Tensor& a, const at::Tensor& b) {
+  if (a.numel() == 0 || b.numel() == 0) return false;
+  const char* a0 = static_cast<const char*>(a.const_data_ptr());
+  const char* b0 = static_cast<const char*>(b.const_data_ptr());
+  return a0 < b0 + b.nbytes() && b0 < a0 + a.nbytes();
+}
+
 } // namespace
 
 uint64_t callCount() { return g_calls.load(std::memory_order_relaxed); }
@@ -117,9 +127,21 @@ void allgather(const Comm& c, const char* op, const at::Tensor& in, at::Tensor& 
   const MPI_Datatype type = transportType(in.scalar_type(), op, c.rank);
   const int64_t count = in.numel();
   if (count == 0) return;
+  at::Tensor src = in;
+  if (overlaps(in, out)) {
+    // The rank's own slot of the output: MPI_IN_PLACE, as the standard asks.
+    if (bytes(in) == bytes(out) + c.rank * count * in.element_size() && count <= c.maxCount) {
+      if (counted) ++g_calls;
+      MPIGPU_MPI_CHECK(MPI_Allgather(MPI_IN_PLACE, 0, MPI_DATATYPE_NULL, bytes(out),
+                                     static_cast<int>(count), type, c.handle), op, c.rank);
+      return;
+    }
+    src = in.clone();
+    settle(src);
+  }
   if (count <= c.maxCount) {
     if (counted) ++g_calls;
-    MPIGPU_MPI_CHECK(MPI_Allgather(bytes(in), static_cast<int>(count), type, bytes(out),
+    MPIGPU_MPI_CHECK(MPI_Allgather(bytes(src), static_cast<int>(count), type, bytes(out),
                                    static_cast<int>(count), type, c.handle), op, c.rank);
     return;
   }
@@ -128,7 +150,7 @@ void allgather(const Comm& c, const char* op, const at::Tensor& in, at::Tensor& 
   forChunks(count, c.maxCount, [&](int64_t off, int n) {
     at::Tensor tmp = at::empty({c.size, n}, out.options());
     if (counted) ++g_calls;
-    MPIGPU_MPI_CHECK(MPI_Allgather(bytes(in) + off * in.element_size(), n, type, bytes(tmp), n,
+    MPIGPU_MPI_CHECK(MPI_Allgather(bytes(src) + off * src.element_size(), n, type, bytes(tmp), n,
                                    type, c.handle), op, c.rank);
     outBlocks.narrow(1, off, n).copy_(tmp);
     settle(tmp);
@@ -140,13 +162,18 @@ void gather(const Comm& c, const char* op, const at::Tensor& in, at::Tensor* out
   const int64_t count = in.numel();
   if (count == 0) return;
   const bool isRoot = c.rank == root;
+  at::Tensor src = in;
+  if (isRoot && overlaps(in, *out)) {  // no aliased buffers (see overlaps)
+    src = in.clone();
+    settle(src);
+  }
   forChunks(count, c.maxCount, [&](int64_t off, int n) {
     const bool whole = n == count;
     at::Tensor tmp = (isRoot && !whole) ? at::empty({c.size, n}, in.options()) : at::Tensor();
     void* recv = isRoot ? (whole ? bytes(*out) : bytes(tmp)) : nullptr;
     ++g_calls;
-    MPIGPU_MPI_CHECK(MPI_Gather(bytes(in) + off * in.element_size(), n, type, recv, n, type, root,
-                                c.handle), op, c.rank);
+    MPIGPU_MPI_CHECK(MPI_Gather(bytes(src) + off * src.element_size(), n, type, recv, n, type,
+                                root, c.handle), op, c.rank);
     if (isRoot && !whole) {
       out->view({c.size, count}).narrow(1, off, n).copy_(tmp);
       settle(tmp);
@@ -159,14 +186,19 @@ void scatter(const Comm& c, const char* op, const at::Tensor* in, at::Tensor& ou
   const int64_t count = out.numel();
   if (count == 0) return;
   const bool isRoot = c.rank == root;
+  at::Tensor src = isRoot ? *in : at::Tensor();
+  if (isRoot && overlaps(src, out)) {  // no aliased buffers (see overlaps)
+    src = src.clone();
+    settle(src);
+  }
   forChunks(count, c.maxCount, [&](int64_t off, int n) {
     const bool whole = n == count;
     at::Tensor tmp;
     if (isRoot && !whole) {
-      tmp = in->view({c.size, count}).narrow(1, off, n).contiguous();
+      tmp = src.view({c.size, count}).narrow(1, off, n).contiguous();
       settle(tmp);
     }
-    const void* send = isRoot ? (whole ? bytes(*in) : bytes(tmp)) : nullptr;
+    const void* send = isRoot ? (whole ? bytes(src) : bytes(tmp)) : nullptr;
     ++g_calls;
     MPIGPU_MPI_CHECK(MPI_Scatter(send, n, type, bytes(out) + off * out.element_size(), n, type,
                                  root, c.handle), op, c.rank);
@@ -178,14 +210,20 @@ void reduceScatter(const Comm& c, const char* op, const at::Tensor& in, at::Tens
   const int64_t count = out.numel();
   if (count == 0) return;
   const at::Tensor send = prescaled(in, red);
+  // The output inside the input (FSDP's in-place reduce_scatter_tensor): MPI_IN_PLACE would put
+  // the result at the start of the buffer, not at this rank's block, so reduce into a copy.
+  const bool aliased = overlaps(send, out);
+  at::Tensor result = aliased ? at::empty_like(out) : out;
   forChunks(count, c.maxCount, [&](int64_t off, int n) {
     const bool whole = n == count;
     at::Tensor piece = whole ? send : send.view({c.size, count}).narrow(1, off, n).contiguous();
     settle(piece);
     ++g_calls;
-    MPIGPU_MPI_CHECK(MPI_Reduce_scatter_block(bytes(piece), bytes(out) + off * out.element_size(),
-                                              n, red.type, red.op, c.handle), op, c.rank);
+    MPIGPU_MPI_CHECK(MPI_Reduce_scatter_block(bytes(piece),
+                                              bytes(result) + off * result.element_size(), n,
+                                              red.type, red.op, c.handle), op, c.rank);
   });
+  if (aliased) out.copy_(result);
   finishAverage(out, red, c.size);
 }
 

@@ -151,9 +151,14 @@ Bootstrap bootstrapAddress(const std::string& myHost, int myPort) {
   b.port = port;
   b.worldRank = env.worldRank;
   b.worldSize = env.worldSize;
-  for (int r = 1; r < env.worldSize; ++r) {
-    if (std::strncmp(all.data(), all.data() + static_cast<size_t>(r) * kHostLen, kHostLen) != 0) {
-      b.singleHost = false;
+  auto host = [&](int r) { return all.data() + static_cast<size_t>(r) * kHostLen; };
+  b.localRank = 0;
+  b.localSize = 0;
+  for (int r = 0; r < env.worldSize; ++r) {
+    if (std::strncmp(host(0), host(r), kHostLen) != 0) b.singleHost = false;
+    if (std::strncmp(host(env.worldRank), host(r), kHostLen) == 0) {
+      ++b.localSize;
+      if (r < env.worldRank) ++b.localRank;
     }
   }
   return b;

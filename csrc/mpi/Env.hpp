@@ -42,6 +42,9 @@ struct Bootstrap {
   int port = 0;
   bool singleHost = true;
   int worldRank = 0, worldSize = 1;
+  // From the gathered host names: this rank's index among the ranks on its host, and their count
+  // (a fallback for launchers that do not say).
+  int localRank = 0, localSize = 1;
 };
 Bootstrap bootstrapAddress(const std::string& myHost, int myPort);
 
