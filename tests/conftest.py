@@ -1,6 +1,7 @@
 """Launch helpers: multi-rank scripts run under mpirun with a timeout per launch, so a hang fails
 the test instead of the run, and one failed rank aborts the job."""
 
+import functools
 import os
 import shutil
 import subprocess
@@ -28,6 +29,31 @@ def mpirun_path():
     return shutil.which("mpirun")
 
 
+@functools.lru_cache(maxsize=None)
+def is_hydra(mpirun):
+    """MPICH's Hydra launcher, which takes other flags than Open MPI's mpirun."""
+    try:
+        out = subprocess.run([mpirun, "--version"], capture_output=True, text=True, timeout=30)
+    except (OSError, subprocess.SubprocessError):
+        return False
+    return "HYDRA" in (out.stdout + out.stderr).upper()
+
+
+def mpirun_command(mpirun, np, env):
+    """The launch line for `np` ranks with the variables of `env` passed to every rank: Open MPI
+    takes --oversubscribe and -x; Hydra takes -genv (it knows no --oversubscribe and runs more
+    ranks than cores anyway)."""
+    if is_hydra(mpirun):
+        cmd = [mpirun, "-np", str(np)]
+        for key, value in env.items():
+            cmd += ["-genv", key, value]
+        return cmd
+    cmd = [mpirun, "--oversubscribe", "-np", str(np)]
+    for key in env:
+        cmd += ["-x", key]
+    return cmd
+
+
 def run_mpi(script, np, env=None, timeout=300, args=()):
     mpirun = mpirun_path()
     if mpirun is None:
@@ -36,9 +62,7 @@ def run_mpi(script, np, env=None, timeout=300, args=()):
                     OMPI_ALLOW_RUN_AS_ROOT_CONFIRM="1", OMPI_MCA_opal_warn_on_missing_libcuda="0",
                     PYTHONUNBUFFERED="1")
     full_env.update(env or {})
-    cmd = [mpirun, "--oversubscribe", "-np", str(np)]
-    for key in (env or {}):
-        cmd += ["-x", key]
+    cmd = mpirun_command(mpirun, np, dict(env or {}))
     cmd += [sys.executable, str(MP_DIR / script), *args]
     try:
         proc = subprocess.run(cmd, env=full_env, cwd=MP_DIR, capture_output=True, text=True,

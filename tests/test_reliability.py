@@ -9,16 +9,14 @@ import time
 
 import pytest
 
-from conftest import MP_DIR, mpirun_path, run_mpi
+from conftest import MP_DIR, mpirun_command, mpirun_path, run_mpi
 from test_multirank import passed_counts
 
 
 def launch(mode, np, env, script="stall.py", timeout=120):
     full_env = dict(os.environ, OMP_NUM_THREADS="1", OMPI_ALLOW_RUN_AS_ROOT="1",
                     OMPI_ALLOW_RUN_AS_ROOT_CONFIRM="1", PYTHONUNBUFFERED="1", **env)
-    cmd = [mpirun_path(), "--oversubscribe", "-np", str(np)]
-    for key in env:
-        cmd += ["-x", key]
+    cmd = mpirun_command(mpirun_path(), np, dict(env))
     cmd += [sys.executable, str(MP_DIR / script), mode]
     start = time.monotonic()
     try:
