@@ -175,7 +175,7 @@ std::string ProcessGroupMPIGPU::describe() const {
     << "; staging pieces of " << config_.stagingChunkBytes << " bytes), CUDA reductions "
     << paths::pathName(paths_->cudaReducePath()) << " (" << paths_->cudaReducePathReason()
     << "), other devices via-cpu; reductions: "
-    << algo::describeChoice(config_, size_, groupHasGpu_);
+    << algo::describeChoice(config_, groupHasGpu_);
   if (paths_->cudaPath() != paths::PathKind::ViaCpu) {
     s << "; CUDA reductions by our algorithms stay on the GPU, messages "
       << (paths_->cudaPath() != paths::PathKind::CudaDirect ? "through pinned host memory"
@@ -187,8 +187,8 @@ std::string ProcessGroupMPIGPU::describe() const {
   return s.str();
 }
 
-algo::Choice ProcessGroupMPIGPU::chooseAlgo(algo::OpKind kind,
-                                            const std::vector<at::Tensor>& tensors) const {
+algo::Algo ProcessGroupMPIGPU::chooseAlgo(algo::OpKind kind,
+                                          const std::vector<at::Tensor>& tensors) const {
   int64_t bytes = 0;
   for (const auto& t : tensors) bytes += t.numel() * static_cast<int64_t>(t.element_size());
   return algo::choose(config_, kind, bytes, tensors[0].scalar_type(), size_, groupHasGpu_);
@@ -406,12 +406,12 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupMPIGPU::allreduce(std::vector<at::Ten
   };
   // The whole op decides whose collectives it uses (its buffers depend on it), each bucket which
   // of our algorithms.
-  const bool ours = chooseAlgo(algo::OpKind::Allreduce, tensors).algo != algo::Algo::Mpi;
+  const bool ours = chooseAlgo(algo::OpKind::Allreduce, tensors) != algo::Algo::Mpi;
   auto bufs = ours ? paths_->createForAlgorithm(tensors[0].device()) : reduceBuffersFor(tensors[0]);
   std::vector<Bucket> buckets;
   for (const auto& idx : fusionBuckets(tensors, config_.fusionBytes, fuseBelow(*bufs))) {
     auto red = mpi::resolveReduction(opts.reduceOp, tensors[idx[0]].scalar_type(), op, rank_);
-    auto a = ours ? chooseAlgo(algo::OpKind::Allreduce, pick(tensors, idx)).algo : algo::Algo::Mpi;
+    auto a = ours ? chooseAlgo(algo::OpKind::Allreduce, pick(tensors, idx)) : algo::Algo::Mpi;
     if (ours && a == algo::Algo::Mpi) a = algo::Algo::Ring;
     buckets.push_back({bufs->add(pick(tensors, idx), Access::ReadWrite, /*elementwise=*/true),
                        std::move(red), a});
@@ -452,7 +452,7 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupMPIGPU::reduce(std::vector<at::Tensor
   MPIGPU_CHECK_VALUE(opts.rootTensor == 0, op, rank_, "rootTensor must be 0");
   const int root = static_cast<int>(opts.rootRank);
   auto red = mpi::resolveReduction(opts.reduceOp, tensors[0].scalar_type(), op, rank_);
-  const bool ours = chooseAlgo(algo::OpKind::Reduce, tensors).algo != algo::Algo::Mpi;
+  const bool ours = chooseAlgo(algo::OpKind::Reduce, tensors) != algo::Algo::Mpi;
   auto bufs = ours ? paths_->createForAlgorithm(tensors[0].device()) : reduceBuffersFor(tensors[0]);
   // Only the root's tensor changes.
   const size_t slot = bufs->add(tensors[0], rank_ == root ? Access::ReadWrite : Access::Read,
@@ -486,7 +486,7 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupMPIGPU::reduce_scatter(
                        "output's ", outputs[0].numel(), " elements, one has ", t.numel());
   }
   auto red = mpi::resolveReduction(opts.reduceOp, outputs[0].scalar_type(), op, rank_);
-  const bool ours = chooseAlgo(algo::OpKind::ReduceScatter, inputs[0]).algo != algo::Algo::Mpi;
+  const bool ours = chooseAlgo(algo::OpKind::ReduceScatter, inputs[0]) != algo::Algo::Mpi;
   auto bufs = ours ? paths_->createForAlgorithm(outputs[0].device()) : reduceBuffersFor(outputs[0]);
   const size_t in = bufs->add(inputs[0], Access::Read);
   const size_t out = bufs->add(outputs[0], Access::Write);
@@ -529,7 +529,7 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupMPIGPU::reduce_scatter_tensor_coalesc
     size_t in, out;
     mpi::Reduction red;
   };
-  const bool ours = chooseAlgo(algo::OpKind::ReduceScatter, inputs).algo != algo::Algo::Mpi;
+  const bool ours = chooseAlgo(algo::OpKind::ReduceScatter, inputs) != algo::Algo::Mpi;
   auto bufs = ours ? paths_->createForAlgorithm(outputs[0].device()) : reduceBuffersFor(outputs[0]);
   std::vector<Bucket> buckets;
   for (const auto& idx : fusionBuckets(outputs, config_.fusionBytes, fuseBelow(*bufs))) {

@@ -116,7 +116,7 @@ class ProcessGroupMPIGPU : public c10d::Backend {
   c10::intrusive_ptr<c10d::Work> enqueueP2P(c10d::OpType type, const char* op, at::Tensor tensor,
                                             int peer, int tag);
   // Our algorithms (algorithms/): the choice for an op, and one run of it on the engine.
-  algo::Choice chooseAlgo(algo::OpKind kind, const std::vector<at::Tensor>& tensors) const;
+  algo::Algo chooseAlgo(algo::OpKind kind, const std::vector<at::Tensor>& tensors) const;
   algo::Context algoContext(const OpBuffers& bufs, const char* op, const at::Tensor& buf,
                             const mpi::Reduction& red, std::unique_ptr<algo::Link>& link,
                             std::unique_ptr<algo::Reducer>& reducer) const;

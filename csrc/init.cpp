@@ -103,6 +103,10 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
     if (initialized && !finalized) MPI_Abort(MPI_COMM_WORLD, code);
   }, py::call_guard<py::gil_scoped_release>(),
      "MPI_Abort(MPI_COMM_WORLD, code) when MPI is running: the launcher ends every rank.");
+  m.def("reduction_rule", [] {
+    return mpigpu::algo::describeChoice(mpigpu::Config::fromEnv(), at::hasCUDA());
+  }, "How reductions choose their algorithm with the current settings, for a group in which some "
+     "member has a GPU exactly when this process sees one.");
   m.def("algorithm_runs", [] {
     py::dict d;
     for (auto a : {mpigpu::algo::Algo::Ring, mpigpu::algo::Algo::Rhd, mpigpu::algo::Algo::Allgather}) {

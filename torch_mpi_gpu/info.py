@@ -36,6 +36,7 @@ def collect():
             "cuda tensors": _cuda_paths(),
             "cuda reductions": _cuda_paths(_C.cuda_reduce_path),
             "other devices (xpu, ...)": "via-cpu (host copy)",
+            "reductions": _C.reduction_rule(),
         },
         "settings": {s.name: (s.value if s.is_set else f"{s.default} (default)")
                      for s in config.SETTINGS},

@@ -28,36 +28,34 @@ const char* algoName(Algo a) {
 // ---------------------------------------------------------------------------------------------
 // Choice
 
-Choice choose(const Config& config, OpKind kind, int64_t bytes, at::ScalarType dtype,
-              int worldSize, bool groupHasGpu) {
+Algo choose(const Config& config, OpKind kind, int64_t bytes, at::ScalarType dtype,
+            int worldSize, bool groupHasGpu) {
   if (config.algo >= 0) {
     const Algo forced = static_cast<Algo>(config.algo);
+    // rhd and allgather are all_reduce algorithms; the others' blocks are the ring's
     if (kind != OpKind::Allreduce && (forced == Algo::Rhd || forced == Algo::Allgather)) {
-      return {Algo::Ring, c10::str("TORCH_MPIGPU_ALGO=", algoName(forced),
-                                   " (reduce_scatter and reduce use the ring)")};
+      return Algo::Ring;
     }
-    return {forced, c10::str("TORCH_MPIGPU_ALGO=", algoName(forced))};
+    return forced;
   }
   if (!groupHasGpu) {
+    // MPI reduces fp16/bf16 with a user-defined op one element at a time; Open MPI 5's
+    // reduce_scatter lost to the ring from 1 MiB (see Config.hpp)
     const bool half = dtype == at::kHalf || dtype == at::kBFloat16;
-    if (half && kind != OpKind::Reduce && worldSize > 1 && bytes >= config.hostHalfRingBytes) {
-      return {Algo::Ring, "fp16/bf16 on the host: MPI reduces them with a user-defined op one "
-                          "element at a time, our ring with vectorized kernels"};
+    if (worldSize > 1 && half && kind != OpKind::Reduce && bytes >= config.hostHalfRingBytes) {
+      return Algo::Ring;
     }
-    if (kind == OpKind::ReduceScatter && worldSize > 1 &&
+    if (worldSize > 1 && kind == OpKind::ReduceScatter &&
         bytes >= config.hostReduceScatterRingBytes) {
-      return {Algo::Ring, "reduce_scatter on the host: the ring beat MPI_Reduce_scatter_block"};
+      return Algo::Ring;
     }
-    return {Algo::Mpi, "no member of the group has a GPU: MPI's own collectives"};
+    return Algo::Mpi;
   }
-  if (bytes < config.algoMinBytes) {
-    return {Algo::Mpi, c10::str("a member has a GPU; under TORCH_MPIGPU_ALGO_MIN_BYTES (",
-                                config.algoMinBytes, "): MPI's own collectives")};
-  }
-  return {Algo::Ring, "a member has a GPU: ring, reduced on the device"};
+  // Below algoMinBytes MPI's own (staged for CUDA tensors) was faster on the GPU (Config.hpp).
+  return bytes < config.algoMinBytes ? Algo::Mpi : Algo::Ring;
 }
 
-std::string describeChoice(const Config& config, int worldSize, bool groupHasGpu) {
+std::string describeChoice(const Config& config, bool groupHasGpu) {
   if (config.algo >= 0) {
     return c10::str("TORCH_MPIGPU_ALGO=", algoName(static_cast<Algo>(config.algo)),
                     " for every reduction (reduce_scatter and reduce: ring unless mpi)");

@@ -37,17 +37,14 @@ const char* algoName(Algo a);
 
 enum class OpKind { Allreduce, ReduceScatter, Reduce };
 
-// What decides an op's algorithm. Everything here is the same on every rank of a group (sizes,
-// dtype, rank count, settings, and whether any member has a GPU, agreed when the group was made),
-// so every rank picks the same algorithm even when their tensors live on different devices.
-struct Choice {
-  Algo algo;
-  std::string why;
-};
-Choice choose(const Config& config, OpKind kind, int64_t bytes, at::ScalarType dtype,
-              int worldSize, bool groupHasGpu);
-// One line for info() and the debug log: the rule `choose` follows with these settings.
-std::string describeChoice(const Config& config, int worldSize, bool groupHasGpu);
+// An op's algorithm. Everything it depends on is the same on every rank of a group (sizes, dtype,
+// rank count, settings, and whether any member has a GPU, agreed when the group was made), so
+// every rank picks the same algorithm even when their tensors live on different devices. On the
+// per-op path: no strings.
+Algo choose(const Config& config, OpKind kind, int64_t bytes, at::ScalarType dtype,
+            int worldSize, bool groupHasGpu);
+// One line for info() and the group's description: the rule `choose` follows, and why.
+std::string describeChoice(const Config& config, bool groupHasGpu);
 
 struct Context {
   Link& link;
