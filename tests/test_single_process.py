@@ -113,7 +113,8 @@ def test_info_cli_reports_mpi_paths_and_settings():
     assert data["mpi_thread_level"] == "MPI_THREAD_MULTIPLE"
     assert data["built_with"]["mpi_source"]
     assert set(data["paths"]) == {"cpu tensors", "cuda tensors", "cuda reductions",
-                                  "other devices (xpu, ...)"}
+                                  "other devices (xpu, ...)", "reductions"}
+    assert data["paths"]["reductions"].startswith("auto, "), data["paths"]["reductions"]
     assert "TORCH_MPIGPU_TIMEOUT" in data["settings"]
 
 
