@@ -194,20 +194,20 @@ algo::Algo ProcessGroupMPIGPU::chooseAlgo(algo::OpKind kind,
   return algo::choose(config_, kind, bytes, tensors[0].scalar_type(), size_, groupHasGpu_);
 }
 
-algo::Context ProcessGroupMPIGPU::algoContext(const OpBuffers& bufs, const char* op,
-                                              const at::Tensor& buf, const mpi::Reduction& red,
-                                              std::unique_ptr<algo::Link>& link,
-                                              std::unique_ptr<algo::Reducer>& reducer) const {
+void ProcessGroupMPIGPU::withAlgorithm(const OpBuffers& bufs, const char* op,
+                                       const at::Tensor& buf, const mpi::Reduction& red,
+                                       const std::function<void(algo::Context&)>& fn) const {
   const int64_t bytes = buf.numel() * static_cast<int64_t>(buf.element_size());
   // Device messages need a CUDA-aware MPI; below cudaDirectBytes pinned staging is cheaper.
   const bool staged = paths_->cudaPath() != paths::PathKind::CudaDirect ||
                       config_.cudaReduce == 0 ||
                       (config_.cudaReduce == -1 && bytes < config_.cudaDirectBytes);
-  link = bufs.link(algoComm_, op, staged);
-  reducer = bufs.reducer(red.kind);
+  auto link = bufs.link(algoComm_, op, staged);
+  auto reducer = bufs.reducer(red.kind);
   const int64_t piece = std::clamp<int64_t>(
       config_.algoPieceBytes / static_cast<int64_t>(buf.element_size()), 1, algoComm_.maxCount);
-  return algo::Context{*link, *reducer, red, piece};
+  algo::Context ctx{*link, *reducer, red, piece};
+  fn(ctx);
 }
 
 milliseconds ProcessGroupMPIGPU::effectiveTimeout(milliseconds optTimeout) const {
@@ -424,10 +424,8 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupMPIGPU::allreduce(std::vector<at::Ten
                          mpi::allreduceInPlace(comm_, op, t, k.red);
                          return;
                        }
-                       std::unique_ptr<algo::Link> link;
-                       std::unique_ptr<algo::Reducer> reducer;
-                       auto ctx = algoContext(b, op, t, k.red, link, reducer);
-                       algo::allreduce(ctx, k.algo, t);
+                       withAlgorithm(b, op, t, k.red,
+                                     [&](algo::Context& c) { algo::allreduce(c, k.algo, t); });
                      });
                    }
                  });
@@ -464,10 +462,7 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupMPIGPU::reduce(std::vector<at::Tensor
                        mpi::reduce(comm_, op, t, t, red, root);
                        return;
                      }
-                     std::unique_ptr<algo::Link> link;
-                     std::unique_ptr<algo::Reducer> reducer;
-                     auto ctx = algoContext(b, op, t, red, link, reducer);
-                     algo::reduce(ctx, t, root);
+                     withAlgorithm(b, op, t, red, [&](algo::Context& c) { algo::reduce(c, t, root); });
                    });
                  }, root);
 }
@@ -496,10 +491,9 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupMPIGPU::reduce_scatter(
                      mpi::reduceScatter(comm_, op, b.mpi(in), b.mpi(out), red);
                      return;
                    }
-                   std::unique_ptr<algo::Link> link;
-                   std::unique_ptr<algo::Reducer> reducer;
-                   auto ctx = algoContext(b, op, b.mpi(in), red, link, reducer);
-                   algo::reduceScatter(ctx, b.mpi(in), b.mpi(out));
+                   withAlgorithm(b, op, b.mpi(in), red, [&](algo::Context& c) {
+                     algo::reduceScatter(c, b.mpi(in), b.mpi(out));
+                   });
                  });
 }
 
@@ -548,10 +542,9 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupMPIGPU::reduce_scatter_tensor_coalesc
                        mpi::reduceScatter(comm_, op, b.mpi(k.in), b.mpi(k.out), k.red);
                        continue;
                      }
-                     std::unique_ptr<algo::Link> link;
-                     std::unique_ptr<algo::Reducer> reducer;
-                     auto ctx = algoContext(b, op, b.mpi(k.in), k.red, link, reducer);
-                     algo::reduceScatter(ctx, b.mpi(k.in), b.mpi(k.out));
+                     withAlgorithm(b, op, b.mpi(k.in), k.red, [&](algo::Context& c) {
+                       algo::reduceScatter(c, b.mpi(k.in), b.mpi(k.out));
+                     });
                    }
                  });
 }

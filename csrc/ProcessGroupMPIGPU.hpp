@@ -117,9 +117,10 @@ class ProcessGroupMPIGPU : public c10d::Backend {
                                             int peer, int tag);
   // Our algorithms (algorithms/): the choice for an op, and one run of it on the engine.
   algo::Algo chooseAlgo(algo::OpKind kind, const std::vector<at::Tensor>& tensors) const;
-  algo::Context algoContext(const OpBuffers& bufs, const char* op, const at::Tensor& buf,
-                            const mpi::Reduction& red, std::unique_ptr<algo::Link>& link,
-                            std::unique_ptr<algo::Reducer>& reducer) const;
+  // Runs `fn` with the messages (Link) and reducer of this op's memory, on the engine.
+  void withAlgorithm(const OpBuffers& bufs, const char* op, const at::Tensor& buf,
+                     const mpi::Reduction& red,
+                     const std::function<void(algo::Context&)>& fn) const;
   std::chrono::milliseconds effectiveTimeout(std::chrono::milliseconds optTimeout) const;
   void releaseCommunicators();
 
