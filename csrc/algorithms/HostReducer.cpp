@@ -10,13 +10,6 @@
 
 namespace mpigpu::algo {
 
-c10d::ReduceOp::RedOpType arithmeticOf(c10d::ReduceOp::RedOpType kind) {
-  if (kind == c10d::ReduceOp::AVG || kind == c10d::ReduceOp::PREMUL_SUM) {
-    return c10d::ReduceOp::SUM;
-  }
-  return kind;
-}
-
 namespace {
 
 // ATen has no CPU arithmetic for uint16/32/64: plain loops (wrapping, as unsigned types do).

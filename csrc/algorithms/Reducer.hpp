@@ -21,9 +21,12 @@ class Reducer {
                        double scale) = 0;
 };
 
-// The arithmetic of a c10d reduce op: AVG and PREMUL_SUM are SUM (their scaling is done around
-// the algorithm).
-c10d::ReduceOp::RedOpType arithmeticOf(c10d::ReduceOp::RedOpType kind);
+// The arithmetic of a c10d reduce op, for every reducer: AVG and PREMUL_SUM are SUM (their
+// scaling is done around the algorithm).
+inline c10d::ReduceOp::RedOpType arithmeticOf(c10d::ReduceOp::RedOpType kind) {
+  const bool sum = kind == c10d::ReduceOp::AVG || kind == c10d::ReduceOp::PREMUL_SUM;
+  return sum ? c10d::ReduceOp::SUM : kind;
+}
 
 std::unique_ptr<Reducer> makeHostReducer(c10d::ReduceOp::RedOpType kind);
 
