@@ -5,6 +5,9 @@ in (exposed) communication, and final accuracy.
 
     python benchmarks/train_study.py --out benchmarks/results/train_cpu_2cores     # orchestrates
     python benchmarks/train_study.py --models mlp --ranks 2 --backends mpigpu       # a subset
+    scripts/two_hosts.sh up names 10gbit                     # across two simulated hosts:
+    python benchmarks/train_study.py --ranks 2 --launcher "scripts/two_hosts.sh mpirun" \
+        --setup "2 hosts (netns, veth, tbf 10gbit) x 1 rank" --out benchmarks/results/...
 
 Data ships with scikit-learn: the 1797 8x8 digits scaled to 28x28 (MNIST's shape), 1437 for
 training (tiled with a little noise to --samples images per epoch, default 12800) and 360 held
@@ -21,6 +24,7 @@ import argparse
 import json
 import os
 import platform
+import shlex
 import statistics
 import subprocess
 import sys
@@ -158,7 +162,8 @@ def launch(model, backend, ranks, threads, args):
     env = dict(os.environ, OMP_NUM_THREADS=str(threads), OMPI_ALLOW_RUN_AS_ROOT="1",
                OMPI_ALLOW_RUN_AS_ROOT_CONFIRM="1", OMPI_MCA_opal_warn_on_missing_libcuda="0")
     if backend != "none":
-        cmd = [mpirun(), "--oversubscribe", "-np", str(ranks), "-x", "OMP_NUM_THREADS"] + cmd
+        prefix = shlex.split(args.launcher) if args.launcher else [mpirun(), "--oversubscribe"]
+        cmd = prefix + ["-np", str(ranks), "-x", "OMP_NUM_THREADS"] + cmd
     p = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=3600)
     for line in p.stdout.splitlines():
         if line.startswith("RESULT "):
@@ -266,6 +271,8 @@ def orchestrate(args):
             "device": args.device, "epochs": args.epochs, "batch_per_rank": args.batch,
             "images_per_epoch": args.samples,
             "threads": "1 intra-op thread per rank (OMP_NUM_THREADS=1); mpirun default placement"}
+    if args.setup:
+        head["setup"] = args.setup
     text = "# " + " | ".join(f"{k}: {v}" for k, v in head.items()) + "\n" + table(runs)
     print(text)
     if args.out:
@@ -289,6 +296,9 @@ def main():
     ap.add_argument("--batch", type=int, default=128, help="per rank")
     ap.add_argument("--device", choices=["cpu", "cuda"], default="cpu")
     ap.add_argument("--out", help="write OUT.txt, OUT.json and OUT.png")
+    ap.add_argument("--launcher", help="command that takes Open MPI's mpirun arguments, e.g. "
+                    "'scripts/two_hosts.sh mpirun' (default: mpirun --oversubscribe)")
+    ap.add_argument("--setup", help="how the ranks are placed, for the results' header")
     ap.add_argument("--worker", action="store_true", help=argparse.SUPPRESS)
     ap.add_argument("--model", help=argparse.SUPPRESS)
     ap.add_argument("--backend", default="none", help=argparse.SUPPRESS)

@@ -64,6 +64,17 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
      "Collective over MPI_COMM_WORLD: rank 0's (host, port) to every rank, whether all share a "
      "host, this process's world rank and size, and its rank and count among the ranks on its "
      "host (from the gathered host names).");
+  m.def("world_allgather", [](const py::bytes& mine) {
+    std::vector<std::string> all;
+    {
+      std::string copy = mine;
+      py::gil_scoped_release noGil;
+      all = mpigpu::mpi::worldAllgather(copy);
+    }
+    py::list out;
+    for (const auto& s : all) out.append(py::bytes(s));
+    return out;
+  }, "Collective over MPI_COMM_WORLD: every rank's bytes, in world-rank order.");
   m.def("mpi_call_count", &mpigpu::mpi::callCount,
         "MPI communication calls made by this process so far (tests use it to prove fusion).");
   m.def("with_cuda", [] { return MPIGPU_WITH_CUDA != 0; });

@@ -4,9 +4,12 @@
 # (torch's CUDA wheel, every CUDA source compiled with nvcc) so a CUDA compile break or a
 # CUDA-build-only failure fails too. GPU tests run where a GPU is visible and skip elsewhere.
 # Extra arguments go to pytest. Settings:
-#   MPIGPU_TEST_BUILDS          "cpu cuda mpich" (default), or any of them
+#   MPIGPU_TEST_BUILDS          "cpu mpich slurm hosts cuda" (default), or any of them
 #                               (mpich: the CPU build against PyPI's MPICH, multi-rank suite and
-#                               exit tests under Hydra's mpiexec)
+#                               exit tests under Hydra's mpiexec; slurm: a one-node Slurm cluster,
+#                               the launcher suite under srun --mpi=pmix (Open MPI build) and
+#                               --mpi=pmi2 (MPICH build); hosts: two network-namespace hosts,
+#                               mpirun across them, names resolving and IP only)
 #   MPIGPU_REQUIRE_CUDA_BUILD   1: no nvcc is an error, not a skip (CI sets it)
 #   CUDA_HOME                   default /usr/local/cuda; TORCH_CUDA_ARCH_LIST default 9.0
 #   CUDA_TORCH_SPEC             torch for the CUDA build (default torch==2.14.1, CUDA 13.0)
@@ -21,18 +24,63 @@ run_suite() {  # venv, label, pytest args...
   (cd "$ROOT/tests" && PATH="$venv/bin:$PATH" "$venv/bin/python" -m pytest -v --durations=10 "$@")
 }
 
-builds="${MPIGPU_TEST_BUILDS:-cpu cuda mpich}"
+CPU_VENV="${MPIGPU_VENV:-$ROOT/.venv}"
+MPICH_VENV="$ROOT/.venv-mpich"
+ready=""
+setup_cpu() {  # once per run
+  [[ "$ready" == *cpu* ]] || MPIGPU_VENV="$CPU_VENV" TORCH_MPIGPU_WITH_CUDA=0 "$ROOT/scripts/setup_env.sh"
+  ready="$ready cpu"
+}
+setup_mpich() {
+  [[ "$ready" == *mpich* ]] || MPIGPU_VENV="$MPICH_VENV" MPIGPU_MPI_PACKAGE=mpich MPI_HOME= \
+    TORCH_MPIGPU_WITH_CUDA=0 "$ROOT/scripts/setup_env.sh"
+  ready="$ready mpich"
+}
+
+builds="${MPIGPU_TEST_BUILDS:-cpu mpich slurm hosts cuda}"
+# What every launcher runs: its variables, the job ending on a failed rank, exits, and the core
+# ops, DDP and FSDP2 (the whole suite runs under the default launcher above).
+LAUNCHER_TESTS="launcher or uncaught or clean or killed or stalled or ddp or fsdp or p2p_async \
+or (collectives and not algorithm and not split)"
 if [[ " $builds " == *" cpu "* ]]; then
-  MPIGPU_VENV="${MPIGPU_VENV:-$ROOT/.venv}" TORCH_MPIGPU_WITH_CUDA=0 "$ROOT/scripts/setup_env.sh"
-  run_suite "${MPIGPU_VENV:-$ROOT/.venv}" "CPU build" "$@"
+  setup_cpu
+  run_suite "$CPU_VENV" "CPU build" "$@"
 fi
 if [[ " $builds " == *" mpich "* ]]; then
   # The MPI standard, not Open MPI's tolerance: MPICH rejects aliased buffers, and its Hydra
   # launcher takes other flags (tests/conftest.py picks them).
-  MPIGPU_VENV="$ROOT/.venv-mpich" MPIGPU_MPI_PACKAGE=mpich MPI_HOME= TORCH_MPIGPU_WITH_CUDA=0 \
-    "$ROOT/scripts/setup_env.sh"
-  run_suite "$ROOT/.venv-mpich" "MPICH build (Hydra mpiexec)" test_multirank.py test_reliability.py \
+  setup_mpich
+  run_suite "$MPICH_VENV" "MPICH build (Hydra mpiexec)" test_multirank.py test_reliability.py \
     -k "not soak and not count_above and (not test_reliability or uncaught or async or clean)" "$@"
+fi
+if [[ " $builds " == *" slurm "* ]]; then
+  if why=$("$ROOT/scripts/slurm_cluster.sh" up 2>&1); then
+    echo "$why"
+    setup_cpu
+    MPIGPU_TEST_LAUNCHER=srun-pmix run_suite "$CPU_VENV" \
+      "Slurm srun --mpi=pmix (Open MPI build)" test_multirank.py test_reliability.py \
+      -k "$LAUNCHER_TESTS" "$@"
+    setup_mpich
+    MPIGPU_TEST_LAUNCHER=srun-pmi2 run_suite "$MPICH_VENV" \
+      "Slurm srun --mpi=pmi2 (MPICH build)" test_multirank.py test_reliability.py \
+      -k "$LAUNCHER_TESTS" "$@"
+    "$ROOT/scripts/slurm_cluster.sh" down
+  else
+    echo "=== Slurm legs SKIPPED: no one-node cluster could be started here: ${why: -600} ==="
+  fi
+fi
+if [[ " $builds " == *" hosts "* ]]; then
+  if why=$("$ROOT/scripts/two_hosts.sh" check 2>&1); then
+    trap '"$ROOT/scripts/two_hosts.sh" down' EXIT  # the test fixture removes them too
+    setup_cpu
+    MPIGPU_TEST_LAUNCHER=two-hosts-names run_suite "$CPU_VENV" \
+      "two hosts, names resolve (mpirun)" test_multirank.py \
+      -k "launcher or ddp or (collectives and not algorithm and not split)" "$@"
+    MPIGPU_TEST_LAUNCHER=two-hosts-ip-only run_suite "$CPU_VENV" \
+      "two hosts, IP only (mpirun)" test_multirank.py test_reliability.py -k "$LAUNCHER_TESTS" "$@"
+  else
+    echo "=== two-host legs SKIPPED: $why ==="
+  fi
 fi
 if [[ " $builds " == *" cuda "* ]]; then
   export CUDA_HOME="${CUDA_HOME:-/usr/local/cuda}" TORCH_CUDA_ARCH_LIST="${TORCH_CUDA_ARCH_LIST:-9.0}"

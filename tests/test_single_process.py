@@ -3,6 +3,7 @@ the info CLI, and the errors a user gets when the launch is wrong."""
 
 import json
 import os
+import socket
 import subprocess
 import sys
 from pathlib import Path
@@ -40,10 +41,14 @@ def test_registered_for_cpu_and_cuda():
     ({"MV2_COMM_WORLD_RANK": "1", "MV2_COMM_WORLD_SIZE": "2"}, "MVAPICH", 1, 2, None),
     ({"PMIX_RANK": "7"}, "PMIx (prterun)", 7, None, None),
     # srun --mpi=pmix / --mpi=pmi2: the MPI's variables carry no local rank, Slurm's do
-    ({"PMIX_RANK": "3", "SLURM_PROCID": "3", "SLURM_NTASKS": "4", "SLURM_LOCALID": "1"},
-     "PMIx (prterun)", 3, 4, 1),
-    ({"PMI_RANK": "2", "PMI_SIZE": "4", "SLURM_PROCID": "2", "SLURM_LOCALID": "0"},
-     "MPICH/Hydra mpiexec", 2, 4, 0),
+    ({"PMIX_RANK": "3", "SLURM_PROCID": "3", "SLURM_NTASKS": "4", "SLURM_LOCALID": "1",
+      "SLURM_STEP_ID": "0"}, "Slurm srun --mpi=pmix", 3, 4, 1),
+    ({"PMI_RANK": "2", "PMI_SIZE": "4", "SLURM_PROCID": "2", "SLURM_LOCALID": "0",
+      "SLURM_STEP_ID": "0"}, "Slurm srun --mpi=pmi2", 2, 4, 0),
+    # mpirun inside an sbatch script: every rank inherits the batch step's SLURM_PROCID=0 and
+    # SLURM_LOCALID=0, which must not become rank 2's local rank
+    ({"PMIX_RANK": "2", "SLURM_PROCID": "0", "SLURM_NTASKS": "1", "SLURM_LOCALID": "0"},
+     "PMIx (prterun)", 2, 1, None),
 ])
 def test_detect_launcher(env, launcher, rank, size, local):
     from torch_mpi_gpu.launcher import detect_launcher
@@ -51,6 +56,75 @@ def test_detect_launcher(env, launcher, rank, size, local):
     found = detect_launcher(env)
     assert found["launcher"] == launcher
     assert (found["rank"], found["size"], found["local_rank"]) == (rank, size, local)
+
+
+def _fake_allgather(other_ranks_probes):
+    """allgather for agree_master_addr on rank 0, other ranks answering with canned probes."""
+    calls = []
+
+    def allgather(mine):
+        calls.append(mine)
+        if len(calls) == 1:
+            return [mine] + [b""] * len(other_ranks_probes)
+        return [mine] + [json.dumps(p).encode() for p in other_ranks_probes]
+    return allgather
+
+
+def test_master_addr_is_the_first_address_every_rank_reaches(monkeypatch):
+    from torch_mpi_gpu import launcher
+
+    # a host name rank 2 cannot resolve (IP-only cluster), then an address everyone reaches
+    monkeypatch.setattr(launcher, "host_addresses", lambda: ["node-a", "127.0.0.1"])
+    monkeypatch.setattr(launcher, "_probe", lambda address, port: "ok")
+    monkeypatch.delenv("MASTER_ADDR", raising=False)
+    got = launcher.agree_master_addr(0, _fake_allgather([["ok", "ok"], ["unresolvable", "ok"]]))
+    assert got == "127.0.0.1"
+
+
+def test_no_reachable_master_addr_says_what_was_tried(monkeypatch):
+    from torch_mpi_gpu import launcher
+
+    monkeypatch.setattr(launcher, "host_addresses", lambda: ["node-a", "10.0.0.1"])
+    monkeypatch.setattr(launcher, "_probe",
+                        lambda address, port: "unresolvable" if address == "node-a" else "ok")
+    monkeypatch.delenv("MASTER_ADDR", raising=False)
+    with pytest.raises(RuntimeError) as e:
+        launcher.agree_master_addr(0, _fake_allgather([["unresolvable", "timeout"],
+                                                       ["ok", "refused"]]))
+    text = str(e.value)
+    assert "rank 0" in text and "no address of rank 0's host reaches every rank" in text
+    # node-a: rank 0 (this process) cannot resolve it either; 10.0.0.1 is not ours at all
+    assert "node-a: unresolvable from rank(s) 0,1" in text, text
+    assert "10.0.0.1: " in text and "timeout from rank(s) 1" in text and "refused from rank(s) 2" in text
+    assert "Set MASTER_ADDR" in text
+
+
+def test_user_master_addr_on_rank_0_is_taken_without_probing(monkeypatch):
+    from torch_mpi_gpu import launcher
+
+    monkeypatch.setenv("MASTER_ADDR", "10.1.2.3")
+    monkeypatch.setattr(launcher, "host_addresses", lambda: pytest.fail("probed anyway"))
+    assert launcher.agree_master_addr(0, lambda mine: [mine, b""]) == "10.1.2.3"
+
+
+def test_host_addresses_lists_names_then_ips():
+    from torch_mpi_gpu import launcher
+
+    found = launcher.host_addresses()
+    assert found[0] == socket.gethostname()
+    assert all(not a.startswith("127.") for a in found[1:])
+
+
+def test_probe_tells_reachable_from_refused_and_unresolvable():
+    from torch_mpi_gpu import launcher
+
+    listener = launcher._ProbeListener()
+    try:
+        assert launcher._probe("127.0.0.1", listener.port) == "ok"
+    finally:
+        listener.close()
+    assert launcher._probe("127.0.0.1", listener.port) == "refused"
+    assert launcher._probe("no-such-host.invalid", 1) == "unresolvable"
 
 
 def test_srun_without_mpi_plugin_stops_with_the_command_to_use():

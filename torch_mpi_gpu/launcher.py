@@ -4,12 +4,19 @@ launcher with no environment variables set by the user.
 torch's env:// rendezvous needs RANK, WORLD_SIZE, MASTER_ADDR and MASTER_PORT. MPI launchers set
 their own variables instead, so when one is detected and those are missing we take rank and size
 from MPI itself and agree on the store address through MPI (rank 0 picks a free port and
-broadcasts it; 127.0.0.1 when every rank is on one host).
+broadcasts it; 127.0.0.1 when every rank is on one host). Across hosts, rank 0 publishes the
+names and addresses of its host and every rank tries to resolve and connect to each; the first
+one every rank reached becomes MASTER_ADDR (clusters often have no DNS for node names).
 """
 
+import concurrent.futures
+import fcntl
+import json
 import logging
 import os
 import socket
+import struct
+import threading
 
 from . import config
 
@@ -27,12 +34,16 @@ LAUNCHERS = [
 ]
 
 # Where a launcher's own variables carry no local rank or size (PMIx, Hydra under srun), these
-# may: the first one present wins.
-LOCAL_FALLBACKS = [("SLURM_LOCALID", "SLURM_NTASKS_PER_NODE"),
-                   ("MPI_LOCALRANKID", "MPI_LOCALNRANKS"),
-                   ("OMPI_COMM_WORLD_LOCAL_RANK", "OMPI_COMM_WORLD_LOCAL_SIZE"),
-                   ("MV2_COMM_WORLD_LOCAL_RANK", "MV2_COMM_WORLD_LOCAL_SIZE")]
+# may: the first one present whose rank variable agrees with the rank found wins (under sbatch,
+# every rank mpirun starts inherits the batch step's SLURM_PROCID=0 and SLURM_LOCALID=0).
+LOCAL_FALLBACKS = [("SLURM_LOCALID", "SLURM_NTASKS_PER_NODE", "SLURM_PROCID"),
+                   ("MPI_LOCALRANKID", "MPI_LOCALNRANKS", "PMI_RANK"),
+                   ("OMPI_COMM_WORLD_LOCAL_RANK", "OMPI_COMM_WORLD_LOCAL_SIZE",
+                    "OMPI_COMM_WORLD_RANK"),
+                   ("MV2_COMM_WORLD_LOCAL_RANK", "MV2_COMM_WORLD_LOCAL_SIZE", "MV2_COMM_WORLD_RANK")]
 SIZE_FALLBACKS = ["SLURM_NTASKS", "PMI_SIZE", "OMPI_COMM_WORLD_SIZE"]
+# srun's MPI plugins set the PMI variables of the MPI they serve
+SRUN_PLUGINS = {"PMIx (prterun)": "pmix", "MPICH/Hydra mpiexec": "pmi2"}
 
 TORCH_VARS = ("RANK", "WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT")
 
@@ -54,12 +65,15 @@ def detect_launcher(environ=None):
             found = {"launcher": name, "rank": read(rank), "size": read(size),
                      "local_rank": read(local_rank), "local_size": read(local_size)}
             if found["local_rank"] is None:
-                for lr, ls in LOCAL_FALLBACKS:
-                    if read(lr) is not None:
+                for lr, ls, rank_var in LOCAL_FALLBACKS:
+                    if read(lr) is not None and read(rank_var) == found["rank"]:
                         found["local_rank"], found["local_size"] = read(lr), read(ls)
                         break
             if found["size"] is None:
                 found["size"] = next((read(v) for v in SIZE_FALLBACKS if read(v) is not None), None)
+            if (name in SRUN_PLUGINS and "SLURM_STEP_ID" in environ
+                    and read("SLURM_PROCID") == found["rank"]):
+                found["launcher"] = f"Slurm srun --mpi={SRUN_PLUGINS[name]}"
             return found
     return None
 
@@ -68,7 +82,7 @@ def check_world_size(found, mpi_size):
     """The launcher started several tasks but MPI sees a world of 1: every task is its own MPI
     job (srun without its --mpi plugin), which would otherwise train N copies silently."""
     if found and (found.get("size") or 1) > 1 and mpi_size == 1:
-        slurm = found["launcher"] == "Slurm srun"
+        slurm = found["launcher"].startswith("Slurm srun")
         raise RuntimeError(
             f"mpigpu: {found['launcher']} started {found['size']} tasks but MPI sees a world of 1 "
             "in each: the tasks are separate MPI jobs. "
@@ -82,6 +96,131 @@ def _free_port():
     with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
         s.bind(("", 0))
         return s.getsockname()[1]
+
+
+PROBE_TIMEOUT_S = 3.0
+
+
+def host_addresses():
+    """This host's names and non-loopback IP addresses, most readable first: what rank 0 offers
+    as MASTER_ADDR. IPv4 from the interfaces (SIOCGIFADDR), global IPv6 from /proc."""
+    names = [socket.gethostname()]
+    fqdn = socket.getfqdn()
+    if fqdn not in names and fqdn != "localhost":
+        names.append(fqdn)
+    ips = []
+    with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as s:
+        for _, ifname in socket.if_nameindex():
+            try:
+                req = struct.pack("256s", ifname.encode()[:15])
+                ip = socket.inet_ntoa(fcntl.ioctl(s.fileno(), 0x8915, req)[20:24])  # SIOCGIFADDR
+            except OSError:
+                continue  # no IPv4 address on this interface
+            if not ip.startswith("127."):
+                ips.append(ip)
+    try:
+        with open("/proc/net/if_inet6") as f:
+            for line in f:
+                hexaddr, _, _, scope, _, ifname = line.split()
+                if scope == "00" and ifname != "lo":  # global scope only: link-local needs %if
+                    ips.append(socket.inet_ntop(socket.AF_INET6, bytes.fromhex(hexaddr)))
+    except OSError:
+        pass
+    return names + [ip for ip in dict.fromkeys(ips)]
+
+
+def _probe(address, port, timeout=PROBE_TIMEOUT_S):
+    """'ok', or why this rank cannot use address: 'unresolvable', 'refused', 'timeout', ..."""
+    try:
+        infos = socket.getaddrinfo(address, port, type=socket.SOCK_STREAM)
+    except socket.gaierror:
+        return "unresolvable"
+    reason = "no address"
+    for family, kind, proto, _, sockaddr in infos:
+        try:
+            with socket.socket(family, kind, proto) as s:
+                s.settimeout(timeout)
+                s.connect(sockaddr)
+                return "ok"
+        except socket.timeout:
+            reason = "timeout"
+        except ConnectionRefusedError:
+            reason = "refused"
+        except OSError as e:
+            reason = e.strerror or type(e).__name__
+    return reason
+
+
+class _ProbeListener:
+    """A listening socket on every address of rank 0's host, accepting and closing, so other
+    ranks can check they reach a candidate address before the store is started there."""
+
+    def __init__(self):
+        self.sock = socket.create_server(("", 0), family=socket.AF_INET6, dualstack_ipv6=True) \
+            if socket.has_dualstack_ipv6() else socket.create_server(("", 0))
+        self.port = self.sock.getsockname()[1]
+        self.sock.settimeout(0.2)
+        self.stop = threading.Event()
+        self.thread = threading.Thread(target=self._serve, name="mpigpu-probe", daemon=True)
+        self.thread.start()
+
+    def _serve(self):
+        while not self.stop.is_set():
+            try:
+                conn, _ = self.sock.accept()
+                conn.close()
+            except (socket.timeout, OSError):
+                pass
+
+    def close(self):
+        self.stop.set()
+        self.thread.join()
+        self.sock.close()
+
+
+def agree_master_addr(rank, allgather):
+    """Collective: the address of rank 0's host that every rank can resolve and connect to.
+
+    allgather(bytes) -> list of every rank's bytes (MPI_COMM_WORLD). Raises on every rank, with
+    what each rank found for each address, when no address works for all."""
+    user_choice = os.environ.get("MASTER_ADDR") if rank == 0 else None
+    listener = _ProbeListener() if rank == 0 and not user_choice else None
+    try:
+        offer = ""
+        if rank == 0:
+            offer = json.dumps({"user": user_choice} if user_choice else
+                               {"addresses": host_addresses(), "port": listener.port})
+        offer = json.loads(allgather(offer.encode())[0])
+        if "user" in offer:  # rank 0's MASTER_ADDR, set by the user: everyone takes it
+            return offer["user"]
+        addresses, port = offer["addresses"], offer["port"]
+        with concurrent.futures.ThreadPoolExecutor(max(1, len(addresses))) as pool:
+            mine = list(pool.map(lambda a: _probe(a, port), addresses))
+        every = [json.loads(b) for b in allgather(json.dumps(mine).encode())]
+    finally:
+        if listener:
+            listener.close()
+    for i, address in enumerate(addresses):
+        if all(found[i] == "ok" for found in every):
+            return address
+    lines = []
+    for i, address in enumerate(addresses):
+        failed = {}
+        for r, found in enumerate(every):
+            if found[i] != "ok":
+                failed.setdefault(found[i], []).append(r)
+        lines.append(f"  {address}: " + "; ".join(f"{why} from rank(s) {_ranks(rs)}"
+                                                  for why, rs in failed.items()))
+    raise RuntimeError(
+        f"mpigpu: rank {rank}: no address of rank 0's host reaches every rank, so the rendezvous "
+        f"store cannot start. Tried (connect to a probe on port {port}, {PROBE_TIMEOUT_S:g} s "
+        "each):\n" + "\n".join(lines) + "\nSet MASTER_ADDR (and MASTER_PORT) to an address of "
+        "rank 0's host that every host can reach, or make the host names resolve everywhere.")
+
+
+def _ranks(ranks, shown=8):
+    text = ",".join(map(str, ranks[:shown]))
+    return text + (f",... ({len(ranks)} ranks)" if len(ranks) > shown else "")
 
 
 def choose_mpi_yield(environ=None):
@@ -156,8 +295,9 @@ def setup_env(force=False):
     host, port, single_host, rank, size, host_rank, host_size = _C.bootstrap_address(
         socket.gethostname(), port)
     check_world_size(found, size)
-    values = {"RANK": str(rank), "WORLD_SIZE": str(size),
-              "MASTER_ADDR": "127.0.0.1" if single_host else host, "MASTER_PORT": str(port)}
+    host = "127.0.0.1" if single_host else agree_master_addr(rank, _C.world_allgather)
+    values = {"RANK": str(rank), "WORLD_SIZE": str(size), "MASTER_ADDR": host,
+              "MASTER_PORT": str(port)}
     # the launcher's local rank, else the rank's place among the ranks on its host
     values["LOCAL_RANK"] = str(found["local_rank"] if found["local_rank"] is not None else host_rank)
     values["LOCAL_WORLD_SIZE"] = str(found["local_size"] if found["local_size"] is not None

@@ -164,4 +164,21 @@ Bootstrap bootstrapAddress(const std::string& myHost, int myPort) {
   return b;
 }
 
+std::vector<std::string> worldAllgather(const std::string& mine) {
+  const auto& env = ensureInitialized();
+  const char* op = "world_allgather";
+  int myLength = static_cast<int>(mine.size());
+  std::vector<int> lengths(env.worldSize), offsets(env.worldSize, 0);
+  MPIGPU_MPI_CHECK(MPI_Allgather(&myLength, 1, MPI_INT, lengths.data(), 1, MPI_INT,
+                                 MPI_COMM_WORLD), op, env.worldRank);
+  for (int r = 1; r < env.worldSize; ++r) offsets[r] = offsets[r - 1] + lengths[r - 1];
+  std::vector<char> all(static_cast<size_t>(offsets.back() + lengths.back()) + 1);
+  MPIGPU_MPI_CHECK(MPI_Allgatherv(mine.data(), myLength, MPI_CHAR, all.data(), lengths.data(),
+                                  offsets.data(), MPI_CHAR, MPI_COMM_WORLD), op, env.worldRank);
+  std::vector<std::string> out;
+  out.reserve(env.worldSize);
+  for (int r = 0; r < env.worldSize; ++r) out.emplace_back(all.data() + offsets[r], lengths[r]);
+  return out;
+}
+
 } // namespace mpigpu::mpi

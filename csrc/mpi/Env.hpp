@@ -48,4 +48,8 @@ struct Bootstrap {
 };
 Bootstrap bootstrapAddress(const std::string& myHost, int myPort);
 
+// Every rank's string, in world-rank order (any length). Collective over MPI_COMM_WORLD; the
+// launcher's address agreement uses it before any process group exists.
+std::vector<std::string> worldAllgather(const std::string& mine);
+
 } // namespace mpigpu::mpi

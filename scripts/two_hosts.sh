@@ -1,0 +1,87 @@
+#!/usr/bin/env bash
+# Two simulated hosts on this machine: network namespaces mpigpu-h0 and mpigpu-h1 joined by a veth
+# pair (10.231.0.1 and 10.231.0.2, nothing else but loopback inside), each process started in one
+# gets its own hostname (h0, h1) through a UTS namespace. mpirun runs inside h0 and reaches h1
+# through scripts/netns_rsh.sh, an rsh agent that enters the other namespace.
+#
+#   two_hosts.sh up [names|ip-only] [RATE]   create them; names: each host's /etc/hosts knows
+#                                            both names; ip-only: neither knows the other's name.
+#                                            RATE (e.g. 10gbit): shape each direction with tc tbf
+#   two_hosts.sh down                        remove them (also what `up` does first)
+#   two_hosts.sh check                       exit 0 when this machine can create them (root, netns)
+#   two_hosts.sh mpirun ARGS...              run Open MPI's mpirun from h0 with a hostfile of h0,h1
+#                                            (ARGS: -np N and the program; mpirun from PATH)
+# Needs root, iproute2 and util-linux's unshare; tests/test_launchers.py uses it.
+set -euo pipefail
+ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
+NS=(mpigpu-h0 mpigpu-h1)
+NAMES=(h0 h1)
+IPS=(10.231.0.1 10.231.0.2)
+STATE=/tmp/mpigpu-two-hosts
+
+down() {
+  for ns in "${NS[@]}"; do
+    ip netns del "$ns" 2>/dev/null || true
+    rm -rf "/etc/netns/$ns"
+  done
+  rm -rf "$STATE"
+}
+
+up() {
+  local mode=${1:-names} rate=${2:-}
+  down
+  mkdir -p "$STATE"
+  ip link add mpigpu-v0 type veth peer name mpigpu-v1
+  for i in 0 1; do
+    local ns=${NS[$i]}
+    ip netns add "$ns"
+    ip link set "mpigpu-v$i" netns "$ns"
+    ip -n "$ns" addr add "${IPS[$i]}/24" dev "mpigpu-v$i"
+    ip -n "$ns" link set lo up
+    ip -n "$ns" link set "mpigpu-v$i" up
+    if [ -n "$rate" ]; then
+      # a link of RATE each way (tbf); this kernel may lack netem, so no added delay
+      ip netns exec "$ns" tc qdisc add dev "mpigpu-v$i" root tbf rate "$rate" burst 1mb latency 10ms
+    fi
+    # `ip netns exec` bind-mounts /etc/netns/NS/hosts over /etc/hosts
+    mkdir -p "/etc/netns/$ns"
+    {
+      echo "127.0.0.1 localhost"
+      if [ "$mode" = names ]; then
+        echo "${IPS[0]} ${NAMES[0]}"
+        echo "${IPS[1]} ${NAMES[1]}"
+      else
+        echo "${IPS[$i]} ${NAMES[$i]}"  # a host knows its own name only
+      fi
+    } > "/etc/netns/$ns/hosts"
+  done
+  if [ "$mode" = names ]; then
+    printf '%s slots=2\n%s slots=2\n' "${NAMES[0]}" "${NAMES[1]}" > "$STATE/hostfile"
+  else
+    printf '%s slots=2\n%s slots=2\n' "${IPS[0]}" "${IPS[1]}" > "$STATE/hostfile"
+  fi
+  echo "$mode" > "$STATE/mode"
+}
+
+check() {
+  [ "$(id -u)" = 0 ] || { echo "not root: cannot create network namespaces"; return 1; }
+  command -v ip >/dev/null || { echo "no ip (iproute2)"; return 1; }
+  command -v unshare >/dev/null || { echo "no unshare (util-linux)"; return 1; }
+  ip netns add mpigpu-probe 2>/dev/null || { echo "ip netns add failed (no CAP_SYS_ADMIN?)"; return 1; }
+  ip netns del mpigpu-probe
+  unshare --uts true 2>/dev/null || { echo "unshare --uts failed"; ip netns del mpigpu-probe 2>/dev/null; return 1; }
+}
+
+case "${1:-}" in
+  up) shift; up "$@" ;;
+  down) down ;;
+  check) check ;;
+  mpirun)
+    shift
+    [ -f "$STATE/hostfile" ] || { echo "two_hosts.sh: run '$0 up' first" >&2; exit 2; }
+    # The agent is given the host as the hostfile names it (name or IP).
+    exec ip netns exec "${NS[0]}" unshare --uts sh -c 'hostname "$0"; exec "$@"' "${NAMES[0]}" \
+      mpirun --hostfile "$STATE/hostfile" --map-by node --oversubscribe \
+      --mca plm_rsh_agent "$ROOT/scripts/netns_rsh.sh" "$@" ;;
+  *) sed -n '2,15p' "$0"; exit 2 ;;
+esac
