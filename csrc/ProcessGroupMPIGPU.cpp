@@ -110,9 +110,8 @@ ProcessGroupMPIGPU::ProcessGroupMPIGPU(c10::intrusive_ptr<c10d::Store> store, in
       groupName_(std::move(groupName)),
       worldRanks_(resolveWorldRanks(rank, size, globalRanks)),
       config_(Config::fromEnv()),
-      timeout_(config_.timeoutSeconds > 0
-                   ? milliseconds(static_cast<int64_t>(config_.timeoutSeconds * 1000))
-                   : timeout) {
+      timeoutMs_(config_.timeoutSeconds > 0 ? static_cast<int64_t>(config_.timeoutSeconds * 1000)
+                                            : timeout.count()) {
   comm_.rank = rank;
   comm_.size = size;
   comm_.maxCount = config_.maxElementsPerCall;
@@ -140,27 +139,72 @@ ProcessGroupMPIGPU::ProcessGroupMPIGPU(c10::intrusive_ptr<c10d::Store> store, in
   if (store_) Watchdog::addGroup({groupName_, rank_, size_, store_, collectives_});
 }
 
+namespace {
+// Engines whose worker is stuck inside MPI after abort(): the thread still uses them.
+void keepAliveUntilExit(std::shared_ptr<Engine> engine) {
+  static std::mutex mutex;
+  static auto* kept = new std::vector<std::shared_ptr<Engine>>();
+  std::lock_guard<std::mutex> lock(mutex);
+  kept->push_back(std::move(engine));
+}
+} // namespace
+
 ProcessGroupMPIGPU::~ProcessGroupMPIGPU() {
   try {
-    releaseCommunicators();
+    shutdown();
   } catch (...) {
     // Destructors must not throw; at worst the communicators leak until MPI_Finalize.
   }
 }
 
-void ProcessGroupMPIGPU::releaseCommunicators() {
-  if (!engine_) return;
-  Watchdog::removeGroup(groupName_, rank_);
-  if (!engine_->stopped() && !mpi::isFinalized()) {
-    engine_->runAndWait("destroy_process_group", rank_, [this] {
-      mpi::freeComm(&algoComm_.handle);
-      mpi::freeComm(&comm_.handle);
-    });
-  }
-  engine_.reset();
+std::shared_ptr<Engine> ProcessGroupMPIGPU::currentEngine(const char* op) const {
+  std::lock_guard<std::mutex> lock(engineMutex_);
+  MPIGPU_CHECK_VALUE(engine_ != nullptr, op, rank_,
+                     "the process group has been destroyed or aborted; create a new one");
+  return engine_;
 }
 
-void ProcessGroupMPIGPU::shutdown() { releaseCommunicators(); }
+void ProcessGroupMPIGPU::shutdown() {
+  std::shared_ptr<Engine> engine;
+  {
+    std::lock_guard<std::mutex> lock(engineMutex_);
+    engine = engine_;
+  }
+  if (!engine) return;
+  Watchdog::removeGroup(groupName_, rank_);
+  if (!engine->stopped() && !mpi::isFinalized()) {
+    // Ops still queued run first, in issue order (their peers may be inside them already); then
+    // the communicators are freed. Bounded by the group's timeout: an op whose peers never come
+    // would otherwise hold destroy_process_group() forever.
+    const bool done = engine->runAndWait("destroy_process_group", rank_, [this] {
+      mpi::freeComm(&algoComm_.handle);
+      mpi::freeComm(&comm_.handle);
+    }, timeout());
+    if (!done) {
+      std::cerr << opMessage("destroy_process_group", rank_, "group '", groupName_,
+                             "': the ops ahead of it did not finish within the timeout (",
+                             timeout().count(), " ms); aborting the group instead (its "
+                             "outstanding ops fail)") << std::endl;
+      abort();
+      return;
+    }
+  }
+  std::lock_guard<std::mutex> lock(engineMutex_);
+  engine_.reset();  // (the engine stops with its last group: it may be shared)
+}
+
+void ProcessGroupMPIGPU::abort() {
+  std::shared_ptr<Engine> engine;
+  {
+    std::lock_guard<std::mutex> lock(engineMutex_);
+    engine = std::move(engine_);
+  }
+  if (!engine) return;
+  Watchdog::removeGroup(groupName_, rank_);
+  // Not freed: MPI_Comm_free is collective in spirit, and an op stuck in MPI still uses them.
+  const bool stopped = engine->abort("was aborted (the process group's abort())");
+  if (!stopped) keepAliveUntilExit(std::move(engine));
+}
 
 std::string ProcessGroupMPIGPU::describe() const {
   const auto& env = mpi::ensureInitialized();
@@ -168,7 +212,7 @@ std::string ProcessGroupMPIGPU::describe() const {
   s << "group '" << groupName_ << "' rank " << rank_ << "/" << size_ << " (world ranks";
   for (int r : worldRanks_) s << " " << r;
   s << "), " << env.libraryVersion << ", " << mpi::threadLevelName(env.threadLevel)
-    << ", timeout " << timeout_.count() << " ms, max elements per MPI call "
+    << ", timeout " << timeout().count() << " ms, max elements per MPI call "
     << config_.maxElementsPerCall << ", fusion up to " << config_.fusionBytes
     << " bytes per MPI call; paths: CPU tensors cpu, CUDA tensors "
     << paths::pathName(paths_->cudaPath()) << " (" << paths_->cudaPathReason()
@@ -211,7 +255,12 @@ void ProcessGroupMPIGPU::withAlgorithm(const OpBuffers& bufs, const char* op,
 }
 
 milliseconds ProcessGroupMPIGPU::effectiveTimeout(milliseconds optTimeout) const {
-  return optTimeout == c10d::kUnsetTimeout ? timeout_ : optTimeout;
+  return optTimeout == c10d::kUnsetTimeout ? timeout() : optTimeout;
+}
+
+void ProcessGroupMPIGPU::setTimeout(milliseconds timeout) {
+  if (config_.timeoutSeconds > 0) return;  // TORCH_MPIGPU_TIMEOUT overrides every timeout
+  timeoutMs_.store(timeout.count(), std::memory_order_relaxed);
 }
 
 c10::intrusive_ptr<c10d::Work> ProcessGroupMPIGPU::enqueue(c10d::OpType type, const char* op,
@@ -221,9 +270,9 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupMPIGPU::enqueue(c10d::OpType type, co
                                                            bool asyncOp,
                                                            std::shared_ptr<OpBuffers> bufs,
                                                            Body body, int root) {
-  MPIGPU_CHECK_VALUE(engine_ != nullptr, op, rank_,
-                     "the process group has been destroyed; create a new one");
-  const uint64_t seq = ++seq_;
+  const auto engine = currentEngine(op);
+  // The group's collective number: the same on every rank (point-to-point ops have their own).
+  const uint64_t seq = ++*collectives_;
   bufs->issued();
   auto work = c10::make_intrusive<WorkMPIGPU>(rank_, type, op, seq, std::move(outputs),
                                               effectiveTimeout(optTimeout), op,
@@ -252,11 +301,11 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupMPIGPU::enqueue(c10d::OpType type, co
   const int64_t bytes = bufs->bytes();
   const bool host = bufs->kind() == paths::PathKind::Cpu;
   const bool small = bytes <= config_.inlineBytes;
-  Watchdog::Op watched{groupName_, op, seq, ++*collectives_, rank_, bytes,
+  Watchdog::Op watched{groupName_, op, seq, rank_, bytes,
                        effectiveTimeout(optTimeout), false, config_.abortOnTimeout};
-  Engine::Task task = [this, watched, fp, bufs = std::move(bufs),
+  Engine::Task task = [this, engine = engine.get(), watched, fp, bufs = std::move(bufs),
                        body = std::move(body)]() mutable {
-    const bool onCaller = !engine_->onWorkerThread();
+    const bool onCaller = !engine->onWorkerThread();
     watched.onCaller = onCaller;
     const char* name = watched.name;
     const uint64_t seq = watched.seq;
@@ -274,8 +323,8 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupMPIGPU::enqueue(c10d::OpType type, co
   // The caller waits for this op right away (async_op=False): when it is small, on the host and
   // the engine is idle, run it here. The hand-off to the worker and the two thread wake-ups cost
   // more than a small MPI call itself.
-  if (!asyncOp && host && small && !coalescing && engine_->tryRunInline(work, task)) return work;
-  engine_->submit(work, std::move(task));
+  if (!asyncOp && host && small && !coalescing && engine->tryRunInline(work, task)) return work;
+  engine->submit(work, std::move(task));
   return work;
 }
 
@@ -322,7 +371,7 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupMPIGPU::endCoalescing() {
     coalescing_ = false;
     parts.swap(coalesced_);
   }
-  return combineWorks(rank_, "coalesced", seq_.load(), parts, timeout_);
+  return combineWorks(rank_, "coalesced", collectives_->load(), parts, timeout());
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -822,23 +871,22 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupMPIGPU::enqueueP2P(c10d::OpType type,
   MPIGPU_CHECK_VALUE(tag >= 0 && tag <= tagUpperBound, op, rank_, "tag ", tag,
                      " is outside MPI's range [0, ", tagUpperBound, "]");
   mpi::transportType(tensor.scalar_type(), op, rank_);
-  MPIGPU_CHECK_VALUE(engine_ != nullptr, op, rank_,
-                     "the process group has been destroyed; create a new one");
+  const auto engine = currentEngine(op);
   const bool sending = type == c10d::OpType::SEND;
   auto bufs = buffersFor(tensor);
   // Not elementwise: the request outlives the task, so its buffer is staged whole.
   bufs->add(tensor, sending ? Access::Read : Access::Write);
   bufs->issued();
-  const uint64_t seq = ++seq_;
+  const uint64_t seq = ++p2pSeq_;
   auto work = c10::make_intrusive<WorkMPIGPU>(
-      rank_, type, op, seq, std::vector<at::Tensor>{tensor}, timeout_, op,
+      rank_, type, op, seq, std::vector<at::Tensor>{tensor}, timeout(), op,
       std::optional<std::vector<at::Tensor>>(std::vector<at::Tensor>{tensor}),
       std::vector<std::shared_ptr<OpBuffers>>{bufs});
   {
     std::lock_guard<std::mutex> lock(coalesceMutex_);
     if (coalescing_) coalesced_.push_back(work);
   }
-  auto post = [this, op, bufs, peer, tag, sending, work] {
+  auto post = [this, engine = engine.get(), op, bufs, peer, tag, sending, work] {
     std::vector<MPI_Request> reqs;
     {
       auto onCommStream = bufs->enter();
@@ -847,9 +895,9 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupMPIGPU::enqueueP2P(c10d::OpType type,
       reqs = sending ? mpi::isend(comm_, op, b, peer, tag) : mpi::irecv(comm_, op, b, peer, tag);
     }
     WorkMPIGPU* raw = work.get();  // the pending entry owns `work`
-    engine_->addPending(std::move(reqs), work, [bufs, raw](const MPI_Status& status) {
-      raw->setSourceRank(status.MPI_SOURCE);
-      {
+    engine->addPending(std::move(reqs), work, [bufs, raw](const MPI_Status& status) {
+      if (status.MPI_ERROR == MPI_SUCCESS) {  // on an error: release only, copy nothing back
+        raw->setSourceRank(status.MPI_SOURCE);
         auto onCommStream = bufs->enter();
         bufs->stageOut();
       }
@@ -860,10 +908,10 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupMPIGPU::enqueueP2P(c10d::OpType type,
   // Host tensors: posted on the calling thread when nothing is ahead of it, and wait() tests
   // for the reply itself, so a send/recv pays no thread hand-off or wake-up on either end.
   if (bufs->kind() == paths::PathKind::Cpu && tensor.nbytes() <= static_cast<size_t>(config_.inlineBytes)) {
-    work->setProgressDriver(std::weak_ptr<ProgressDriver>(engine_));
-    if (engine_->tryPostInline(work, post)) return work;
+    work->setProgressDriver(std::weak_ptr<ProgressDriver>(engine));
+    if (engine->tryPostInline(work, post)) return work;
   }
-  engine_->submit(work, std::move(post));
+  engine->submit(work, std::move(post));
   return work;
 }
 

@@ -31,12 +31,22 @@ class ProcessGroupMPIGPU : public c10d::Backend {
 
   const std::string getBackendName() const override { return "mpigpu"; }
   bool supportsCoalescing() const override { return true; }
-  void setTimeout(std::chrono::milliseconds timeout) override { timeout_ = timeout; }
+  // torch's _set_pg_timeout; TORCH_MPIGPU_TIMEOUT, when set, still wins (it is the user's
+  // override of every group's timeout).
+  void setTimeout(std::chrono::milliseconds timeout) override;
   void startCoalescing() override;
   c10::intrusive_ptr<c10d::Work> endCoalescing() override;
   void setSequenceNumberForGroup() override {}
-  uint64_t getSequenceNumberForGroup() override { return seq_.load(); }
+  // Collectives only, as NCCL's seqCollective_: torch's ProcessGroupWrapper
+  // (TORCH_DISTRIBUTED_DEBUG=DETAIL) compares it across ranks, and p2p ops differ per rank.
+  uint64_t getSequenceNumberForGroup() override { return collectives_->load(); }
+  // Runs what is queued, then frees the communicators; bounded by the group's timeout, after
+  // which it aborts. The destructor does the same.
   void shutdown() override;
+  // c10d's abort (torch.distributed's _abort_process_group): returns at once; outstanding ops
+  // fail. An op blocked inside MPI cannot be interrupted: its thread is left behind, and the
+  // process then ends with MPI_Abort at exit instead of finalising.
+  void abort() override;
 
   c10::intrusive_ptr<c10d::Work> broadcast(std::vector<at::Tensor>& tensors,
                                            const c10d::BroadcastOptions& opts) override;
@@ -121,24 +131,32 @@ class ProcessGroupMPIGPU : public c10d::Backend {
   void withAlgorithm(const OpBuffers& bufs, const char* op, const at::Tensor& buf,
                      const mpi::Reduction& red,
                      const std::function<void(algo::Context&)>& fn) const;
+  // The engine, or a ValueError naming `op` when the group was destroyed or aborted.
+  std::shared_ptr<Engine> currentEngine(const char* op) const;
   std::chrono::milliseconds effectiveTimeout(std::chrono::milliseconds optTimeout) const;
-  void releaseCommunicators();
+  std::chrono::milliseconds timeout() const {
+    return std::chrono::milliseconds(timeoutMs_.load(std::memory_order_relaxed));
+  }
 
   c10::intrusive_ptr<c10d::Store> store_;
   const std::string groupName_;
   const std::vector<int> worldRanks_;
   Config config_;
-  std::chrono::milliseconds timeout_;
+  // Read by callers' threads while setTimeout may write it.
+  std::atomic<int64_t> timeoutMs_;
   mpi::Comm comm_;
   // A duplicate of comm_ for our algorithms' point-to-point, so users' messages never match ours.
   mpi::Comm algoComm_;
   // Some member has a GPU (agreed at creation): decides the algorithms on every rank alike.
   bool groupHasGpu_ = false;
   std::unique_ptr<paths::PathFactory> paths_;
+  // Read by callers, cleared by shutdown()/abort() from any thread: through currentEngine().
+  mutable std::mutex engineMutex_;
   std::shared_ptr<Engine> engine_;
-  std::atomic<uint64_t> seq_{0};
-  // Collectives issued (not p2p): the same numbering on every rank, published by the watchdog.
+  // Collectives issued: the same numbering on every rank, published by the watchdog.
   std::shared_ptr<std::atomic<uint64_t>> collectives_ = std::make_shared<std::atomic<uint64_t>>(0);
+  // Point-to-point ops issued by this rank (numbered apart: they differ from rank to rank).
+  std::atomic<uint64_t> p2pSeq_{0};
 
   std::mutex coalesceMutex_;
   bool coalescing_ = false;

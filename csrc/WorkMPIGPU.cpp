@@ -113,6 +113,7 @@ float WorkMPIGPU::getDuration() const {
 }
 
 void WorkMPIGPU::markCompleted() {
+  if (settled_.exchange(true)) return;  // already failed by abort()
   {
     std::lock_guard<std::mutex> lock(mutex_);
     finished_ = std::chrono::steady_clock::now();
@@ -143,6 +144,7 @@ void WorkMPIGPU::completeFuture() {
 }
 
 void WorkMPIGPU::markFailed(std::exception_ptr error) {
+  if (settled_.exchange(true)) return;
   {
     std::lock_guard<std::mutex> lock(mutex_);
     finished_ = std::chrono::steady_clock::now();

@@ -6,6 +6,7 @@
 #include <ATen/core/ivalue.h>
 #include <torch/csrc/distributed/c10d/Work.hpp>
 
+#include <atomic>
 #include <chrono>
 #include <functional>
 #include <mutex>
@@ -70,6 +71,8 @@ class WorkMPIGPU : public c10d::Work {
 
   const char* opName_;
   const uint64_t seq_;
+  // Completed or failed once: abort() may fail an op whose MPI call returns later.
+  std::atomic<bool> settled_{false};
   std::vector<at::Tensor> outputs_;
   const std::chrono::milliseconds timeout_;
   const std::vector<std::shared_ptr<paths::OpBuffers>> buffers_;

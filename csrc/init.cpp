@@ -2,9 +2,12 @@
 #include <torch/csrc/distributed/c10d/ProcessGroup.hpp>
 #include <torch/csrc/utils/pybind.h>
 
+#include <iostream>
+
 #include <pybind11/chrono.h>
 #include <pybind11/stl.h>
 
+#include "Errors.hpp"
 #include "ProcessGroupMPIGPU.hpp"
 #include "engine/Engine.hpp"
 #include "engine/FutureCompleter.hpp"
@@ -94,6 +97,14 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
     mpigpu::Engine::shutdownAll();
     mpigpu::Watchdog::stop();
     mpigpu::stopFutureCompleter();
+    if (mpigpu::Engine::anyStuckInMpi() && !mpigpu::mpi::isFinalized()) {
+      // MPI_Finalize would wait for the op forever: end the job instead, and say why.
+      std::cerr << mpigpu::opMessage("exit", mpigpu::mpi::ensureInitialized().worldRank,
+                                     "an aborted process group left an op inside MPI that its "
+                                     "peers never joined; ending the job with MPI_Abort instead "
+                                     "of hanging in MPI_Finalize") << std::endl;
+      MPI_Abort(MPI_COMM_WORLD, 1);
+    }
     mpigpu::mpi::finalizeIfOwned();
   }, py::call_guard<py::gil_scoped_release>(),
      "Stops every engine and finalises MPI if torch_mpi_gpu initialised it (runs at exit).");

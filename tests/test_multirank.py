@@ -6,7 +6,7 @@ import re
 
 import pytest
 
-from conftest import run_mpi
+from conftest import LAUNCHER, mpirun_path, is_hydra, run_mpi
 
 RANKS = [1, 2, 3, 4]
 
@@ -17,6 +17,21 @@ def passed_counts(output, np):
     assert len(counts) == np, f"expected a summary from each of {np} ranks:\n{output[-3000:]}"
     assert all(int(f) == 0 for *_, f in counts), output[-3000:]
     return min(int(p) for _, _, p, _ in counts)
+
+
+def expected_launcher():
+    if LAUNCHER.startswith("srun-"):
+        return f"Slurm srun --mpi={LAUNCHER[len('srun-'):]}"
+    if LAUNCHER == "mpirun" and is_hydra(mpirun_path()):
+        return "MPICH/Hydra mpiexec"
+    return "Open MPI mpirun"
+
+
+@pytest.mark.parametrize("np", RANKS)
+def test_launcher_sets_rank_local_rank_and_world_size(np):
+    hosts = 2 if LAUNCHER.startswith("two-hosts") and np > 1 else 1
+    out = run_mpi("launch_env.py", np, args=(expected_launcher(), str(hosts)))
+    assert passed_counts(out, np) >= 7
 
 
 @pytest.mark.parametrize("np", RANKS)
@@ -62,6 +77,12 @@ def test_random_ops_with_algorithm(algo, np):
 @pytest.mark.parametrize("np", RANKS)
 def test_p2p_async_groups(np):
     assert passed_counts(run_mpi("p2p_groups.py", np), np) > 30
+
+
+@pytest.mark.parametrize("np", [2, 3])
+def test_p2p_then_collectives_under_torch_debug_detail(np):
+    out = run_mpi("debug_detail.py", np, env={"TORCH_DISTRIBUTED_DEBUG": "DETAIL"})
+    assert passed_counts(out, np) >= 6
 
 
 @pytest.mark.parametrize("np", [2, 3])

@@ -1,7 +1,6 @@
 """Stalled ranks: the watchdog reports the op after the timeout and ends the job (or only reports
 with TORCH_MPIGPU_TIMEOUT_ACTION=report). Launched directly (these jobs are meant to fail)."""
 
-import os
 import re
 import subprocess
 import sys
@@ -9,14 +8,13 @@ import time
 
 import pytest
 
-from conftest import MP_DIR, mpirun_command, mpirun_path, run_mpi
+from conftest import LAUNCHER, MP_DIR, launch_command, launch_env, run_mpi
 from test_multirank import passed_counts
 
 
 def launch(mode, np, env, script="stall.py", timeout=120):
-    full_env = dict(os.environ, OMP_NUM_THREADS="1", OMPI_ALLOW_RUN_AS_ROOT="1",
-                    OMPI_ALLOW_RUN_AS_ROOT_CONFIRM="1", PYTHONUNBUFFERED="1", **env)
-    cmd = mpirun_command(mpirun_path(), np, dict(env))
+    full_env = launch_env(env)
+    cmd = launch_command(np, dict(env))
     cmd += [sys.executable, str(MP_DIR / script), mode]
     start = time.monotonic()
     try:
@@ -36,11 +34,11 @@ def test_stalled_rank_is_reported_and_ends_the_job(mode):
     # a waiting rank names the op, its sequence number, its group and the timeout (the first
     # to report ends the job, so the other waiting rank may not get to print); the stalled
     # rank has nothing in flight
-    assert re.search(r"WATCHDOG \[rank [02]\]: allreduce \(op #2 of group '\S+', 64 bytes", out), \
+    assert re.search(r"WATCHDOG \[rank [02]\]: allreduce \(collective #2 of group '\S+', 64 bytes", out), \
         out[-3000:]
     assert "WATCHDOG [rank 1]" not in out
     # and it names the rank that never issued the collective (from the progress in the store)
-    assert "This is collective #2 of the group; ranks that had not issued it" in out, out[-3000:]
+    assert "Ranks that had not issued collective #2 at their last report" in out, out[-3000:]
     assert "1 (has issued 1)" in out, out[-3000:]
     assert "past its timeout of 2 s" in out and "Ending the job (MPI_Abort)" in out, out[-3000:]
     assert "unreachable" not in out
@@ -55,7 +53,11 @@ def test_report_only_lets_a_late_rank_finish():
 
 
 def test_killed_rank_ends_the_job():
-    rc, out, took = launch("die", 3, {})  # default timeout (30 min): the launcher must end it
+    # Default timeout (30 min): the launcher must end it. srun --mpi=pmi2 (MPICH) does not notice
+    # a task killed by a signal unless told to (--kill-on-bad-exit, as the README says); the
+    # others would wait until the watchdog's timeout.
+    env = {"SLURM_KILL_BAD_EXIT": "1"} if LAUNCHER == "srun-pmi2" else {}
+    rc, out, took = launch("die", 3, env)
     assert rc != 0, out[-3000:]
     assert "unreachable" not in out
     assert took < 60, f"the job took {took:.0f} s to end after a rank was killed"
@@ -81,6 +83,25 @@ def test_exit_with_async_ops_pending_finishes_cleanly():
         rc, out, took = launch("pending-async", 2, {}, script="exits.py", timeout=60)
         assert rc == 0, f"run {i}: exit {rc}\n{out[-3000:]}"
         assert out.count("async ops unwaited") == 2, out[-3000:]
+
+
+@pytest.mark.parametrize("mode", ["destroy", "abort"])
+def test_ending_a_group_with_an_op_that_never_finishes(mode):
+    # destroy_process_group() used to wait with a one-year limit; abort() did nothing.
+    rc, out, took = launch(mode, 2, {"TORCH_MPIGPU_TIMEOUT": "3",
+                                     "TORCH_MPIGPU_TIMEOUT_ACTION": "report"},
+                           script="shutdown.py", timeout=90)
+    returned = re.search(rf"rank 0: {mode} returned after ([\d.]+) s", out)
+    assert returned, out[-3000:]
+    limit = 10 if mode == "destroy" else 2  # destroy: the group's timeout (3 s), abort: at once
+    assert float(returned.group(1)) < limit, out[-3000:]
+    if mode == "destroy":
+        assert "did not finish within the timeout (3000 ms); aborting the group" in out
+    assert "the stuck op failed: " in out and "STUCK OP COMPLETED" not in out, out[-3000:]
+    assert "an op after the end is refused" in out and "destroyed or aborted" in out, out[-3000:]
+    # the stuck MPI call cannot be interrupted: the job is ended, not left in MPI_Finalize
+    assert rc != 0 and "instead of hanging in MPI_Finalize" in out, out[-3000:]
+    assert took < 60, f"the job took {took:.0f} s to end"
 
 
 def test_clean_exit_finalizes():

@@ -162,6 +162,47 @@ def test_single_rank_group_works_without_launcher():
     assert rc == 0 and "sum [0.0, 1.0, 2.0, 3.0, 4.0]" in out, out
 
 
+def test_collectives_never_wait_for_the_store():
+    # The watchdog publishes progress through the store about once a second. A store that hangs
+    # (its host gone) must not stall collectives: before the fix the watchdog held the lock every
+    # collective takes while it wrote to the store, and the next all_reduce hung with it.
+    rc, out = python(
+        "import threading, time, torch, torch.distributed as dist, torch_mpi_gpu\n"
+        "class HangingStore(dist.Store):\n"
+        "    def __init__(self):\n"
+        "        super().__init__(); self.inner = dist.HashStore(); self.gone = threading.Event()\n"
+        "    def set(self, key, value):\n"
+        "        if 'mpigpu_watchdog' in key: self.gone.wait()  # blocks until released\n"
+        "        self.inner.set(key, value)\n"
+        "    def get(self, key): return self.inner.get(key)\n"
+        "    def add(self, key, n): return self.inner.add(key, n)\n"
+        "    def check(self, keys): return self.inner.check(keys)\n"
+        "    def wait(self, keys, timeout=None): return self.inner.wait(keys)\n"
+        "store = HangingStore()\n"
+        "dist.init_process_group('mpigpu', store=store, rank=0, world_size=1)\n"
+        "t = torch.ones(8); start = time.monotonic(); n = 0\n"
+        "while time.monotonic() - start < 3.0:\n"
+        "    dist.all_reduce(t); n += 1; time.sleep(0.01)\n"
+        "print('collectives while the store hung:', n, flush=True)\n"
+        "store.gone.set()\n"
+        "dist.destroy_process_group()\n", timeout=60)
+    assert rc == 0, out
+    assert int(out.split("collectives while the store hung:")[1].split()[0]) > 100, out
+
+
+def test_timeout_setting_overrides_set_pg_timeout():
+    code = ("import datetime, torch, torch.distributed as dist, torch_mpi_gpu\n"
+            "dist.init_process_group('mpigpu', store=dist.HashStore(), rank=0, world_size=1)\n"
+            "b = dist.group.WORLD._get_backend(torch.device('cpu'))\n"
+            "b.set_timeout(datetime.timedelta(seconds=7))  # what ProcessGroup.set_timeout calls\n"
+            "print('described:', b.describe().split('timeout ')[1].split(',')[0])\n"
+            "dist.destroy_process_group()")
+    rc, out = python(code)
+    assert rc == 0 and "described: 7000 ms" in out, out  # torch's call takes effect
+    rc, out = python(code, env={"TORCH_MPIGPU_TIMEOUT": "3"})
+    assert rc == 0 and "described: 3000 ms" in out, out  # the user's override wins
+
+
 def test_torchrun_style_launch_names_the_mpirun_command():
     rc, out = python(
         "import torch.distributed as dist, torch_mpi_gpu\n"

@@ -1,4 +1,5 @@
 #include "engine/Engine.hpp"
+#include "engine/ThreadName.hpp"
 
 #include <c10/util/StringUtil.h>
 
@@ -10,6 +11,7 @@
 #include <sys/prctl.h>
 
 #include "Errors.hpp"
+#include "mpi/Collectives.hpp"
 #include "mpi/Env.hpp"
 
 namespace mpigpu {
@@ -183,15 +185,25 @@ void Engine::callerWaiting(bool waiting) {
   --callersWaiting_;  // the worker resumes polling at its next look (within kSlowPollInterval)
 }
 
-void Engine::runAndWait(const char* opName, int rank, std::function<void()> task) {
+bool Engine::runAndWait(const char* opName, int rank, std::function<void()> task,
+                        std::chrono::milliseconds timeout) {
   auto work = c10::make_intrusive<WorkMPIGPU>(rank, c10d::OpType::UNKNOWN, opName, 0,
-                                              std::vector<at::Tensor>{},
-                                              std::chrono::hours(24 * 365), nullptr, std::nullopt);
+                                              std::vector<at::Tensor>{}, timeout, nullptr,
+                                              std::nullopt);
   submit(work, [task = std::move(task)] {
     task();
     return true;
   });
-  work->wait();
+  {
+    // Wait without Work::wait's timeout error: the caller decides what a timeout means.
+    const auto deadline = std::chrono::steady_clock::now() + timeout;
+    while (!work->isCompleted()) {
+      if (std::chrono::steady_clock::now() >= deadline) return false;
+      std::this_thread::sleep_for(std::chrono::milliseconds(1));
+    }
+  }
+  work->wait();  // rethrows the task's error
+  return true;
 }
 
 void Engine::addPending(std::vector<MPI_Request> requests, c10::intrusive_ptr<WorkMPIGPU> work,
@@ -214,7 +226,6 @@ void Engine::addPending(std::vector<MPI_Request> requests, c10::intrusive_ptr<Wo
 }
 
 void Engine::shutdown() {
-  std::deque<Queued> orphans;
   {
     std::lock_guard<std::mutex> lock(mutex_);
     if (stop_) return;
@@ -222,19 +233,82 @@ void Engine::shutdown() {
     cv_.notify_all();
   }
   if (thread_.joinable()) thread_.join();
+  failOutstanding("was still outstanding when the process group was shut down");
+}
+
+namespace {
+std::atomic<int> g_stuckWorkers{0};
+
+// Completions of requests freed unfinished: they own buffers MPI may still write.
+std::vector<Engine::Then>& leakedThen() {
+  static auto* v = new std::vector<Engine::Then>();
+  return *v;
+}
+} // namespace
+
+bool Engine::anyStuckInMpi() { return g_stuckWorkers.load() > 0; }
+
+bool Engine::abort(const std::string& why) {
+  bool insideTask;
+  c10::intrusive_ptr<WorkMPIGPU> running;
+  {
+    std::lock_guard<std::mutex> lock(mutex_);
+    if (stop_ && !thread_.joinable()) return true;
+    stop_ = true;
+    insideTask = running_;
+    running = current_;
+    cv_.notify_all();
+  }
+  failOutstanding(why);
+  if (running) {
+    running->markFailed(std::make_exception_ptr(c10::DistBackendError(
+        {__func__, __FILE__, static_cast<uint32_t>(__LINE__)},
+        opMessage(running->opName(), rank_, "op #", running->getSequencenumber(), " ", why,
+                  " while inside MPI (the call itself cannot be interrupted)"))));
+  }
+  if (thread_.joinable() && !onWorkerThread()) {
+    if (insideTask) {
+      // Blocked in MPI (a collective its peers never joined): it cannot be interrupted. Leave it;
+      // the caller keeps this engine alive, and the process cannot finalise MPI (see exit).
+      thread_.detach();
+      ++g_stuckWorkers;
+      return false;
+    }
+    thread_.join();
+  }
+  return true;
+}
+
+void Engine::failOutstanding(const std::string& why) {
+  std::deque<Queued> orphans;
   {
     std::lock_guard<std::mutex> lock(mutex_);
     orphans.swap(queue_);
   }
-  for (auto& q : orphans) {
-    q.work->markFailed(std::make_exception_ptr(c10::DistBackendError(
+  std::vector<Pending> abandoned;
+  {
+    std::lock_guard<std::mutex> lock(progressMutex_);
+    abandoned.swap(pending_);
+    pendingCount_ = 0;
+  }
+  auto fail = [&](const c10::intrusive_ptr<WorkMPIGPU>& work) {
+    work->markFailed(std::make_exception_ptr(c10::DistBackendError(
         {__func__, __FILE__, static_cast<uint32_t>(__LINE__)},
-        opMessage(q.work->opName(), rank_, "op #", q.work->getSequencenumber(),
-                  " was still queued when the process group was shut down"))));
+        opMessage(work->opName(), rank_, "op #", work->getSequencenumber(), " ", why))));
+  };
+  for (auto& q : orphans) fail(q.work);
+  for (auto& p : abandoned) {
+    // A receive left posted would let MPI write into a tensor the user owns again.
+    if (!mpi::cancelRequests(p.requests)) {
+      for (const auto& t : p.work->result()) mpi::leakUntilExit(t);
+      leakedThen().push_back(std::move(p.then));  // holds the op's staging buffers
+    }
+    fail(p.work);
   }
 }
 
 void Engine::loop() {
+  setThreadName("mpigpu-engine");
   // Ops write into tensors that may require grad (parameters, gradients); that is not autograd.
   at::NoGradGuard noGrad;
   // Linux lets a 20 us timed wait oversleep by the default 50 us timer slack; poll on time.
@@ -258,13 +332,14 @@ void Engine::loop() {
       } else {
         cv_.wait_for(lock, idle < kSlowAfter ? kPollInterval : kSlowPollInterval, ready);
       }
-      // On stop, queued ops are failed by shutdown(); outstanding requests are abandoned, since
-      // the peers may never post their side.
+      // On stop, queued ops and outstanding requests are failed by shutdown() or abort(): the
+      // peers may never post their side.
       if (stop_) break;
       if (!queue_.empty() && !inlineBusy_) {
         item = std::move(queue_.front());
         queue_.pop_front();
         running_ = true;
+        current_ = item.work;
       }
     }
     if (item.work) {
@@ -281,6 +356,7 @@ void Engine::loop() {
         // blocking op at once, and must find the engine idle to run it inline.
         std::lock_guard<std::mutex> lock(mutex_);
         running_ = false;
+        current_.reset();
       }
       if (error) {
         item.work->markFailed(error);
@@ -291,18 +367,6 @@ void Engine::loop() {
     // (a caller's inline collective never overlaps pending requests: they block inline runs;
     // a caller's inline post may, which MPI_THREAD_MULTIPLE allows)
     if (pendingCount_.load() != 0 && callersWaiting_.load() == 0) progressPending(/*blocking=*/true);
-  }
-  std::vector<Pending> abandoned;
-  {
-    std::lock_guard<std::mutex> lock(progressMutex_);
-    abandoned.swap(pending_);
-    pendingCount_ = 0;
-  }
-  for (auto& p : abandoned) {
-    p.work->markFailed(std::make_exception_ptr(c10::DistBackendError(
-        {__func__, __FILE__, static_cast<uint32_t>(__LINE__)},
-        opMessage(p.work->opName(), rank_, "op #", p.work->getSequencenumber(),
-                  " was still waiting for its peer when the process group was shut down"))));
   }
 }
 
@@ -354,6 +418,13 @@ void Engine::progressPending(bool blocking) {
           char text[MPI_MAX_ERROR_STRING] = {0};
           int len = 0;
           MPI_Error_string(rc, text, &len);
+          // The requests still active are cancelled; the op's buffers are released (not
+          // copied back) by its completion, told of the error through the status.
+          if (mpi::cancelRequests(p.requests) && p.then) {
+            MPI_Status failed = statuses[0];
+            failed.MPI_ERROR = rc;
+            p.then(failed);
+          }
           MPIGPU_THROW_BACKEND(p.work->opName(), rank_, "MPI_Testall failed: ", text,
                                " (a receive smaller than the message sent, or a peer that failed)");
         }

@@ -52,12 +52,21 @@ class Engine : public ProgressDriver {
   // completes what finished. Lets Work::wait() see a reply without waiting for the worker.
   void assistProgress() override;
   void callerWaiting(bool waiting) override;
-  // Runs `task` on the worker and waits for it (communicator creation and release).
-  void runAndWait(const char* opName, int rank, std::function<void()> task);
+  // Runs `task` on the worker and waits for it (communicator creation and release) up to
+  // `timeout`; false when it did not finish by then (it stays queued: abort() drops it).
+  bool runAndWait(const char* opName, int rank, std::function<void()> task,
+                  std::chrono::milliseconds timeout = std::chrono::hours(24 * 365));
   void addPending(std::vector<MPI_Request> requests, c10::intrusive_ptr<WorkMPIGPU> work,
                   Then then);
   void shutdown();
+  // c10d's abort(): stops without waiting for anything. Queued ops and pending point-to-point
+  // requests fail with `why` (the requests are cancelled and freed first, so MPI never writes
+  // into their buffers later). Returns false when the worker is inside a blocking MPI call, which
+  // nothing can interrupt: it is then left running, and the engine must be kept alive.
+  bool abort(const std::string& why);
   bool stopped() const;
+  // An aborted engine's worker still inside MPI: MPI cannot be finalised in this process.
+  static bool anyStuckInMpi();
   bool onWorkerThread() const { return std::this_thread::get_id() == thread_.get_id(); }
 
  private:
@@ -79,6 +88,8 @@ class Engine : public ProgressDriver {
   // Tests every pending request set; completes the finished ones outside the lock. `blocking`:
   // wait for another thread's pass instead of skipping.
   void progressPending(bool blocking);
+  // Fails every queued op and pending request with `why` (after stop_ is set).
+  void failOutstanding(const std::string& why);
 
   const std::string name_;
   const int rank_;  // world rank, for messages
@@ -87,6 +98,7 @@ class Engine : public ProgressDriver {
   std::deque<Queued> queue_;
   bool stop_ = false;
   bool running_ = false;       // the worker is inside a task
+  c10::intrusive_ptr<WorkMPIGPU> current_;  // that task's Work (abort() fails it)
   bool inlineBusy_ = false;    // a caller is running a task inline; the worker must wait
   bool deepSleep_ = false;     // the worker waits for work with no time limit
   const bool serialized_;  // MPI_THREAD_SERIALIZED: MPI calls only on the worker

@@ -1,4 +1,5 @@
 #include "engine/FutureCompleter.hpp"
+#include "engine/ThreadName.hpp"
 
 #include <chrono>
 #include <condition_variable>
@@ -23,6 +24,7 @@ Pool& pool() {
 }
 
 void worker() {
+  setThreadName("mpigpu-future");
   Pool& p = pool();
   std::unique_lock<std::mutex> lock(p.mutex);
   while (true) {

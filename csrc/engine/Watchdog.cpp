@@ -1,5 +1,7 @@
 #include "engine/Watchdog.hpp"
 
+#include "engine/ThreadName.hpp"
+
 #include <mpi.h>
 
 #include <algorithm>
@@ -31,8 +33,11 @@ std::string key(const std::string& group, int rank) {
   return "mpigpu_watchdog/" + group + "/" + std::to_string(rank);
 }
 
+// Every collective's watch scope takes State::mutex, so nothing slow runs under it: the loop takes
+// a snapshot under the lock and does store I/O and stderr writes outside it (a store round-trip,
+// or a store whose host is gone, must never delay a collective).
 struct State {
-  std::vector<Published> groups;
+  std::vector<std::shared_ptr<Published>> groups;
   Clock::time_point lastPublish;
   std::mutex mutex;
   std::condition_variable cv;
@@ -60,9 +65,12 @@ void publish(Published& p) {
   }
 }
 
+using Groups = std::vector<std::shared_ptr<Published>>;
+
 // Which ranks of the stuck op's group have not issued it yet, from what they published.
-std::string laggards(State& st, const Watchdog::Op& op) {
-  for (auto& p : st.groups) {
+std::string laggards(const Groups& groups, const Watchdog::Op& op) {
+  for (const auto& g : groups) {
+    Published& p = *g;
     if (p.progress.group != op.group || p.progress.rank != op.rank) continue;
     publish(p);
     std::ostringstream s;
@@ -77,7 +85,7 @@ std::string laggards(State& st, const Watchdog::Op& op) {
         }
         const auto raw = p.progress.store->get(k);
         const uint64_t issued = std::stoull(std::string(raw.begin(), raw.end()));
-        if (issued < op.collective) {
+        if (issued < op.seq) {
           s << (behind++ ? ", " : "") << r << " (has issued " << issued << ")";
         }
       }
@@ -89,22 +97,22 @@ std::string laggards(State& st, const Watchdog::Op& op) {
       return " Every other rank had issued this collective by its last report (about once a "
              "second): one may be stuck inside it, or blocked in another group.";
     }
-    return " This is collective #" + std::to_string(op.collective) + " of the group; ranks that " +
-           "had not issued it at their last report (about once a second): " + s.str() + ".";
+    return " Ranks that had not issued collective #" + std::to_string(op.seq) +
+           " at their last report (about once a second): " + s.str() + ".";
   }
   return "";
 }
 
-std::string report(State& st, const Entry& e, Clock::time_point now) {
+std::string report(const Groups& groups, const Entry& e, Clock::time_point now) {
   const auto ran = std::chrono::duration<double>(now - e.start).count();
   std::ostringstream s;
-  s << "mpigpu WATCHDOG [rank " << e.op.rank << "]: " << e.op.name << " (op #" << e.op.seq
+  s << "mpigpu WATCHDOG [rank " << e.op.rank << "]: " << e.op.name << " (collective #" << e.op.seq
     << " of group '" << e.op.group << "', " << e.op.bytes << " bytes on this rank"
     << (e.op.onCaller ? ", running on the calling thread" : "") << ") has been inside MPI for "
     << ran << " s, past its timeout of " << e.op.timeout.count() / 1000.0
     << " s. Some rank is not calling this op, or calls ops in a different order (run with "
        "TORCH_MPIGPU_DEBUG=1 to log every op), or a rank has died.";
-  s << laggards(st, e.op) << " ";
+  s << laggards(groups, e.op) << " ";
   s << (e.op.abortOnTimeout ? "Ending the job (MPI_Abort); TORCH_MPIGPU_TIMEOUT_ACTION=report "
                               "only reports."
                             : "TORCH_MPIGPU_TIMEOUT_ACTION=report: the op keeps waiting.");
@@ -112,19 +120,31 @@ std::string report(State& st, const Entry& e, Clock::time_point now) {
 }
 
 void loop() {
+  setThreadName("mpigpu-watchdog");
   State& st = state();
-  std::unique_lock<std::mutex> lock(st.mutex);
-  while (!st.stop) {
-    st.cv.wait_for(lock, std::chrono::milliseconds(200));
-    const auto now = Clock::now();
-    if (now - st.lastPublish > std::chrono::seconds(1)) {
-      for (auto& p : st.groups) publish(p);
-      st.lastPublish = now;
+  while (true) {
+    Groups groups, toPublish;
+    std::vector<Entry> due;
+    Clock::time_point now;
+    {
+      std::unique_lock<std::mutex> lock(st.mutex);
+      st.cv.wait_for(lock, std::chrono::milliseconds(200), [&] { return st.stop; });
+      if (st.stop) return;
+      now = Clock::now();
+      groups = st.groups;
+      if (now - st.lastPublish > std::chrono::seconds(1)) {
+        toPublish = st.groups;
+        st.lastPublish = now;
+      }
+      for (auto& [id, e] : st.running) {
+        if (e.reported || now - e.start < e.op.timeout) continue;
+        e.reported = true;
+        due.push_back(e);
+      }
     }
-    for (auto& [id, e] : st.running) {
-      if (e.reported || now - e.start < e.op.timeout) continue;
-      e.reported = true;
-      std::cerr << report(st, e, now) << std::endl;
+    for (const auto& p : toPublish) publish(*p);
+    for (const auto& e : due) {
+      std::cerr << report(groups, e, now) << std::endl;
       if (e.op.abortOnTimeout) {
         int finalized = 1;
         MPI_Finalized(&finalized);
@@ -140,15 +160,15 @@ void Watchdog::addGroup(Progress p) {
   State& st = state();
   std::lock_guard<std::mutex> lock(st.mutex);
   if (!st.thread.joinable() && !st.stop) st.thread = std::thread(loop);
-  st.groups.push_back({std::move(p)});
+  st.groups.push_back(std::make_shared<Published>(Published{std::move(p)}));
 }
 
 void Watchdog::removeGroup(const std::string& group, int rank) {
   State& st = state();
   std::lock_guard<std::mutex> lock(st.mutex);
   st.groups.erase(std::remove_if(st.groups.begin(), st.groups.end(),
-                                 [&](const Published& p) {
-                                   return p.progress.group == group && p.progress.rank == rank;
+                                 [&](const std::shared_ptr<Published>& p) {
+                                   return p->progress.group == group && p->progress.rank == rank;
                                  }),
                   st.groups.end());
 }

@@ -20,8 +20,7 @@ class Watchdog {
   struct Op {
     std::string group;
     const char* name = "";
-    uint64_t seq = 0;
-    uint64_t collective = 0;  // the group's collective number (issue order, same on every rank)
+    uint64_t seq = 0;  // the group's collective number (issue order, same on every rank)
     int rank = 0;
     int64_t bytes = 0;
     std::chrono::milliseconds timeout{0};

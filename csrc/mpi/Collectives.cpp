@@ -3,6 +3,9 @@
 #include <c10/core/impl/DeviceGuardImplInterface.h>
 
 #include <algorithm>
+#include <chrono>
+#include <mutex>
+#include <thread>
 
 #include "Errors.hpp"
 #include "mpi/Check.hpp"
@@ -297,21 +300,66 @@ void barrier(const Comm& c, const char* op) {
   MPIGPU_MPI_CHECK(MPI_Barrier(c.handle), op, c.rank);
 }
 
-std::vector<MPI_Request> isend(const Comm& c, const char* op, const at::Tensor& buf, int dst,
-                               int tag) {
-  const MPI_Datatype type = transportType(buf.scalar_type(), op, c.rank);
+void leakUntilExit(const at::Tensor& buffer) {
+  static std::mutex mutex;
+  static auto* grave = new std::vector<at::Tensor>();  // never freed: MPI may still write
+  std::lock_guard<std::mutex> lock(mutex);
+  grave->push_back(buffer);
+}
+
+bool cancelRequests(std::vector<MPI_Request>& requests) {
+  int finalized = 0;
+  MPI_Finalized(&finalized);
+  if (finalized) return true;
+  for (auto& r : requests) {
+    if (r != MPI_REQUEST_NULL) MPI_Cancel(&r);
+  }
+  // A cancelled receive completes at once; a matched one (or a send) may need a moment.
+  const auto deadline = std::chrono::steady_clock::now() + std::chrono::milliseconds(200);
+  int done = 0;
+  while (true) {
+    MPI_Testall(static_cast<int>(requests.size()), requests.data(), &done, MPI_STATUSES_IGNORE);
+    if (done || std::chrono::steady_clock::now() >= deadline) break;
+    std::this_thread::sleep_for(std::chrono::microseconds(100));
+  }
+  if (done) return true;
+  for (auto& r : requests) {
+    if (r != MPI_REQUEST_NULL) MPI_Request_free(&r);
+  }
+  return false;
+}
+
+namespace {
+// Posts one request per chunk; if posting chunk k fails, the requests already posted are
+// cancelled before the error goes up (MPI would otherwise go on using the buffer).
+template <typename PostOne>
+std::vector<MPI_Request> postChunks(const at::Tensor& buf, int64_t maxCount, PostOne postOne) {
   std::vector<MPI_Request> reqs;
-  const int64_t es = buf.element_size();
   auto post = [&](int64_t off, int n) {
     MPI_Request req = MPI_REQUEST_NULL;
     ++g_calls;
-    MPIGPU_MPI_CHECK(MPI_Isend(bytes(buf) + off * es, n, type, dst, tag, c.handle, &req), op,
-                     c.rank);
+    postOne(off, n, &req);
     reqs.push_back(req);
   };
-  if (buf.numel() == 0) post(0, 0);  // zero-byte messages still match a receive
-  else forChunks(buf.numel(), c.maxCount, post);
+  try {
+    if (buf.numel() == 0) post(0, 0);  // zero-byte messages still match a receive
+    else forChunks(buf.numel(), maxCount, post);
+  } catch (...) {
+    if (!cancelRequests(reqs)) leakUntilExit(buf);
+    throw;
+  }
   return reqs;
+}
+} // namespace
+
+std::vector<MPI_Request> isend(const Comm& c, const char* op, const at::Tensor& buf, int dst,
+                               int tag) {
+  const MPI_Datatype type = transportType(buf.scalar_type(), op, c.rank);
+  const int64_t es = buf.element_size();
+  return postChunks(buf, c.maxCount, [&](int64_t off, int n, MPI_Request* req) {
+    MPIGPU_MPI_CHECK(MPI_Isend(bytes(buf) + off * es, n, type, dst, tag, c.handle, req), op,
+                     c.rank);
+  });
 }
 
 std::vector<MPI_Request> irecv(const Comm& c, const char* op, at::Tensor& buf, int src, int tag) {
@@ -319,18 +367,11 @@ std::vector<MPI_Request> irecv(const Comm& c, const char* op, at::Tensor& buf, i
   MPIGPU_CHECK_VALUE(src != MPI_ANY_SOURCE || buf.numel() <= c.maxCount, op, c.rank,
                      "receiving from any source is limited to ", c.maxCount,
                      " elements per message; receive from a named rank instead");
-  std::vector<MPI_Request> reqs;
   const int64_t es = buf.element_size();
-  auto post = [&](int64_t off, int n) {
-    MPI_Request req = MPI_REQUEST_NULL;
-    ++g_calls;
-    MPIGPU_MPI_CHECK(MPI_Irecv(bytes(buf) + off * es, n, type, src, tag, c.handle, &req), op,
+  return postChunks(buf, c.maxCount, [&](int64_t off, int n, MPI_Request* req) {
+    MPIGPU_MPI_CHECK(MPI_Irecv(bytes(buf) + off * es, n, type, src, tag, c.handle, req), op,
                      c.rank);
-    reqs.push_back(req);
-  };
-  if (buf.numel() == 0) post(0, 0);
-  else forChunks(buf.numel(), c.maxCount, post);
-  return reqs;
+  });
 }
 
 } // namespace mpigpu::mpi
