@@ -48,7 +48,8 @@ int parseChoice(const char* name, int fallback,
 Config Config::fromEnv() {
   Config c;
   c.maxElementsPerCall = parseInt("TORCH_MPIGPU_MAX_ELEMENTS_PER_CALL", INT_MAX, 1, INT_MAX);
-  c.debug = parseInt("TORCH_MPIGPU_DEBUG", 0, 0, 2) != 0;
+  c.debug = parseInt("TORCH_MPIGPU_DEBUG", 0, 0, 1) != 0;
+  c.desyncCheck = parseInt("TORCH_MPIGPU_DESYNC_CHECK", 0, 0, 1) != 0;
   c.stagingChunkBytes = parseInt("TORCH_MPIGPU_STAGING_CHUNK_BYTES", c.stagingChunkBytes, 1,
                                  int64_t{1} << 40);
   c.fusionBytes = parseInt("TORCH_MPIGPU_FUSION_BYTES", c.fusionBytes, 0, int64_t{1} << 40);

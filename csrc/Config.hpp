@@ -10,8 +10,8 @@ namespace mpigpu {
 struct Config {
   // Largest element count handed to one MPI call; bigger messages are split (MPI counts are int).
   int64_t maxElementsPerCall = 2147483647;
-  // Log which path each op takes and op sequence numbers (TORCH_MPIGPU_DEBUG=1).
-  bool debug = false;
+  bool debug = false;        // TORCH_MPIGPU_DEBUG=1: log the group's setup and every op queued
+  bool desyncCheck = false;  // TORCH_MPIGPU_DESYNC_CHECK=1: compare every collective across ranks
   // Overrides the process group timeout when > 0 (TORCH_MPIGPU_TIMEOUT, seconds).
   double timeoutSeconds = 0;
   // A collective still inside MPI after the timeout is reported; true: then end the job with

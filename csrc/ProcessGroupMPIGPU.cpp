@@ -59,6 +59,32 @@ void checkRank(const char* op, int rank, int size, int64_t peer, const char* wha
                      " is out of range for a group of ", size, " ranks");
 }
 
+// The backend's profiler event names, as gloo and NCCL write theirs ("nccl:all_reduce"), so
+// trace viewers group them with the c10d op. Static strings: the Work keeps the pointer.
+const char* profilingTitle(c10d::OpType type) {
+  switch (type) {
+    case c10d::OpType::BROADCAST: return "mpigpu:broadcast";
+    case c10d::OpType::ALLREDUCE: return "mpigpu:all_reduce";
+    case c10d::OpType::ALLREDUCE_COALESCED: return "mpigpu:all_reduce_coalesced";
+    case c10d::OpType::REDUCE: return "mpigpu:reduce";
+    case c10d::OpType::ALLGATHER: return "mpigpu:all_gather";
+    case c10d::OpType::_ALLGATHER_BASE: return "mpigpu:_allgather_base";
+    case c10d::OpType::ALLGATHER_COALESCED: return "mpigpu:all_gather_coalesced";
+    case c10d::OpType::GATHER: return "mpigpu:gather";
+    case c10d::OpType::SCATTER: return "mpigpu:scatter";
+    case c10d::OpType::REDUCE_SCATTER: return "mpigpu:reduce_scatter";
+    case c10d::OpType::_REDUCE_SCATTER_BASE: return "mpigpu:_reduce_scatter_base";
+    case c10d::OpType::ALLTOALL_BASE: return "mpigpu:all_to_all_single";
+    case c10d::OpType::ALLTOALL: return "mpigpu:all_to_all";
+    case c10d::OpType::SEND: return "mpigpu:send";
+    case c10d::OpType::RECV:
+    case c10d::OpType::RECVANYSOURCE: return "mpigpu:recv";
+    case c10d::OpType::BARRIER: return "mpigpu:barrier";
+    case c10d::OpType::COALESCED: return "mpigpu:coalesced";
+    default: return "mpigpu:unknown";
+  }
+}
+
 int tagFor(const std::string& groupName) {
   // Same on every member (group names are agreed by torch), distinct per group.
   return static_cast<int>(std::hash<std::string>{}(groupName) % 32000) + 1;
@@ -275,7 +301,7 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupMPIGPU::enqueue(c10d::OpType type, co
   const uint64_t seq = ++*collectives_;
   bufs->issued();
   auto work = c10::make_intrusive<WorkMPIGPU>(rank_, type, op, seq, std::move(outputs),
-                                              effectiveTimeout(optTimeout), op,
+                                              effectiveTimeout(optTimeout), profilingTitle(type),
                                               std::optional<std::vector<at::Tensor>>(inputs),
                                               std::vector<std::shared_ptr<OpBuffers>>{bufs});
   if (config_.debug) {
@@ -288,9 +314,9 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupMPIGPU::enqueue(c10d::OpType type, co
     coalescing = coalescing_;
     if (coalescing) coalesced_.push_back(work);
   }
-  // What every rank must agree on (checked before the op with TORCH_MPIGPU_DEBUG=1 only).
+  // What every rank must agree on (checked before the op with TORCH_MPIGPU_DESYNC_CHECK=1 only).
   Fingerprint fp{static_cast<int64_t>(type), -1, -1, root};
-  if (config_.debug) {
+  if (config_.desyncCheck) {
     const auto& described = type == c10d::OpType::SCATTER || inputs.empty() ? outputs : inputs;
     if (!described.empty()) fp.dtype = static_cast<int64_t>(described[0].scalar_type());
     if (type != c10d::OpType::ALLTOALL && type != c10d::OpType::ALLTOALL_BASE) {
@@ -310,7 +336,7 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupMPIGPU::enqueue(c10d::OpType type, co
     const char* name = watched.name;
     const uint64_t seq = watched.seq;
     Watchdog::Scope watch(std::move(watched));
-    if (config_.debug) checkSameOp(name, seq, fp);
+    if (config_.desyncCheck) checkSameOp(name, seq, fp);
     {
       auto onCommStream = bufs->enter();
       bufs->stageIn();
@@ -350,7 +376,7 @@ void ProcessGroupMPIGPU::checkSameOp(const char* op, uint64_t seq, const Fingerp
     if (!same(f)) table << "   <- differs from rank 0";
   }
   MPIGPU_THROW_BACKEND(op, rank_, "op #", seq, ": the ranks of group '", groupName_,
-                       "' are not issuing the same collective (TORCH_MPIGPU_DEBUG=1 check):",
+                       "' are not issuing the same collective (TORCH_MPIGPU_DESYNC_CHECK=1):",
                        table.str(), "\nEvery rank must call the same collectives in the same "
                        "order with matching dtype, size and root. The op was not run.");
 }
@@ -866,7 +892,7 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupMPIGPU::enqueueP2P(c10d::OpType type,
     MPIGPU_CHECK_VALUE(peer != rank_, op, rank_, "sending to or receiving from yourself is not "
                        "supported; copy the tensor instead");
   }
-  // Read once at MPI init: no MPI call on the caller's thread (SERIALIZED MPI forbids it).
+  // Read once at MPI init (MPI_Comm_get_attr per op would cost a call on every send).
   const int tagUpperBound = mpi::ensureInitialized().tagUpperBound;
   MPIGPU_CHECK_VALUE(tag >= 0 && tag <= tagUpperBound, op, rank_, "tag ", tag,
                      " is outside MPI's range [0, ", tagUpperBound, "]");
@@ -879,7 +905,7 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupMPIGPU::enqueueP2P(c10d::OpType type,
   bufs->issued();
   const uint64_t seq = ++p2pSeq_;
   auto work = c10::make_intrusive<WorkMPIGPU>(
-      rank_, type, op, seq, std::vector<at::Tensor>{tensor}, timeout(), op,
+      rank_, type, op, seq, std::vector<at::Tensor>{tensor}, timeout(), profilingTitle(type),
       std::optional<std::vector<at::Tensor>>(std::vector<at::Tensor>{tensor}),
       std::vector<std::shared_ptr<OpBuffers>>{bufs});
   {

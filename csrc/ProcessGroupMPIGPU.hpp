@@ -111,7 +111,8 @@ class ProcessGroupMPIGPU : public c10d::Backend {
                                          std::chrono::milliseconds optTimeout, bool asyncOp,
                                          std::shared_ptr<paths::OpBuffers> bufs, Body body,
                                          int root = -1);
-  // What ranks must agree on for a collective; compared across ranks with TORCH_MPIGPU_DEBUG=1.
+  // What ranks must agree on for a collective; compared across ranks with
+  // TORCH_MPIGPU_DESYNC_CHECK=1.
   struct Fingerprint {
     int64_t type, dtype, numel, root;  // -1: not part of the check (e.g. alltoall sizes)
   };

@@ -47,6 +47,7 @@ class WorkMPIGPU : public c10d::Work {
   c10::intrusive_ptr<c10::ivalue::Future> getFuture() override;
   int sourceRank() const override;
   uint64_t getSequencenumber() const override { return seq_; }
+  int groupRank() const { return rank_; }  // for messages: the rank in the op's group
   float getDuration() const override;
 
   const char* opName() const { return opName_; }

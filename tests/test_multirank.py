@@ -113,7 +113,7 @@ def test_fsdp2_and_dtensor(np):
 
 @pytest.mark.parametrize("np", [2, 3, 4])
 def test_desync_detected_with_debug(np):
-    assert passed_counts(run_mpi("desync.py", np, env={"TORCH_MPIGPU_DEBUG": "1"}), np) >= 10
+    assert passed_counts(run_mpi("desync.py", np, env={"TORCH_MPIGPU_DESYNC_CHECK": "1"}), np) >= 10
 
 
 @pytest.mark.parametrize("np", RANKS)

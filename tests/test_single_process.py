@@ -203,6 +203,36 @@ def test_timeout_setting_overrides_set_pg_timeout():
     assert rc == 0 and "described: 3000 ms" in out, out  # the user's override wins
 
 
+def test_settings_agree_between_cpp_python_and_readme():
+    import re
+
+    from torch_mpi_gpu import config
+
+    cpp = set(re.findall(r'"(TORCH_MPIGPU_[A-Z_]+)"', (ROOT / "csrc" / "Config.cpp").read_text()))
+    python_side = {s.name for s in config.SETTINGS}
+    readme = set(re.findall(r"^\| `([A-Z][A-Z_]+)`", (ROOT / "README.md").read_text(), re.M))
+    assert cpp - python_side == set(), f"read in C++ but not in config.SETTINGS: {cpp - python_side}"
+    assert python_side == readme, (f"config.SETTINGS only: {python_side - readme}; "
+                                   f"README only: {readme - python_side}")
+
+
+def test_profiler_events_carry_the_backend_prefix():
+    # gloo and NCCL name their events "gloo:all_reduce", "nccl:all_reduce"; ours were bare.
+    rc, out = python(
+        "import torch, torch.distributed as dist, torch_mpi_gpu\n"
+        "from torch.profiler import profile\n"
+        "dist.init_process_group('mpigpu', store=dist.HashStore(), rank=0, world_size=1)\n"
+        "with profile() as prof:\n"
+        "    t = torch.ones(4); dist.all_reduce(t); dist.broadcast(t, 0); dist.barrier()\n"
+        "names = sorted({e.name for e in prof.events()})\n"
+        "print('events:', names)\n"
+        "dist.destroy_process_group()")
+    assert rc == 0, out
+    for name in ("mpigpu:all_reduce", "mpigpu:broadcast", "mpigpu:barrier"):
+        assert f"'{name}'" in out, out
+    assert "'allreduce'" not in out, out
+
+
 def test_torchrun_style_launch_names_the_mpirun_command():
     rc, out = python(
         "import torch.distributed as dist, torch_mpi_gpu\n"

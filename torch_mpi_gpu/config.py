@@ -33,6 +33,10 @@ SETTINGS = [
             "call cannot be cancelled); report: only report."),
     Setting("TORCH_MPIGPU_DEBUG", "0",
             "1: log each group's setup (MPI library, thread level, paths) and every op queued."),
+    Setting("TORCH_MPIGPU_DESYNC_CHECK", "0",
+            "1: before every collective, one small allgather compares (op, dtype, element count, "
+            "root) across the group's ranks; ranks that disagree all get a DistBackendError "
+            "listing each rank's call instead of a hang. Costs one small MPI call per collective."),
     Setting("TORCH_MPIGPU_MAX_ELEMENTS_PER_CALL", "2147483647",
             "Largest element count passed to one MPI call; larger messages are split. Lower it "
             "only to test the splitting."),

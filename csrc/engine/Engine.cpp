@@ -99,7 +99,6 @@ bool Engine::drain(std::chrono::milliseconds timeout, std::string* busy) {
 
 Engine::Engine(std::string name)
     : name_(std::move(name)),
-      rank_(mpi::ensureInitialized().worldRank),
       serialized_(mpi::needsSerializedAccess()),
       thread_([this] { loop(); }) {}
 
@@ -121,7 +120,7 @@ void Engine::submit(c10::intrusive_ptr<WorkMPIGPU> work, Task task) {
   }
   work->markFailed(std::make_exception_ptr(c10::DistBackendError(
       {__func__, __FILE__, static_cast<uint32_t>(__LINE__)},
-      opMessage(work->opName(), rank_, "the process group has been shut down (destroyed, or the "
+      opMessage(work->opName(), work->groupRank(), "the process group has been shut down (destroyed, or the "
                                     "interpreter is exiting); create a new one"))));
 }
 
@@ -263,7 +262,7 @@ bool Engine::abort(const std::string& why) {
   if (running) {
     running->markFailed(std::make_exception_ptr(c10::DistBackendError(
         {__func__, __FILE__, static_cast<uint32_t>(__LINE__)},
-        opMessage(running->opName(), rank_, "op #", running->getSequencenumber(), " ", why,
+        opMessage(running->opName(), running->groupRank(), "op #", running->getSequencenumber(), " ", why,
                   " while inside MPI (the call itself cannot be interrupted)"))));
   }
   if (thread_.joinable() && !onWorkerThread()) {
@@ -294,7 +293,7 @@ void Engine::failOutstanding(const std::string& why) {
   auto fail = [&](const c10::intrusive_ptr<WorkMPIGPU>& work) {
     work->markFailed(std::make_exception_ptr(c10::DistBackendError(
         {__func__, __FILE__, static_cast<uint32_t>(__LINE__)},
-        opMessage(work->opName(), rank_, "op #", work->getSequencenumber(), " ", why))));
+        opMessage(work->opName(), work->groupRank(), "op #", work->getSequencenumber(), " ", why))));
   };
   for (auto& q : orphans) fail(q.work);
   for (auto& p : abandoned) {
@@ -425,7 +424,7 @@ void Engine::progressPending(bool blocking) {
             failed.MPI_ERROR = rc;
             p.then(failed);
           }
-          MPIGPU_THROW_BACKEND(p.work->opName(), rank_, "MPI_Testall failed: ", text,
+          MPIGPU_THROW_BACKEND(p.work->opName(), p.work->groupRank(), "MPI_Testall failed: ", text,
                                " (a receive smaller than the message sent, or a peer that failed)");
         }
         if (p.then) p.then(statuses[0]);

@@ -92,7 +92,6 @@ class Engine : public ProgressDriver {
   void failOutstanding(const std::string& why);
 
   const std::string name_;
-  const int rank_;  // world rank, for messages
   mutable std::mutex mutex_;
   std::condition_variable cv_;
   std::deque<Queued> queue_;

@@ -111,7 +111,8 @@ std::string report(const Groups& groups, const Entry& e, Clock::time_point now) 
     << (e.op.onCaller ? ", running on the calling thread" : "") << ") has been inside MPI for "
     << ran << " s, past its timeout of " << e.op.timeout.count() / 1000.0
     << " s. Some rank is not calling this op, or calls ops in a different order (run with "
-       "TORCH_MPIGPU_DEBUG=1 to log every op), or a rank has died.";
+       "TORCH_MPIGPU_DESYNC_CHECK=1 to compare every collective across ranks), or a rank has "
+       "died.";
   s << laggards(groups, e.op) << " ";
   s << (e.op.abortOnTimeout ? "Ending the job (MPI_Abort); TORCH_MPIGPU_TIMEOUT_ACTION=report "
                               "only reports."

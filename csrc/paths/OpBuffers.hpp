@@ -152,7 +152,8 @@ class PathFactory {
   PathKind cudaPath_, cudaReducePath_;
   std::string cudaReason_, cudaReduceReason_;
   std::shared_ptr<void> cudaState_;  // the CUDA side's per-group state (comm streams)
-  std::shared_ptr<HostScratch> hostScratch_;  // reused host fusion buffer (engine thread only)
+  std::shared_ptr<HostScratch> hostScratch_;  // reused host fusion buffer: used by the thread running the
+                                              // op (worker, or an inline caller), one op at a time
 };
 
 // How CUDA tensors travel with this build, this MPI and this setting (no group needed).

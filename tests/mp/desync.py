@@ -1,4 +1,4 @@
-"""Desync detection (TORCH_MPIGPU_DEBUG=1): ranks issuing different collectives, dtypes, sizes or
+"""Desync detection (TORCH_MPIGPU_DESYNC_CHECK=1): ranks issuing different collectives, dtypes, sizes or
 roots get a DistBackendError on every rank naming the ranks that differ, instead of a hang or
 corrupted memory; the group keeps working. 2-4 ranks."""
 
