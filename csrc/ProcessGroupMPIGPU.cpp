@@ -7,7 +7,10 @@
 #include <numeric>
 #include <sstream>
 
+#include "ArgChecks.hpp"
+#include "Desync.hpp"
 #include "Errors.hpp"
+#include "Fusion.hpp"
 #include "mpi/Check.hpp"
 #include "mpi/Env.hpp"
 #include "mpi/Types.hpp"
@@ -20,44 +23,6 @@ using paths::OpBuffers;
 using std::chrono::milliseconds;
 
 namespace {
-
-// ---- argument checks (caller thread): ValueError / TypeError naming op and rank ----
-
-void checkTensor(const char* op, int rank, const at::Tensor& t) {
-  MPIGPU_CHECK_VALUE(t.defined(), op, rank, "got an undefined tensor");
-  MPIGPU_CHECK_TYPE(t.layout() == at::kStrided, op, rank, "only dense (strided) tensors are "
-                    "supported, got layout ", t.layout(), "; call .to_dense() first");
-  MPIGPU_CHECK_TYPE(!t.is_meta(), op, rank, "meta tensors have no data to communicate");
-  MPIGPU_CHECK_TYPE(!t.is_quantized(), op, rank, "quantized tensors are not supported; "
-                    "communicate t.int_repr() and the scale/zero point instead");
-}
-
-void checkSameDevice(const char* op, int rank, const at::Tensor& ref, const at::Tensor& t,
-                     const char* what) {
-  checkTensor(op, rank, t);
-  MPIGPU_CHECK_TYPE(t.device() == ref.device(), op, rank, what, " is on ", t.device(),
-                    " but the first tensor is on ", ref.device(),
-                    "; all tensors of one call must be on one device");
-}
-
-void checkSameKind(const char* op, int rank, const at::Tensor& ref, const at::Tensor& t,
-                   const char* what) {
-  checkSameDevice(op, rank, ref, t, what);
-  MPIGPU_CHECK_TYPE(t.scalar_type() == ref.scalar_type(), op, rank, what, " has dtype ",
-                    t.scalar_type(), " but the first tensor has ", ref.scalar_type(),
-                    "; all tensors of one call must share a dtype");
-}
-
-void checkSingle(const char* op, int rank, const std::vector<at::Tensor>& ts) {
-  MPIGPU_CHECK_VALUE(ts.size() == 1, op, rank, "expects exactly one tensor per call, got ",
-                     ts.size(), " (one tensor per process; use a list op for several)");
-  checkTensor(op, rank, ts[0]);
-}
-
-void checkRank(const char* op, int rank, int size, int64_t peer, const char* what) {
-  MPIGPU_CHECK_VALUE(peer >= 0 && peer < size, op, rank, what, " ", peer,
-                     " is out of range for a group of ", size, " ranks");
-}
 
 // The backend's profiler event names, as gloo and NCCL write theirs ("nccl:all_reduce"), so
 // trace viewers group them with the c10d op. Static strings: the Work keeps the pointer.
@@ -85,177 +50,7 @@ const char* profilingTitle(c10d::OpType type) {
   }
 }
 
-int tagFor(const std::string& groupName) {
-  // Same on every member (group names are agreed by torch), distinct per group.
-  return static_cast<int>(std::hash<std::string>{}(groupName) % 32000) + 1;
-}
-
-std::vector<int> resolveWorldRanks(int rank, int size, const std::vector<int64_t>& globalRanks) {
-  const auto& env = mpi::ensureInitialized();
-  const char* op = "init_process_group";
-  if (globalRanks.empty()) {
-    if (env.worldSize == 1 && size > 1) {
-      MPIGPU_THROW_BACKEND(op, rank, "this process is not part of a multi-process MPI job (MPI "
-                           "world size 1, store world size ", size, "). mpigpu needs an MPI "
-                           "launcher: run `mpirun -np ", size, " python your_script.py` (or srun/"
-                           "mpiexec) instead of torchrun or manual RANK/WORLD_SIZE");
-    }
-    if (env.worldSize != size || env.worldRank != rank) {
-      MPIGPU_THROW_BACKEND(op, rank, "the store's rank/world size (", rank, "/", size,
-                           ") disagree with MPI's (", env.worldRank, "/", env.worldSize,
-                           "). Let torch_mpi_gpu set RANK/WORLD_SIZE from the MPI launcher (unset "
-                           "them), or pass rank=MPI rank and world_size=MPI size");
-    }
-    std::vector<int> all(size);
-    std::iota(all.begin(), all.end(), 0);
-    return all;
-  }
-  MPIGPU_CHECK_VALUE(static_cast<int>(globalRanks.size()) == size, "new_group", rank,
-                     "group of size ", size, " got ", globalRanks.size(), " global ranks");
-  std::vector<int> ranks;
-  for (int64_t g : globalRanks) {
-    MPIGPU_CHECK_VALUE(g >= 0 && g < env.worldSize, "new_group", rank, "global rank ", g,
-                       " is not in MPI_COMM_WORLD (size ", env.worldSize, ")");
-    ranks.push_back(static_cast<int>(g));
-  }
-  if (ranks[rank] != env.worldRank) {
-    MPIGPU_THROW_BACKEND("new_group", rank, "group rank ", rank, " is global rank ", ranks[rank],
-                         " but this process is MPI rank ", env.worldRank,
-                         "; the default group's ranks must equal MPI_COMM_WORLD ranks");
-  }
-  return ranks;
-}
-
 } // namespace
-
-ProcessGroupMPIGPU::ProcessGroupMPIGPU(c10::intrusive_ptr<c10d::Store> store, int rank, int size,
-                                       std::vector<int64_t> globalRanks, milliseconds timeout,
-                                       std::string groupName)
-    : Backend(rank, size),
-      store_(std::move(store)),
-      groupName_(std::move(groupName)),
-      worldRanks_(resolveWorldRanks(rank, size, globalRanks)),
-      config_(Config::fromEnv()),
-      timeoutMs_(config_.timeoutSeconds > 0 ? static_cast<int64_t>(config_.timeoutSeconds * 1000)
-                                            : timeout.count()) {
-  comm_.rank = rank;
-  comm_.size = size;
-  comm_.maxCount = config_.maxElementsPerCall;
-  algoComm_ = comm_;
-  paths_ = std::make_unique<paths::PathFactory>(config_);
-  engine_ = Engine::create("mpigpu-" + groupName_);
-  const int hasGpu = at::hasCUDA() ? 1 : 0;
-  engine_->runAndWait("new_group", rank, [this, hasGpu] {
-    comm_.handle = mpi::createGroupComm(worldRanks_, tagFor(groupName_), rank_);
-    int commRank = -1;
-    MPI_Comm_rank(comm_.handle, &commRank);
-    if (commRank != rank_) {
-      MPIGPU_THROW_BACKEND("new_group", rank_, "MPI placed this process at rank ", commRank,
-                           " of the new communicator, torch at ", rank_);
-    }
-    MPIGPU_MPI_CHECK(MPI_Comm_dup(comm_.handle, &algoComm_.handle), "new_group", rank_);
-    int anyGpu = 0;
-    MPIGPU_MPI_CHECK(MPI_Allreduce(&hasGpu, &anyGpu, 1, MPI_INT, MPI_MAX, comm_.handle),
-                     "new_group", rank_);
-    groupHasGpu_ = anyGpu != 0;
-  });
-  if (config_.debug) {
-    std::cerr << opMessage("init", rank_, describe()) << std::endl;
-  }
-  if (store_) Watchdog::addGroup({groupName_, rank_, size_, store_, collectives_});
-}
-
-namespace {
-// Engines whose worker is stuck inside MPI after abort(): the thread still uses them.
-void keepAliveUntilExit(std::shared_ptr<Engine> engine) {
-  static std::mutex mutex;
-  static auto* kept = new std::vector<std::shared_ptr<Engine>>();
-  std::lock_guard<std::mutex> lock(mutex);
-  kept->push_back(std::move(engine));
-}
-} // namespace
-
-ProcessGroupMPIGPU::~ProcessGroupMPIGPU() {
-  try {
-    shutdown();
-  } catch (...) {
-    // Destructors must not throw; at worst the communicators leak until MPI_Finalize.
-  }
-}
-
-std::shared_ptr<Engine> ProcessGroupMPIGPU::currentEngine(const char* op) const {
-  std::lock_guard<std::mutex> lock(engineMutex_);
-  MPIGPU_CHECK_VALUE(engine_ != nullptr, op, rank_,
-                     "the process group has been destroyed or aborted; create a new one");
-  return engine_;
-}
-
-void ProcessGroupMPIGPU::shutdown() {
-  std::shared_ptr<Engine> engine;
-  {
-    std::lock_guard<std::mutex> lock(engineMutex_);
-    engine = engine_;
-  }
-  if (!engine) return;
-  Watchdog::removeGroup(groupName_, rank_);
-  if (!engine->stopped() && !mpi::isFinalized()) {
-    // Ops still queued run first, in issue order (their peers may be inside them already); then
-    // the communicators are freed. Bounded by the group's timeout: an op whose peers never come
-    // would otherwise hold destroy_process_group() forever.
-    const bool done = engine->runAndWait("destroy_process_group", rank_, [this] {
-      mpi::freeComm(&algoComm_.handle);
-      mpi::freeComm(&comm_.handle);
-    }, timeout());
-    if (!done) {
-      std::cerr << opMessage("destroy_process_group", rank_, "group '", groupName_,
-                             "': the ops ahead of it did not finish within the timeout (",
-                             timeout().count(), " ms); aborting the group instead (its "
-                             "outstanding ops fail)") << std::endl;
-      abort();
-      return;
-    }
-  }
-  std::lock_guard<std::mutex> lock(engineMutex_);
-  engine_.reset();  // (the engine stops with its last group: it may be shared)
-}
-
-void ProcessGroupMPIGPU::abort() {
-  std::shared_ptr<Engine> engine;
-  {
-    std::lock_guard<std::mutex> lock(engineMutex_);
-    engine = std::move(engine_);
-  }
-  if (!engine) return;
-  Watchdog::removeGroup(groupName_, rank_);
-  // Not freed: MPI_Comm_free is collective in spirit, and an op stuck in MPI still uses them.
-  const bool stopped = engine->abort("was aborted (the process group's abort())");
-  if (!stopped) keepAliveUntilExit(std::move(engine));
-}
-
-std::string ProcessGroupMPIGPU::describe() const {
-  const auto& env = mpi::ensureInitialized();
-  std::ostringstream s;
-  s << "group '" << groupName_ << "' rank " << rank_ << "/" << size_ << " (world ranks";
-  for (int r : worldRanks_) s << " " << r;
-  s << "), " << env.libraryVersion << ", " << mpi::threadLevelName(env.threadLevel)
-    << ", timeout " << timeout().count() << " ms, max elements per MPI call "
-    << config_.maxElementsPerCall << ", fusion up to " << config_.fusionBytes
-    << " bytes per MPI call; paths: CPU tensors cpu, CUDA tensors "
-    << paths::pathName(paths_->cudaPath()) << " (" << paths_->cudaPathReason()
-    << "; staging pieces of " << config_.stagingChunkBytes << " bytes), CUDA reductions "
-    << paths::pathName(paths_->cudaReducePath()) << " (" << paths_->cudaReducePathReason()
-    << "), other devices via-cpu; reductions: "
-    << algo::describeChoice(config_, groupHasGpu_);
-  if (paths_->cudaPath() != paths::PathKind::ViaCpu) {
-    s << "; CUDA reductions by our algorithms stay on the GPU, messages "
-      << (paths_->cudaPath() != paths::PathKind::CudaDirect ? "through pinned host memory"
-          : config_.cudaReduce == 1 ? "as device pointers"
-          : config_.cudaReduce == 0 ? "through pinned host memory"
-          : c10::str("as device pointers from ", config_.cudaDirectBytes,
-                     " bytes, through pinned host memory below"));
-  }
-  return s.str();
-}
 
 algo::Algo ProcessGroupMPIGPU::chooseAlgo(algo::OpKind kind,
                                           const std::vector<at::Tensor>& tensors) const {
@@ -284,9 +79,21 @@ milliseconds ProcessGroupMPIGPU::effectiveTimeout(milliseconds optTimeout) const
   return optTimeout == c10d::kUnsetTimeout ? timeout() : optTimeout;
 }
 
-void ProcessGroupMPIGPU::setTimeout(milliseconds timeout) {
-  if (config_.timeoutSeconds > 0) return;  // TORCH_MPIGPU_TIMEOUT overrides every timeout
-  timeoutMs_.store(timeout.count(), std::memory_order_relaxed);
+std::pair<c10::intrusive_ptr<WorkMPIGPU>, bool> ProcessGroupMPIGPU::newWork(
+    c10d::OpType type, const char* op, uint64_t seq, std::vector<at::Tensor> outputs,
+    std::vector<at::Tensor> inputs, milliseconds timeout, const std::shared_ptr<OpBuffers>& bufs) {
+  bufs->issued();
+  auto work = c10::make_intrusive<WorkMPIGPU>(rank_, type, op, seq, std::move(outputs), timeout,
+                                              profilingTitle(type),
+                                              std::optional<std::vector<at::Tensor>>(inputs),
+                                              std::vector<std::shared_ptr<OpBuffers>>{bufs});
+  if (config_.debug) {
+    std::cerr << opMessage(op, rank_, c10d::isP2POp(type) ? "p2p op #" : "collective #", seq,
+                           " queued (", paths::pathName(bufs->kind()), " path)") << std::endl;
+  }
+  std::lock_guard<std::mutex> lock(coalesceMutex_);
+  if (coalescing_) coalesced_.push_back(work);
+  return {work, coalescing_};
 }
 
 c10::intrusive_ptr<c10d::Work> ProcessGroupMPIGPU::enqueue(c10d::OpType type, const char* op,
@@ -297,33 +104,15 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupMPIGPU::enqueue(c10d::OpType type, co
                                                            std::shared_ptr<OpBuffers> bufs,
                                                            Body body, int root) {
   const auto engine = currentEngine(op);
+  // What every rank must agree on (compared before the op with TORCH_MPIGPU_DESYNC_CHECK=1).
+  const Fingerprint fp =
+      config_.desyncCheck ? fingerprintOf(type, inputs, outputs, root) : Fingerprint{};
   // The group's collective number: the same on every rank (point-to-point ops have their own).
   const uint64_t seq = ++*collectives_;
-  bufs->issued();
-  auto work = c10::make_intrusive<WorkMPIGPU>(rank_, type, op, seq, std::move(outputs),
-                                              effectiveTimeout(optTimeout), profilingTitle(type),
-                                              std::optional<std::vector<at::Tensor>>(inputs),
-                                              std::vector<std::shared_ptr<OpBuffers>>{bufs});
-  if (config_.debug) {
-    std::cerr << opMessage(op, rank_, "op #", seq, " queued (", paths::pathName(bufs->kind()),
-                           " path)") << std::endl;
-  }
-  bool coalescing;
-  {
-    std::lock_guard<std::mutex> lock(coalesceMutex_);
-    coalescing = coalescing_;
-    if (coalescing) coalesced_.push_back(work);
-  }
-  // What every rank must agree on (checked before the op with TORCH_MPIGPU_DESYNC_CHECK=1 only).
-  Fingerprint fp{static_cast<int64_t>(type), -1, -1, root};
-  if (config_.desyncCheck) {
-    const auto& described = type == c10d::OpType::SCATTER || inputs.empty() ? outputs : inputs;
-    if (!described.empty()) fp.dtype = static_cast<int64_t>(described[0].scalar_type());
-    if (type != c10d::OpType::ALLTOALL && type != c10d::OpType::ALLTOALL_BASE) {
-      fp.numel = 0;
-      for (const auto& t : described) fp.numel += t.numel();
-    }
-  }
+  auto built = newWork(type, op, seq, std::move(outputs), std::move(inputs),
+                       effectiveTimeout(optTimeout), bufs);
+  const auto work = built.first;
+  const bool coalescing = built.second;
   const int64_t bytes = bufs->bytes();
   const bool host = bufs->kind() == paths::PathKind::Cpu;
   const bool small = bytes <= config_.inlineBytes;
@@ -336,7 +125,7 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupMPIGPU::enqueue(c10d::OpType type, co
     const char* name = watched.name;
     const uint64_t seq = watched.seq;
     Watchdog::Scope watch(std::move(watched));
-    if (config_.desyncCheck) checkSameOp(name, seq, fp);
+    if (config_.desyncCheck) checkSameCollective(comm_, groupName_, name, seq, fp);
     {
       auto onCommStream = bufs->enter();
       bufs->stageIn();
@@ -349,36 +138,9 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupMPIGPU::enqueue(c10d::OpType type, co
   // The caller waits for this op right away (async_op=False): when it is small, on the host and
   // the engine is idle, run it here. The hand-off to the worker and the two thread wake-ups cost
   // more than a small MPI call itself.
-  if (!asyncOp && host && small && !coalescing && engine->tryRunInline(work, task)) return work;
+  if (!asyncOp && host && small && !coalescing && engine->tryInline(work, task, Engine::Inline::Collective)) return work;
   engine->submit(work, std::move(task));
   return work;
-}
-
-void ProcessGroupMPIGPU::checkSameOp(const char* op, uint64_t seq, const Fingerprint& mine) {
-  // One small allgather: every rank issues it before the op, so it matches even when the ops
-  // do not, and every rank sees the same table and raises the same error.
-  std::vector<Fingerprint> all(size_);
-  static_assert(sizeof(Fingerprint) == 4 * sizeof(int64_t), "Fingerprint must be 4 int64");
-  MPIGPU_MPI_CHECK(MPI_Allgather(&mine, 4, MPI_INT64_T, all.data(), 4, MPI_INT64_T, comm_.handle),
-                   op, rank_);
-  auto same = [&](const Fingerprint& f) {
-    return f.type == all[0].type && f.dtype == all[0].dtype && f.numel == all[0].numel &&
-           f.root == all[0].root;
-  };
-  if (std::all_of(all.begin(), all.end(), same)) return;
-  std::ostringstream table;
-  for (int r = 0; r < size_; ++r) {
-    const auto& f = all[r];
-    table << "\n  rank " << r << ": " << c10d::opTypeToString(static_cast<c10d::OpType>(f.type));
-    if (f.dtype >= 0) table << " " << static_cast<at::ScalarType>(f.dtype);
-    if (f.numel >= 0) table << ", " << f.numel << " elements";
-    if (f.root >= 0) table << ", root " << f.root;
-    if (!same(f)) table << "   <- differs from rank 0";
-  }
-  MPIGPU_THROW_BACKEND(op, rank_, "op #", seq, ": the ranks of group '", groupName_,
-                       "' are not issuing the same collective (TORCH_MPIGPU_DESYNC_CHECK=1):",
-                       table.str(), "\nEvery rank must call the same collectives in the same "
-                       "order with matching dtype, size and root. The op was not run.");
 }
 
 void ProcessGroupMPIGPU::startCoalescing() {
@@ -401,72 +163,6 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupMPIGPU::endCoalescing() {
 }
 
 // ---------------------------------------------------------------------------------------------
-// Fusion: many tensors of one dtype travel back to back in one MPI call, up to fusionBytes.
-
-namespace {
-
-// Indices of `ts` grouped by dtype (first-seen order), each group cut into runs of at most
-// `limit` bytes. A tensor larger than that, or of at least `alone` bytes, travels alone.
-std::vector<std::vector<size_t>> fusionBuckets(const std::vector<at::Tensor>& ts, int64_t limit,
-                                               int64_t alone) {
-  std::vector<at::ScalarType> order;
-  std::map<at::ScalarType, std::vector<size_t>> byDtype;
-  for (size_t i = 0; i < ts.size(); ++i) {
-    auto dt = ts[i].scalar_type();
-    if (!byDtype.count(dt)) order.push_back(dt);
-    byDtype[dt].push_back(i);
-  }
-  std::vector<std::vector<size_t>> buckets;
-  for (auto dt : order) {
-    std::vector<size_t> cur;
-    int64_t bytes = 0;
-    for (size_t i : byDtype[dt]) {
-      const int64_t b = ts[i].numel() * static_cast<int64_t>(ts[i].element_size());
-      if (b >= alone && b > 0) {
-        buckets.push_back({i});
-        continue;
-      }
-      if (!cur.empty() && bytes + b > limit) {
-        buckets.push_back(std::move(cur));
-        cur.clear();
-        bytes = 0;
-      }
-      cur.push_back(i);
-      bytes += b;
-    }
-    if (!cur.empty()) buckets.push_back(std::move(cur));
-  }
-  return buckets;
-}
-
-std::vector<at::Tensor> pick(const std::vector<at::Tensor>& ts, const std::vector<size_t>& idx) {
-  std::vector<at::Tensor> out;
-  out.reserve(idx.size());
-  for (size_t i : idx) out.push_back(ts[i]);
-  return out;
-}
-
-// Rank-major row views: row r of every tensor (seen as [size, n]), for r = 0..size-1. An allgather
-// of packed inputs lands in exactly this order, and a reduce-scatter reads it.
-std::vector<at::Tensor> rankMajorRows(const std::vector<at::Tensor>& ts, int size) {
-  std::vector<at::Tensor> rows;
-  rows.reserve(ts.size() * size);
-  for (int r = 0; r < size; ++r) {
-    for (const auto& t : ts) rows.push_back(t.view({size, -1}).select(0, r));
-  }
-  return rows;
-}
-
-} // namespace
-
-// On the host a big tensor is cheaper sent in place than copied into a bucket; on a device the
-// pack is one fast kernel and saves MPI calls (and host<->device copies when staged).
-int64_t ProcessGroupMPIGPU::fuseBelow(const OpBuffers& bufs) const {
-  const bool host = bufs.kind() == paths::PathKind::Cpu || bufs.kind() == paths::PathKind::ViaCpu;
-  return host ? config_.fuseBelowBytes : std::numeric_limits<int64_t>::max();
-}
-
-// ---------------------------------------------------------------------------------------------
 // Reductions
 
 c10::intrusive_ptr<c10d::Work> ProcessGroupMPIGPU::allreduce(std::vector<at::Tensor>& tensors,
@@ -484,7 +180,7 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupMPIGPU::allreduce(std::vector<at::Ten
   const bool ours = chooseAlgo(algo::OpKind::Allreduce, tensors) != algo::Algo::Mpi;
   auto bufs = ours ? paths_->createForAlgorithm(tensors[0].device()) : reduceBuffersFor(tensors[0]);
   std::vector<Bucket> buckets;
-  for (const auto& idx : fusionBuckets(tensors, config_.fusionBytes, fuseBelow(*bufs))) {
+  for (const auto& idx : fusionBuckets(tensors, config_.fusionBytes, fuseBelow(config_, *bufs))) {
     auto red = mpi::resolveReduction(opts.reduceOp, tensors[idx[0]].scalar_type(), op, rank_);
     auto a = ours ? chooseAlgo(algo::OpKind::Allreduce, pick(tensors, idx)) : algo::Algo::Mpi;
     if (ours && a == algo::Algo::Mpi) a = algo::Algo::Ring;
@@ -601,7 +297,7 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupMPIGPU::reduce_scatter_tensor_coalesc
   const bool ours = chooseAlgo(algo::OpKind::ReduceScatter, inputs) != algo::Algo::Mpi;
   auto bufs = ours ? paths_->createForAlgorithm(outputs[0].device()) : reduceBuffersFor(outputs[0]);
   std::vector<Bucket> buckets;
-  for (const auto& idx : fusionBuckets(outputs, config_.fusionBytes, fuseBelow(*bufs))) {
+  for (const auto& idx : fusionBuckets(outputs, config_.fusionBytes, fuseBelow(config_, *bufs))) {
     std::vector<at::Tensor> ins;
     for (size_t i : idx) ins.push_back(inputs[i].reshape({size_, -1}));
     auto red = mpi::resolveReduction(opts.reduceOp, outputs[idx[0]].scalar_type(), op, rank_);
@@ -702,7 +398,7 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupMPIGPU::allgather_into_tensor_coalesc
                        bufs->add(idx.size() == 1 ? outs : rankMajorRows(outs, size_),
                                  Access::Write)});
   };
-  for (const auto& idx : fusionBuckets(inputs, config_.fusionBytes, fuseBelow(*bufs))) {
+  for (const auto& idx : fusionBuckets(inputs, config_.fusionBytes, fuseBelow(config_, *bufs))) {
     std::vector<size_t> fused;
     for (size_t i : idx) {
       if (outputs[i].is_contiguous()) fused.push_back(i);
@@ -902,16 +598,7 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupMPIGPU::enqueueP2P(c10d::OpType type,
   auto bufs = buffersFor(tensor);
   // Not elementwise: the request outlives the task, so its buffer is staged whole.
   bufs->add(tensor, sending ? Access::Read : Access::Write);
-  bufs->issued();
-  const uint64_t seq = ++p2pSeq_;
-  auto work = c10::make_intrusive<WorkMPIGPU>(
-      rank_, type, op, seq, std::vector<at::Tensor>{tensor}, timeout(), profilingTitle(type),
-      std::optional<std::vector<at::Tensor>>(std::vector<at::Tensor>{tensor}),
-      std::vector<std::shared_ptr<OpBuffers>>{bufs});
-  {
-    std::lock_guard<std::mutex> lock(coalesceMutex_);
-    if (coalescing_) coalesced_.push_back(work);
-  }
+  const auto work = newWork(type, op, ++p2pSeq_, {tensor}, {tensor}, timeout(), bufs).first;
   auto post = [this, engine = engine.get(), op, bufs, peer, tag, sending, work] {
     std::vector<MPI_Request> reqs;
     {
@@ -935,7 +622,7 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupMPIGPU::enqueueP2P(c10d::OpType type,
   // for the reply itself, so a send/recv pays no thread hand-off or wake-up on either end.
   if (bufs->kind() == paths::PathKind::Cpu && tensor.nbytes() <= static_cast<size_t>(config_.inlineBytes)) {
     work->setProgressDriver(std::weak_ptr<ProgressDriver>(engine));
-    if (engine->tryPostInline(work, post)) return work;
+    if (engine->tryInline(work, post, Engine::Inline::Post)) return work;
   }
   engine->submit(work, std::move(post));
   return work;

@@ -111,19 +111,18 @@ class ProcessGroupMPIGPU : public c10d::Backend {
                                          std::chrono::milliseconds optTimeout, bool asyncOp,
                                          std::shared_ptr<paths::OpBuffers> bufs, Body body,
                                          int root = -1);
-  // What ranks must agree on for a collective; compared across ranks with
-  // TORCH_MPIGPU_DESYNC_CHECK=1.
-  struct Fingerprint {
-    int64_t type, dtype, numel, root;  // -1: not part of the check (e.g. alltoall sizes)
-  };
-  void checkSameOp(const char* op, uint64_t seq, const Fingerprint& mine);
-  int64_t fuseBelow(const paths::OpBuffers& bufs) const;
   std::shared_ptr<paths::OpBuffers> buffersFor(const at::Tensor& t) {
     return paths_->create(t.device());
   }
   std::shared_ptr<paths::OpBuffers> reduceBuffersFor(const at::Tensor& t) {
     return paths_->create(t.device(), /*reduces=*/true);
   }
+  // One Work per op, collectives and point-to-point alike; recorded when a coalescing block is
+  // open (the second value says whether one is).
+  std::pair<c10::intrusive_ptr<WorkMPIGPU>, bool> newWork(
+      c10d::OpType type, const char* op, uint64_t seq, std::vector<at::Tensor> outputs,
+      std::vector<at::Tensor> inputs, std::chrono::milliseconds timeout,
+      const std::shared_ptr<paths::OpBuffers>& bufs);
   c10::intrusive_ptr<c10d::Work> enqueueP2P(c10d::OpType type, const char* op, at::Tensor tensor,
                                             int peer, int tag);
   // Our algorithms (algorithms/): the choice for an op, and one run of it on the engine.

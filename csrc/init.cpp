@@ -8,6 +8,7 @@
 #include <pybind11/stl.h>
 
 #include "Errors.hpp"
+#include "Fusion.hpp"
 #include "ProcessGroupMPIGPU.hpp"
 #include "engine/Engine.hpp"
 #include "engine/FutureCompleter.hpp"
@@ -67,6 +68,11 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
      "Collective over MPI_COMM_WORLD: rank 0's (host, port) to every rank, whether all share a "
      "host, this process's world rank and size, and its rank and count among the ranks on its "
      "host (from the gathered host names).");
+  m.def("_fusion_buckets", &mpigpu::fusionBuckets, py::arg("tensors"), py::arg("limit_bytes"),
+        py::arg("alone_bytes"),
+        "Fusion policy (unit tests): indices of `tensors` per MPI call, grouped by dtype in "
+        "first-seen order, runs of at most limit_bytes; tensors of at least alone_bytes travel "
+        "alone.");
   m.def("world_allgather", [](const py::bytes& mine) {
     std::vector<std::string> all;
     {

@@ -233,6 +233,22 @@ def test_profiler_events_carry_the_backend_prefix():
     assert "'allreduce'" not in out, out
 
 
+def test_fusion_buckets_group_by_dtype_and_cut_at_the_limit():
+    import torch
+    from torch_mpi_gpu import _C
+
+    f32 = lambda n: torch.empty(n, dtype=torch.float32)  # noqa: E731
+    f16 = lambda n: torch.empty(n, dtype=torch.float16)  # noqa: E731
+    # 40-byte limit: 4+4 floats (32 B) fit, a third 4 would not; fp16 tensors go apart from
+    # float ones (first-seen dtype order); a 100-float tensor (400 B) travels alone
+    ts = [f32(4), f16(8), f32(4), f32(4), f32(100), f16(2), f32(0)]
+    got = _C._fusion_buckets(ts, 40, 1 << 20)
+    assert got == [[0, 2], [3], [4], [6], [1, 5]], got
+    # alone_bytes: anything of at least 16 bytes travels alone, empty tensors still fuse
+    got = _C._fusion_buckets([f32(4), f32(1), f32(1), f32(0)], 1 << 20, 16)
+    assert got == [[0], [1, 2, 3]], got
+
+
 def test_torchrun_style_launch_names_the_mpirun_command():
     rc, out = python(
         "import torch.distributed as dist, torch_mpi_gpu\n"

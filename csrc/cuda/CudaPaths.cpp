@@ -17,21 +17,6 @@ namespace {
 using paths::Access;
 using paths::PathKind;
 
-struct GroupStreams {
-  std::mutex mutex;
-  std::unordered_map<c10::DeviceIndex, c10::cuda::CUDAStream> streams;
-
-  c10::cuda::CUDAStream get(c10::DeviceIndex index) {
-    std::lock_guard<std::mutex> lock(mutex);
-    auto it = streams.find(index);
-    if (it == streams.end()) {
-      // High priority: the group's staging copies are not queued behind the caller's compute.
-      it = streams.emplace(index, c10::cuda::getStreamFromPool(/*isHighPriority=*/true, index))
-               .first;
-    }
-    return it->second;
-  }
-};
 
 at::Tensor pinnedEmpty(int64_t numel, at::ScalarType dtype) {
   // torch's caching host allocator: blocks are reused, and not before the copies that used them
@@ -231,13 +216,29 @@ class CudaOpBuffers final : public paths::OpBuffers {
 
 } // namespace
 
-std::shared_ptr<void> createGroupState() { return std::make_shared<GroupStreams>(); }
+// (outside the anonymous namespace: paths/ holds it by its declared name)
+struct GroupStreams {
+  std::mutex mutex;
+  std::unordered_map<c10::DeviceIndex, c10::cuda::CUDAStream> streams;
+
+  c10::cuda::CUDAStream get(c10::DeviceIndex index) {
+    std::lock_guard<std::mutex> lock(mutex);
+    auto it = streams.find(index);
+    if (it == streams.end()) {
+      // High priority: the group's staging copies are not queued behind the caller's compute.
+      it = streams.emplace(index, c10::cuda::getStreamFromPool(/*isHighPriority=*/true, index))
+               .first;
+    }
+    return it->second;
+  }
+};
+
+std::shared_ptr<GroupStreams> createGroupState() { return std::make_shared<GroupStreams>(); }
 
 std::shared_ptr<paths::OpBuffers> createOpBuffers(PathKind kind, const at::Device& device,
-                                                  const std::shared_ptr<void>& groupState,
+                                                  const std::shared_ptr<GroupStreams>& groupState,
                                                   int64_t stagingChunkBytes) {
-  auto* streams = static_cast<GroupStreams*>(groupState.get());
-  return std::make_shared<CudaOpBuffers>(kind, device, streams->get(device.index()),
+  return std::make_shared<CudaOpBuffers>(kind, device, groupState->get(device.index()),
                                          stagingChunkBytes);
 }
 

@@ -10,10 +10,11 @@
 namespace mpigpu::cuda {
 
 // Per process group: its comm stream on each device.
-std::shared_ptr<void> createGroupState();
+struct GroupStreams;
+std::shared_ptr<GroupStreams> createGroupState();
 
 std::shared_ptr<paths::OpBuffers> createOpBuffers(paths::PathKind kind, const at::Device& device,
-                                                  const std::shared_ptr<void>& groupState,
+                                                  const std::shared_ptr<GroupStreams>& groupState,
                                                   int64_t stagingChunkBytes);
 
 } // namespace mpigpu::cuda

@@ -130,38 +130,24 @@ bool Engine::endInline() {
   return !queue_.empty();  // a thread queued an op meanwhile and the worker skipped it: wake it
 }
 
-bool Engine::tryRunInline(const c10::intrusive_ptr<WorkMPIGPU>& work, const Task& task) {
+bool Engine::tryInline(const c10::intrusive_ptr<WorkMPIGPU>& work, const Task& task,
+                       Inline kind) {
+  const bool post = kind == Inline::Post;
+  // Posting while the worker may be testing requests needs MPI_THREAD_MULTIPLE.
+  if (post && serialized_) return false;
   {
     std::lock_guard<std::mutex> lock(mutex_);
-    if (stop_ || running_ || inlineBusy_ || !queue_.empty() || pendingCount_.load() != 0) {
-      return false;
-    }
-    inlineBusy_ = true;
+    if (stop_ || running_ || inlineBusy_ || !queue_.empty()) return false;
+    // A collective also waits for pending requests: the worker would test them meanwhile.
+    if (!post && pendingCount_.load() != 0) return false;
+    inlineBusy_ = true;  // the worker starts nothing queued meanwhile: issue order holds
   }
   work->markStarted();
   try {
     at::NoGradGuard noGrad;  // as on the worker: writing results into parameters is not autograd
     const bool done = task();
-    TORCH_INTERNAL_ASSERT(done, "mpigpu: an inline task left MPI requests pending");
-    work->markCompleted();
-  } catch (...) {
-    work->markFailed(std::current_exception());
-  }
-  if (endInline()) cv_.notify_all();  // ops queued meanwhile by other threads
-  return true;
-}
-
-bool Engine::tryPostInline(const c10::intrusive_ptr<WorkMPIGPU>& work, const Task& task) {
-  if (serialized_) return false;
-  {
-    std::lock_guard<std::mutex> lock(mutex_);
-    if (stop_ || running_ || inlineBusy_ || !queue_.empty()) return false;
-    inlineBusy_ = true;  // the worker starts nothing queued meanwhile: issue order holds
-  }
-  work->markStarted();
-  try {
-    at::NoGradGuard noGrad;
-    if (task()) work->markCompleted();
+    TORCH_INTERNAL_ASSERT(done || post, "mpigpu: an inline collective left MPI requests pending");
+    if (done) work->markCompleted();
   } catch (...) {
     work->markFailed(std::current_exception());
   }

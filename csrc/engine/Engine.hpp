@@ -1,5 +1,21 @@
 // The worker thread behind a process group: runs ops in issue order (MPI needs the same order on
 // every rank) and progresses non-blocking point-to-point requests between them.
+//
+// Invariants:
+// - Issue order: ops start in the order they were issued on this group, whichever thread runs
+//   them. A task runs inline on the caller (tryInline) only when nothing is queued or running
+//   ahead of it; while it runs (inlineBusy_) the worker starts nothing queued meanwhile.
+// - Queued: everything else (async ops, ops on device tensors, ops issued while the engine is
+//   busy) runs on the worker, one at a time, in queue order.
+// - Point-to-point: the posting task (inline or on the worker) leaves its requests with
+//   addPending; they complete in any order. The worker tests them between ops, and a caller
+//   waiting on one of them tests too (assistProgress), one pass at a time (progressMutex_).
+//   Completion (copy back, Work completed) happens on whichever thread saw the requests finish.
+// - One engine per group, or one for all groups with less than MPI_THREAD_MULTIPLE (then only
+//   its worker, or one inline caller at a time, is inside MPI).
+// - End: shutdown() joins the worker, then fails what is queued or pending; abort() fails it all
+//   at once and leaves a worker blocked inside MPI behind (see abort()). At interpreter exit
+//   shutdownAll() first drains the queues in issue order (bounded), then stops every engine.
 #pragma once
 
 #include <mpi.h>
@@ -39,15 +55,15 @@ class Engine : public ProgressDriver {
   Engine& operator=(const Engine&) = delete;
 
   void submit(c10::intrusive_ptr<WorkMPIGPU> work, Task task);
-  // Runs a finished-in-one-go task on the calling thread when the engine has nothing queued,
-  // running or pending, and returns true; otherwise does nothing and returns false (then
-  // submit it). For small blocking ops: no hand-off, no thread wake-ups on the critical path.
-  bool tryRunInline(const c10::intrusive_ptr<WorkMPIGPU>& work, const Task& task);
-  // Posts a point-to-point task (one that leaves requests with addPending) on the calling thread
-  // when nothing is queued or running ahead of it, so issue order is kept; requests already
-  // pending are fine. Returns false (then submit it) otherwise, or when MPI calls must stay on
-  // one thread (MPI_THREAD_SERIALIZED).
-  bool tryPostInline(const c10::intrusive_ptr<WorkMPIGPU>& work, const Task& task);
+  // Runs `task` on the calling thread instead of the worker when that keeps issue order, and
+  // returns true; otherwise does nothing and returns false (then submit it).
+  //   Inline::Collective: a finished-in-one-go task (a small blocking op), when nothing is
+  //     queued, running or pending. No hand-off, no thread wake-ups on the critical path.
+  //   Inline::Post: a point-to-point task that leaves requests with addPending, when nothing is
+  //     queued or running ahead of it (pending requests are fine); never with
+  //     MPI_THREAD_SERIALIZED, since the worker may be testing requests meanwhile.
+  enum class Inline { Collective, Post };
+  bool tryInline(const c10::intrusive_ptr<WorkMPIGPU>& work, const Task& task, Inline kind);
   // Tests the pending requests once from the calling thread, unless another thread is at it;
   // completes what finished. Lets Work::wait() see a reply without waiting for the worker.
   void assistProgress() override;

@@ -29,6 +29,10 @@
 #include "algorithms/Link.hpp"
 #include "algorithms/Reducer.hpp"
 
+namespace mpigpu::cuda {
+struct GroupStreams;  // cuda/CudaPaths.cpp: a group's comm stream per device
+} // namespace mpigpu::cuda
+
 namespace mpigpu::paths {
 
 // CudaAlgo: CUDA tensors reduced by our algorithms (algorithms/): the op's buffers stay on the
@@ -151,7 +155,7 @@ class PathFactory {
   Config config_;
   PathKind cudaPath_, cudaReducePath_;
   std::string cudaReason_, cudaReduceReason_;
-  std::shared_ptr<void> cudaState_;  // the CUDA side's per-group state (comm streams)
+  std::shared_ptr<cuda::GroupStreams> cudaState_;  // the group's comm stream per device
   std::shared_ptr<HostScratch> hostScratch_;  // reused host fusion buffer: used by the thread running the
                                               // op (worker, or an inline caller), one op at a time
 };

@@ -1,0 +1,63 @@
+#include "Fusion.hpp"
+
+#include <limits>
+#include <map>
+
+namespace mpigpu {
+
+std::vector<std::vector<size_t>> fusionBuckets(const std::vector<at::Tensor>& ts, int64_t limit,
+                                               int64_t alone) {
+  std::vector<at::ScalarType> order;
+  std::map<at::ScalarType, std::vector<size_t>> byDtype;
+  for (size_t i = 0; i < ts.size(); ++i) {
+    auto dt = ts[i].scalar_type();
+    if (!byDtype.count(dt)) order.push_back(dt);
+    byDtype[dt].push_back(i);
+  }
+  std::vector<std::vector<size_t>> buckets;
+  for (auto dt : order) {
+    std::vector<size_t> cur;
+    int64_t bytes = 0;
+    for (size_t i : byDtype[dt]) {
+      const int64_t b = ts[i].numel() * static_cast<int64_t>(ts[i].element_size());
+      if (b >= alone && b > 0) {
+        buckets.push_back({i});
+        continue;
+      }
+      if (!cur.empty() && bytes + b > limit) {
+        buckets.push_back(std::move(cur));
+        cur.clear();
+        bytes = 0;
+      }
+      cur.push_back(i);
+      bytes += b;
+    }
+    if (!cur.empty()) buckets.push_back(std::move(cur));
+  }
+  return buckets;
+}
+
+std::vector<at::Tensor> pick(const std::vector<at::Tensor>& ts, const std::vector<size_t>& idx) {
+  std::vector<at::Tensor> out;
+  out.reserve(idx.size());
+  for (size_t i : idx) out.push_back(ts[i]);
+  return out;
+}
+
+std::vector<at::Tensor> rankMajorRows(const std::vector<at::Tensor>& ts, int size) {
+  std::vector<at::Tensor> rows;
+  rows.reserve(ts.size() * size);
+  for (int r = 0; r < size; ++r) {
+    for (const auto& t : ts) rows.push_back(t.view({size, -1}).select(0, r));
+  }
+  return rows;
+}
+
+// On the host a big tensor is cheaper sent in place than copied into a bucket; on a device the
+// pack is one fast kernel and saves MPI calls (and host<->device copies when staged).
+int64_t fuseBelow(const Config& config, const paths::OpBuffers& bufs) {
+  const bool host = bufs.kind() == paths::PathKind::Cpu || bufs.kind() == paths::PathKind::ViaCpu;
+  return host ? config.fuseBelowBytes : std::numeric_limits<int64_t>::max();
+}
+
+} // namespace mpigpu

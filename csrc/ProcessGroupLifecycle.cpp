@@ -1,0 +1,197 @@
+// The group's life: creation (communicators, agreed GPU presence, watchdog registration),
+// description, timeout, and its end (shutdown, abort, destruction).
+#include "ProcessGroupMPIGPU.hpp"
+
+#include <iostream>
+#include <numeric>
+#include <sstream>
+
+#include "Errors.hpp"
+#include "engine/Watchdog.hpp"
+#include "mpi/Check.hpp"
+#include "mpi/Env.hpp"
+
+namespace mpigpu {
+
+using std::chrono::milliseconds;
+
+namespace {
+
+int tagFor(const std::string& groupName) {
+  // Same on every member (group names are agreed by torch), distinct per group.
+  return static_cast<int>(std::hash<std::string>{}(groupName) % 32000) + 1;
+}
+
+std::vector<int> resolveWorldRanks(int rank, int size, const std::vector<int64_t>& globalRanks) {
+  const auto& env = mpi::ensureInitialized();
+  const char* op = "init_process_group";
+  if (globalRanks.empty()) {
+    if (env.worldSize == 1 && size > 1) {
+      MPIGPU_THROW_BACKEND(op, rank, "this process is not part of a multi-process MPI job (MPI "
+                           "world size 1, store world size ", size, "). mpigpu needs an MPI "
+                           "launcher: run `mpirun -np ", size, " python your_script.py` (or srun/"
+                           "mpiexec) instead of torchrun or manual RANK/WORLD_SIZE");
+    }
+    if (env.worldSize != size || env.worldRank != rank) {
+      MPIGPU_THROW_BACKEND(op, rank, "the store's rank/world size (", rank, "/", size,
+                           ") disagree with MPI's (", env.worldRank, "/", env.worldSize,
+                           "). Let torch_mpi_gpu set RANK/WORLD_SIZE from the MPI launcher (unset "
+                           "them), or pass rank=MPI rank and world_size=MPI size");
+    }
+    std::vector<int> all(size);
+    std::iota(all.begin(), all.end(), 0);
+    return all;
+  }
+  MPIGPU_CHECK_VALUE(static_cast<int>(globalRanks.size()) == size, "new_group", rank,
+                     "group of size ", size, " got ", globalRanks.size(), " global ranks");
+  std::vector<int> ranks;
+  for (int64_t g : globalRanks) {
+    MPIGPU_CHECK_VALUE(g >= 0 && g < env.worldSize, "new_group", rank, "global rank ", g,
+                       " is not in MPI_COMM_WORLD (size ", env.worldSize, ")");
+    ranks.push_back(static_cast<int>(g));
+  }
+  if (ranks[rank] != env.worldRank) {
+    MPIGPU_THROW_BACKEND("new_group", rank, "group rank ", rank, " is global rank ", ranks[rank],
+                         " but this process is MPI rank ", env.worldRank,
+                         "; the default group's ranks must equal MPI_COMM_WORLD ranks");
+  }
+  return ranks;
+}
+
+} // namespace
+
+ProcessGroupMPIGPU::ProcessGroupMPIGPU(c10::intrusive_ptr<c10d::Store> store, int rank, int size,
+                                       std::vector<int64_t> globalRanks, milliseconds timeout,
+                                       std::string groupName)
+    : Backend(rank, size),
+      store_(std::move(store)),
+      groupName_(std::move(groupName)),
+      worldRanks_(resolveWorldRanks(rank, size, globalRanks)),
+      config_(Config::fromEnv()),
+      timeoutMs_(config_.timeoutSeconds > 0 ? static_cast<int64_t>(config_.timeoutSeconds * 1000)
+                                            : timeout.count()) {
+  comm_.rank = rank;
+  comm_.size = size;
+  comm_.maxCount = config_.maxElementsPerCall;
+  algoComm_ = comm_;
+  paths_ = std::make_unique<paths::PathFactory>(config_);
+  engine_ = Engine::create("mpigpu-" + groupName_);
+  const int hasGpu = at::hasCUDA() ? 1 : 0;
+  engine_->runAndWait("new_group", rank, [this, hasGpu] {
+    comm_.handle = mpi::createGroupComm(worldRanks_, tagFor(groupName_), rank_);
+    int commRank = -1;
+    MPI_Comm_rank(comm_.handle, &commRank);
+    if (commRank != rank_) {
+      MPIGPU_THROW_BACKEND("new_group", rank_, "MPI placed this process at rank ", commRank,
+                           " of the new communicator, torch at ", rank_);
+    }
+    MPIGPU_MPI_CHECK(MPI_Comm_dup(comm_.handle, &algoComm_.handle), "new_group", rank_);
+    int anyGpu = 0;
+    MPIGPU_MPI_CHECK(MPI_Allreduce(&hasGpu, &anyGpu, 1, MPI_INT, MPI_MAX, comm_.handle),
+                     "new_group", rank_);
+    groupHasGpu_ = anyGpu != 0;
+  });
+  if (config_.debug) {
+    std::cerr << opMessage("init", rank_, describe()) << std::endl;
+  }
+  if (store_) Watchdog::addGroup({groupName_, rank_, size_, store_, collectives_});
+}
+
+namespace {
+// Engines whose worker is stuck inside MPI after abort(): the thread still uses them.
+void keepAliveUntilExit(std::shared_ptr<Engine> engine) {
+  static std::mutex mutex;
+  static auto* kept = new std::vector<std::shared_ptr<Engine>>();
+  std::lock_guard<std::mutex> lock(mutex);
+  kept->push_back(std::move(engine));
+}
+} // namespace
+
+ProcessGroupMPIGPU::~ProcessGroupMPIGPU() {
+  try {
+    shutdown();
+  } catch (...) {
+    // Destructors must not throw; at worst the communicators leak until MPI_Finalize.
+  }
+}
+
+std::shared_ptr<Engine> ProcessGroupMPIGPU::currentEngine(const char* op) const {
+  std::lock_guard<std::mutex> lock(engineMutex_);
+  MPIGPU_CHECK_VALUE(engine_ != nullptr, op, rank_,
+                     "the process group has been destroyed or aborted; create a new one");
+  return engine_;
+}
+
+void ProcessGroupMPIGPU::shutdown() {
+  std::shared_ptr<Engine> engine;
+  {
+    std::lock_guard<std::mutex> lock(engineMutex_);
+    engine = engine_;
+  }
+  if (!engine) return;
+  Watchdog::removeGroup(groupName_, rank_);
+  if (!engine->stopped() && !mpi::isFinalized()) {
+    // Ops still queued run first, in issue order (their peers may be inside them already); then
+    // the communicators are freed. Bounded by the group's timeout: an op whose peers never come
+    // would otherwise hold destroy_process_group() forever.
+    const bool done = engine->runAndWait("destroy_process_group", rank_, [this] {
+      mpi::freeComm(&algoComm_.handle);
+      mpi::freeComm(&comm_.handle);
+    }, timeout());
+    if (!done) {
+      std::cerr << opMessage("destroy_process_group", rank_, "group '", groupName_,
+                             "': the ops ahead of it did not finish within the timeout (",
+                             timeout().count(), " ms); aborting the group instead (its "
+                             "outstanding ops fail)") << std::endl;
+      abort();
+      return;
+    }
+  }
+  std::lock_guard<std::mutex> lock(engineMutex_);
+  engine_.reset();  // (the engine stops with its last group: it may be shared)
+}
+
+void ProcessGroupMPIGPU::abort() {
+  std::shared_ptr<Engine> engine;
+  {
+    std::lock_guard<std::mutex> lock(engineMutex_);
+    engine = std::move(engine_);
+  }
+  if (!engine) return;
+  Watchdog::removeGroup(groupName_, rank_);
+  // Not freed: MPI_Comm_free is collective in spirit, and an op stuck in MPI still uses them.
+  const bool stopped = engine->abort("was aborted (the process group's abort())");
+  if (!stopped) keepAliveUntilExit(std::move(engine));
+}
+
+std::string ProcessGroupMPIGPU::describe() const {
+  const auto& env = mpi::ensureInitialized();
+  std::ostringstream s;
+  s << "group '" << groupName_ << "' rank " << rank_ << "/" << size_ << " (world ranks";
+  for (int r : worldRanks_) s << " " << r;
+  s << "), " << env.libraryVersion << ", " << mpi::threadLevelName(env.threadLevel)
+    << ", timeout " << timeout().count() << " ms, max elements per MPI call "
+    << config_.maxElementsPerCall << ", fusion up to " << config_.fusionBytes
+    << " bytes per MPI call; paths: CPU tensors cpu, CUDA tensors "
+    << paths::pathName(paths_->cudaPath()) << " (" << paths_->cudaPathReason()
+    << "; staging pieces of " << config_.stagingChunkBytes << " bytes), CUDA reductions "
+    << paths::pathName(paths_->cudaReducePath()) << " (" << paths_->cudaReducePathReason()
+    << "), other devices via-cpu; reductions: "
+    << algo::describeChoice(config_, groupHasGpu_);
+  if (paths_->cudaPath() != paths::PathKind::ViaCpu) {
+    s << "; CUDA reductions by our algorithms stay on the GPU, messages "
+      << (paths_->cudaPath() != paths::PathKind::CudaDirect ? "through pinned host memory"
+          : config_.cudaReduce == 1 ? "as device pointers"
+          : config_.cudaReduce == 0 ? "through pinned host memory"
+          : c10::str("as device pointers from ", config_.cudaDirectBytes,
+                     " bytes, through pinned host memory below"));
+  }
+  return s.str();
+}
+
+void ProcessGroupMPIGPU::setTimeout(milliseconds timeout) {
+  if (config_.timeoutSeconds > 0) return;  // TORCH_MPIGPU_TIMEOUT overrides every timeout
+  timeoutMs_.store(timeout.count(), std::memory_order_relaxed);
+}
+
+} // namespace mpigpu
