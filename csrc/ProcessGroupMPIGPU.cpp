@@ -87,6 +87,7 @@ std::pair<c10::intrusive_ptr<WorkMPIGPU>, bool> ProcessGroupMPIGPU::newWork(
                                               profilingTitle(type),
                                               std::optional<std::vector<at::Tensor>>(inputs),
                                               std::vector<std::shared_ptr<OpBuffers>>{bufs});
+  work->setContext(groupName_, worldRanks_[rank_]);
   if (config_.debug) {
     std::cerr << opMessage(op, rank_, c10d::isP2POp(type) ? "p2p op #" : "collective #", seq,
                            " queued (", paths::pathName(bufs->kind()), " path)") << std::endl;

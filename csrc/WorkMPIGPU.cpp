@@ -1,5 +1,7 @@
 #include "WorkMPIGPU.hpp"
 
+#include <sstream>
+
 #include <c10/core/StreamGuard.h>
 
 #include <algorithm>
@@ -57,6 +59,21 @@ WorkMPIGPU::WorkMPIGPU(int rank, c10d::OpType type, const char* opName, uint64_t
                                                        devicesOf(buffers_))),
       created_(std::chrono::steady_clock::now()) {}
 
+std::string WorkMPIGPU::describe() const {
+  std::ostringstream s;
+  s << (c10d::isP2POp(retrieveOpType()) ? "point-to-point op #" : "collective #") << seq_;
+  if (!group_.empty()) s << " of group '" << group_ << "'";
+  s << " (group rank " << rank_;
+  if (worldRank_ >= 0) s << ", world rank " << worldRank_;
+  int64_t numel = 0;
+  for (const auto& t : outputs_) numel += t.defined() ? t.numel() : 0;
+  if (!outputs_.empty() && outputs_[0].defined()) {
+    s << "; " << numel << " elements of " << outputs_[0].scalar_type();
+  }
+  s << "; timeout " << timeout_.count() << " ms)";
+  return s.str();
+}
+
 bool WorkMPIGPU::wait(std::chrono::milliseconds timeout) {
   const auto limit = timeout == kNoTimeout ? timeout_ : timeout;
   if (auto driver = driver_.lock(); driver && !isCompleted()) {
@@ -73,7 +90,7 @@ bool WorkMPIGPU::wait(std::chrono::milliseconds timeout) {
   }
   std::unique_lock<std::mutex> lock(mutex_);
   if (!cv_.wait_for(lock, limit, [&] { return completed_; })) {
-    MPIGPU_THROW_BACKEND(opName_, rank_, "op #", seq_, " did not complete within ",
+    MPIGPU_THROW_BACKEND(opName_, rank_, describe(), " did not complete within ",
                          limit.count(), " ms. Another rank is probably not calling this op (or "
                          "calls ops in a different order); the op keeps running, and the MPI "
                          "call cannot be cancelled, so the job should be stopped.");

@@ -51,6 +51,14 @@ class WorkMPIGPU : public c10d::Work {
   float getDuration() const override;
 
   const char* opName() const { return opName_; }
+  // The group this op belongs to, for describe() (the group sets it when it builds the Work).
+  void setContext(std::string group, int worldRank) {
+    group_ = std::move(group);
+    worldRank_ = worldRank;
+  }
+  // One line for messages: "collective #5 of group '0' (group rank 1, world rank 3; 1024
+  // elements of Float; timeout 1800000 ms)".
+  std::string describe() const;
   void setSourceRank(int r) { sourceRank_ = r; }
   void markStarted() { started_ = std::chrono::steady_clock::now(); }
   // Exactly one of these is called, once, by the engine.
@@ -72,6 +80,8 @@ class WorkMPIGPU : public c10d::Work {
 
   const char* opName_;
   const uint64_t seq_;
+  std::string group_;
+  int worldRank_ = -1;
   // Completed or failed once: abort() may fail an op whose MPI call returns later.
   std::atomic<bool> settled_{false};
   std::vector<at::Tensor> outputs_;

@@ -135,3 +135,11 @@ def test_soak_threads_groups_memory_flat(np):
 def test_count_above_int_max():
     # 2^31 + 3 int8 elements per rank (2 GiB each, ~6 GiB in all): real large-count MPI calls.
     assert passed_counts(run_mpi("large_count.py", 2, timeout=900), 2) >= 3
+
+
+@pytest.mark.parametrize("library", ["accelerate", "lightning"])
+def test_ecosystem_library_trains_like_one_process(library):
+    pytest.importorskip(library, reason=f"{library} is not installed (scripts/setup_env.sh installs it)")
+    out = run_mpi("ecosystem.py", 2, args=(library,), timeout=600)
+    assert passed_counts(out, 2) >= 4
+

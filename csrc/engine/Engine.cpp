@@ -248,7 +248,7 @@ bool Engine::abort(const std::string& why) {
   if (running) {
     running->markFailed(std::make_exception_ptr(c10::DistBackendError(
         {__func__, __FILE__, static_cast<uint32_t>(__LINE__)},
-        opMessage(running->opName(), running->groupRank(), "op #", running->getSequencenumber(), " ", why,
+        opMessage(running->opName(), running->groupRank(), running->describe(), " ", why,
                   " while inside MPI (the call itself cannot be interrupted)"))));
   }
   if (thread_.joinable() && !onWorkerThread()) {
@@ -279,7 +279,7 @@ void Engine::failOutstanding(const std::string& why) {
   auto fail = [&](const c10::intrusive_ptr<WorkMPIGPU>& work) {
     work->markFailed(std::make_exception_ptr(c10::DistBackendError(
         {__func__, __FILE__, static_cast<uint32_t>(__LINE__)},
-        opMessage(work->opName(), work->groupRank(), "op #", work->getSequencenumber(), " ", why))));
+        opMessage(work->opName(), work->groupRank(), work->describe(), " ", why))));
   };
   for (auto& q : orphans) fail(q.work);
   for (auto& p : abandoned) {
@@ -410,7 +410,8 @@ void Engine::progressPending(bool blocking) {
             failed.MPI_ERROR = rc;
             p.then(failed);
           }
-          MPIGPU_THROW_BACKEND(p.work->opName(), p.work->groupRank(), "MPI_Testall failed: ", text,
+          MPIGPU_THROW_BACKEND(p.work->opName(), p.work->groupRank(), p.work->describe(),
+                               ": MPI_Testall failed: ", text,
                                " (a receive smaller than the message sent, or a peer that failed)");
         }
         if (p.then) p.then(statuses[0]);
