@@ -224,10 +224,13 @@ void Engine::shutdown() {
 namespace {
 std::atomic<int> g_stuckWorkers{0};
 
-// Completions of requests freed unfinished: they own buffers MPI may still write.
-std::vector<Engine::Then>& leakedThen() {
-  static auto* v = new std::vector<Engine::Then>();
-  return *v;
+// Completions of requests freed unfinished: they own buffers MPI may still write. Kept until
+// exit; groups may fail their outstanding ops from several threads at once, hence the lock.
+void keepThenUntilExit(Engine::Then then) {
+  static std::mutex mutex;
+  static auto* kept = new std::vector<Engine::Then>();
+  std::lock_guard<std::mutex> lock(mutex);
+  kept->push_back(std::move(then));
 }
 } // namespace
 
@@ -286,7 +289,7 @@ void Engine::failOutstanding(const std::string& why) {
     // A receive left posted would let MPI write into a tensor the user owns again.
     if (!mpi::cancelRequests(p.requests)) {
       for (const auto& t : p.work->result()) mpi::leakUntilExit(t);
-      leakedThen().push_back(std::move(p.then));  // holds the op's staging buffers
+      keepThenUntilExit(std::move(p.then));  // holds the op's staging buffers
     }
     fail(p.work);
   }
