@@ -1,8 +1,9 @@
 """GPU tests: our CUDA reduction kernels against torch's ops; our reduction algorithms on CUDA
 tensors with device-pointer and with staged messages; every op on CUDA tensors through the
 cuda-direct path (when the MPI is CUDA-aware) and the cuda-staged path (forced, with a small
-pipeline piece so large messages really pipeline), stream ordering, mixed CUDA/CPU ranks, and DDP
-with CUDA tensors. Several ranks share one GPU.
+pipeline piece so large messages really pipeline), stream ordering, mixed CUDA/CPU ranks, DDP
+with CUDA tensors, and ending a group (destroy, abort) while a CUDA op can never finish. Several
+ranks share one GPU.
 Marked `gpu` and skipped (not failed) where no CUDA device is visible."""
 
 import functools
@@ -16,6 +17,7 @@ import torch
 
 from conftest import run_mpi
 from test_multirank import passed_counts
+from test_reliability import check_ending_a_group_with_a_stuck_op
 
 pytestmark = [pytest.mark.gpu,
               pytest.mark.skipif(not torch.cuda.is_available(), reason="no CUDA device visible")]
@@ -169,3 +171,9 @@ def test_mixed_cuda_and_cpu_ranks(np):
 def test_ddp_cuda(path):
     out = run_mpi("ddp.py", 2, env={"MPIGPU_TEST_DEVICE": "cuda", **path_env(path)})
     assert passed_counts(out, 2) >= 60
+
+
+@pytest.mark.parametrize("mode", ["destroy", "abort"])
+def test_ending_a_group_with_a_stuck_cuda_op(mode):
+    # as test_reliability's CPU case, with the stuck all_reduce on the group's CUDA streams
+    check_ending_a_group_with_a_stuck_op(mode, "cuda")

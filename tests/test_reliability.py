@@ -12,10 +12,10 @@ from conftest import LAUNCHER, MP_DIR, launch_command, launch_env, run_mpi
 from test_multirank import passed_counts
 
 
-def launch(mode, np, env, script="stall.py", timeout=120):
+def launch(mode, np, env, script="stall.py", timeout=120, args=()):
     full_env = launch_env(env)
     cmd = launch_command(np, dict(env))
-    cmd += [sys.executable, str(MP_DIR / script), mode]
+    cmd += [sys.executable, str(MP_DIR / script), mode, *args]
     start = time.monotonic()
     try:
         proc = subprocess.run(cmd, env=full_env, cwd=MP_DIR, capture_output=True, text=True,
@@ -88,9 +88,14 @@ def test_exit_with_async_ops_pending_finishes_cleanly():
 @pytest.mark.parametrize("mode", ["destroy", "abort"])
 def test_ending_a_group_with_an_op_that_never_finishes(mode):
     # destroy_process_group() used to wait with a one-year limit; abort() did nothing.
+    check_ending_a_group_with_a_stuck_op(mode, "cpu")
+
+
+def check_ending_a_group_with_a_stuck_op(mode, device):
+    """shutdown.py's checks, shared with test_gpu.py (device "cuda")."""
     rc, out, took = launch(mode, 2, {"TORCH_MPIGPU_TIMEOUT": "3",
                                      "TORCH_MPIGPU_TIMEOUT_ACTION": "report"},
-                           script="shutdown.py", timeout=90)
+                           script="shutdown.py", timeout=90, args=(device,))
     returned = re.search(rf"rank 0: {mode} returned after ([\d.]+) s", out)
     assert returned, out[-3000:]
     limit = 10 if mode == "destroy" else 2  # destroy: the group's timeout (3 s), abort: at once
