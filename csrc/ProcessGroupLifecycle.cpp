@@ -7,6 +7,7 @@
 #include <sstream>
 
 #include "Errors.hpp"
+#include "engine/FlightRecorder.hpp"
 #include "engine/Watchdog.hpp"
 #include "mpi/Check.hpp"
 #include "mpi/Env.hpp"
@@ -95,6 +96,7 @@ ProcessGroupMPIGPU::ProcessGroupMPIGPU(c10::intrusive_ptr<c10d::Store> store, in
     std::cerr << opMessage("init", rank_, describe()) << std::endl;
   }
   if (store_) Watchdog::addGroup({groupName_, rank_, size_, store_, collectives_});
+  flightRecorderId_ = fr::Recorder::get().addGroup(groupName_, worldRanks_);
 }
 
 namespace {

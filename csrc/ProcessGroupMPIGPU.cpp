@@ -11,9 +11,11 @@
 #include "Desync.hpp"
 #include "Errors.hpp"
 #include "Fusion.hpp"
+#include "Profiling.hpp"
 #include "mpi/Check.hpp"
 #include "mpi/Env.hpp"
 #include "mpi/Types.hpp"
+#include "engine/FlightRecorder.hpp"
 #include "engine/Watchdog.hpp"
 
 namespace mpigpu {
@@ -22,35 +24,6 @@ using paths::Access;
 using paths::OpBuffers;
 using std::chrono::milliseconds;
 
-namespace {
-
-// The backend's profiler event names, as gloo and NCCL write theirs ("nccl:all_reduce"), so
-// trace viewers group them with the c10d op. Static strings: the Work keeps the pointer.
-const char* profilingTitle(c10d::OpType type) {
-  switch (type) {
-    case c10d::OpType::BROADCAST: return "mpigpu:broadcast";
-    case c10d::OpType::ALLREDUCE: return "mpigpu:all_reduce";
-    case c10d::OpType::ALLREDUCE_COALESCED: return "mpigpu:all_reduce_coalesced";
-    case c10d::OpType::REDUCE: return "mpigpu:reduce";
-    case c10d::OpType::ALLGATHER: return "mpigpu:all_gather";
-    case c10d::OpType::_ALLGATHER_BASE: return "mpigpu:_allgather_base";
-    case c10d::OpType::ALLGATHER_COALESCED: return "mpigpu:all_gather_coalesced";
-    case c10d::OpType::GATHER: return "mpigpu:gather";
-    case c10d::OpType::SCATTER: return "mpigpu:scatter";
-    case c10d::OpType::REDUCE_SCATTER: return "mpigpu:reduce_scatter";
-    case c10d::OpType::_REDUCE_SCATTER_BASE: return "mpigpu:_reduce_scatter_base";
-    case c10d::OpType::ALLTOALL_BASE: return "mpigpu:all_to_all_single";
-    case c10d::OpType::ALLTOALL: return "mpigpu:all_to_all";
-    case c10d::OpType::SEND: return "mpigpu:send";
-    case c10d::OpType::RECV:
-    case c10d::OpType::RECVANYSOURCE: return "mpigpu:recv";
-    case c10d::OpType::BARRIER: return "mpigpu:barrier";
-    case c10d::OpType::COALESCED: return "mpigpu:coalesced";
-    default: return "mpigpu:unknown";
-  }
-}
-
-} // namespace
 
 algo::Algo ProcessGroupMPIGPU::chooseAlgo(algo::OpKind kind,
                                           const std::vector<at::Tensor>& tensors) const {
@@ -81,15 +54,24 @@ milliseconds ProcessGroupMPIGPU::effectiveTimeout(milliseconds optTimeout) const
 
 std::pair<c10::intrusive_ptr<WorkMPIGPU>, bool> ProcessGroupMPIGPU::newWork(
     c10d::OpType type, const char* op, uint64_t seq, std::vector<at::Tensor> outputs,
-    std::vector<at::Tensor> inputs, milliseconds timeout, const std::shared_ptr<OpBuffers>& bufs) {
+    std::vector<at::Tensor> inputs, milliseconds timeout, const std::shared_ptr<OpBuffers>& bufs,
+    bool asyncOp, int peer) {
   bufs->issued();
+  const bool p2p = c10d::isP2POp(type);
+  recordParamComms({groupName_, getGroupDesc(), rank_, size_, &worldRanks_, op, seq, p2p,
+                    asyncOp, &inputs, &outputs});
+  fr::Recorder::Op recorded{flightRecorderId_, &getGroupDesc(), p2p ? collectives_->load() : seq,
+                            p2p ? seq : p2pSeq_.load(), profilingTitle(type), p2p, rank_, peer,
+                            type == c10d::OpType::SEND, timeout};
+  const uint64_t flightRecord = fr::Recorder::get().record(recorded, inputs, outputs);
   auto work = c10::make_intrusive<WorkMPIGPU>(rank_, type, op, seq, std::move(outputs), timeout,
                                               profilingTitle(type),
                                               std::optional<std::vector<at::Tensor>>(inputs),
                                               std::vector<std::shared_ptr<OpBuffers>>{bufs});
   work->setContext(groupName_, worldRanks_[rank_]);
+  work->setFlightRecord(flightRecord);
   if (config_.debug) {
-    std::cerr << opMessage(op, rank_, c10d::isP2POp(type) ? "p2p op #" : "collective #", seq,
+    std::cerr << opMessage(op, rank_, p2p ? "p2p op #" : "collective #", seq,
                            " queued (", paths::pathName(bufs->kind()), " path)") << std::endl;
   }
   std::lock_guard<std::mutex> lock(coalesceMutex_);
@@ -111,7 +93,7 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupMPIGPU::enqueue(c10d::OpType type, co
   // The group's collective number: the same on every rank (point-to-point ops have their own).
   const uint64_t seq = ++*collectives_;
   auto built = newWork(type, op, seq, std::move(outputs), std::move(inputs),
-                       effectiveTimeout(optTimeout), bufs);
+                       effectiveTimeout(optTimeout), bufs, asyncOp);
   const auto work = built.first;
   const bool coalescing = built.second;
   const int64_t bytes = bufs->bytes();
@@ -599,7 +581,8 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupMPIGPU::enqueueP2P(c10d::OpType type,
   auto bufs = buffersFor(tensor);
   // Not elementwise: the request outlives the task, so its buffer is staged whole.
   bufs->add(tensor, sending ? Access::Read : Access::Write);
-  const auto work = newWork(type, op, ++p2pSeq_, {tensor}, {tensor}, timeout(), bufs).first;
+  const auto work = newWork(type, op, ++p2pSeq_, {tensor}, {tensor}, timeout(), bufs,
+                             /*asyncOp=*/true, peer).first;
   auto post = [this, engine = engine.get(), op, bufs, peer, tag, sending, work] {
     std::vector<MPI_Request> reqs;
     {

@@ -119,10 +119,12 @@ class ProcessGroupMPIGPU : public c10d::Backend {
   }
   // One Work per op, collectives and point-to-point alike; recorded when a coalescing block is
   // open (the second value says whether one is).
+  // Each is recorded in the flight recorder and, while the profiler runs, with its communication
+  // parameters (record_param_comms). `peer`: point-to-point only, the other group rank.
   std::pair<c10::intrusive_ptr<WorkMPIGPU>, bool> newWork(
       c10d::OpType type, const char* op, uint64_t seq, std::vector<at::Tensor> outputs,
       std::vector<at::Tensor> inputs, std::chrono::milliseconds timeout,
-      const std::shared_ptr<paths::OpBuffers>& bufs);
+      const std::shared_ptr<paths::OpBuffers>& bufs, bool asyncOp, int peer = -1);
   c10::intrusive_ptr<c10d::Work> enqueueP2P(c10d::OpType type, const char* op, at::Tensor tensor,
                                             int peer, int tag);
   // Our algorithms (algorithms/): the choice for an op, and one run of it on the engine.
@@ -141,6 +143,7 @@ class ProcessGroupMPIGPU : public c10d::Backend {
   c10::intrusive_ptr<c10d::Store> store_;
   const std::string groupName_;
   const std::vector<int> worldRanks_;
+  size_t flightRecorderId_ = 0;  // the group's id in flight-recorder dumps
   Config config_;
   // Read by callers' threads while setTimeout may write it.
   std::atomic<int64_t> timeoutMs_;

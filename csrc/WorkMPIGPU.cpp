@@ -10,6 +10,7 @@
 #include <thread>
 
 #include "Errors.hpp"
+#include "engine/FlightRecorder.hpp"
 #include "engine/FutureCompleter.hpp"
 
 namespace mpigpu {
@@ -129,12 +130,21 @@ float WorkMPIGPU::getDuration() const {
   return std::chrono::duration<float, std::milli>(finished_ - start).count();
 }
 
+void WorkMPIGPU::markStarted() {
+  started_ = std::chrono::steady_clock::now();
+  fr::Recorder::get().started(flightRecord_);
+}
+
 void WorkMPIGPU::markCompleted() {
   if (settled_.exchange(true)) return;  // already failed by abort()
+  float ranMs;
   {
     std::lock_guard<std::mutex> lock(mutex_);
     finished_ = std::chrono::steady_clock::now();
+    const auto start = started_.time_since_epoch().count() ? started_ : created_;
+    ranMs = std::chrono::duration<float, std::milli>(finished_ - start).count();
   }
+  fr::Recorder::get().finished(flightRecord_, ranMs);
   finish();
   {
     std::lock_guard<std::mutex> lock(futureMutex_);
@@ -162,10 +172,14 @@ void WorkMPIGPU::completeFuture() {
 
 void WorkMPIGPU::markFailed(std::exception_ptr error) {
   if (settled_.exchange(true)) return;
+  float ranMs;
   {
     std::lock_guard<std::mutex> lock(mutex_);
     finished_ = std::chrono::steady_clock::now();
+    const auto start = started_.time_since_epoch().count() ? started_ : created_;
+    ranMs = std::chrono::duration<float, std::milli>(finished_ - start).count();
   }
+  fr::Recorder::get().finished(flightRecord_, ranMs);
   finish(error);
   {
     std::lock_guard<std::mutex> lock(futureMutex_);

@@ -60,7 +60,10 @@ class WorkMPIGPU : public c10d::Work {
   // elements of Float; timeout 1800000 ms)".
   std::string describe() const;
   void setSourceRank(int r) { sourceRank_ = r; }
-  void markStarted() { started_ = std::chrono::steady_clock::now(); }
+  // The op's entry in the flight recorder (engine/FlightRecorder.hpp), kept up to date by the
+  // marks below.
+  void setFlightRecord(uint64_t id) { flightRecord_ = id; }
+  void markStarted();
   // Exactly one of these is called, once, by the engine.
   void markCompleted();
   void markFailed(std::exception_ptr error);
@@ -98,6 +101,7 @@ class WorkMPIGPU : public c10d::Work {
   std::chrono::steady_clock::time_point created_, started_, finished_;
   std::vector<std::function<void(WorkMPIGPU&)>> doneCallbacks_;  // guarded by mutex_
   std::weak_ptr<ProgressDriver> driver_;  // empty: wait() just sleeps until completion
+  uint64_t flightRecord_ = ~uint64_t{0};  // none
 };
 
 // One Work for several: completes when all have, failing with the first failure.

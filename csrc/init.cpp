@@ -11,6 +11,7 @@
 #include "Fusion.hpp"
 #include "ProcessGroupMPIGPU.hpp"
 #include "engine/Engine.hpp"
+#include "engine/FlightRecorder.hpp"
 #include "engine/FutureCompleter.hpp"
 #include "engine/Watchdog.hpp"
 #include "mpi/Collectives.hpp"
@@ -86,6 +87,14 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   }, "Collective over MPI_COMM_WORLD: every rank's bytes, in world-rank order.");
   m.def("mpi_call_count", &mpigpu::mpi::callCount,
         "MPI communication calls made by this process so far (tests use it to prove fusion).");
+  m.def("flight_recorder_enabled", [] { return mpigpu::fr::Recorder::get().enabled(); });
+  m.def("flight_recorder_dump", [](bool stackTraces, bool onlyActive) {
+    return py::bytes(mpigpu::fr::Recorder::get().dump(stackTraces, onlyActive));
+  }, py::arg("stack_traces") = true, py::arg("only_active") = false,
+     "This process's flight record in torch's format, pickled.");
+  m.def("flight_recorder_write", [] {
+    return mpigpu::fr::Recorder::get().write(mpigpu::mpi::ensureInitialized().worldRank);
+  }, "Writes this process's flight record through torch's DebugInfoWriter; returns where.");
   m.def("with_cuda", [] { return MPIGPU_WITH_CUDA != 0; });
   m.def("cuda_path", [] {
     auto [kind, reason] = mpigpu::paths::chooseCudaPath(mpigpu::Config::fromEnv());

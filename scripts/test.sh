@@ -51,18 +51,18 @@ if [[ " $builds " == *" mpich "* ]]; then
   # launcher takes other flags (tests/conftest.py picks them).
   setup_mpich
   run_suite "$MPICH_VENV" "MPICH build (Hydra mpiexec)" test_multirank.py test_reliability.py \
-    -k "not soak and not count_above and (not test_reliability or uncaught or async or clean)" "$@"
+    test_flight_recorder.py -k "not soak and not count_above and (not test_reliability or uncaught or async or clean)" "$@"
 fi
 if [[ " $builds " == *" slurm "* ]]; then
   if why=$("$ROOT/scripts/slurm_cluster.sh" up 2>&1); then
     echo "$why"
     setup_cpu
     MPIGPU_TEST_LAUNCHER=srun-pmix run_suite "$CPU_VENV" \
-      "Slurm srun --mpi=pmix (Open MPI build)" test_multirank.py test_reliability.py \
+      "Slurm srun --mpi=pmix (Open MPI build)" test_multirank.py test_reliability.py test_flight_recorder.py \
       -k "$LAUNCHER_TESTS" "$@"
     setup_mpich
     MPIGPU_TEST_LAUNCHER=srun-pmi2 run_suite "$MPICH_VENV" \
-      "Slurm srun --mpi=pmi2 (MPICH build)" test_multirank.py test_reliability.py \
+      "Slurm srun --mpi=pmi2 (MPICH build)" test_multirank.py test_reliability.py test_flight_recorder.py \
       -k "$LAUNCHER_TESTS" "$@"
     "$ROOT/scripts/slurm_cluster.sh" down
   else
@@ -77,7 +77,8 @@ if [[ " $builds " == *" hosts "* ]]; then
       "two hosts, names resolve (mpirun)" test_multirank.py \
       -k "launcher or ddp or (collectives and not algorithm and not split)" "$@"
     MPIGPU_TEST_LAUNCHER=two-hosts-ip-only run_suite "$CPU_VENV" \
-      "two hosts, IP only (mpirun)" test_multirank.py test_reliability.py -k "$LAUNCHER_TESTS" "$@"
+      "two hosts, IP only (mpirun)" test_multirank.py test_reliability.py test_flight_recorder.py \
+      -k "$LAUNCHER_TESTS" "$@"
   else
     echo "=== two-host legs SKIPPED: $why ==="
   fi

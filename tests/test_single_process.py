@@ -3,6 +3,8 @@ the info CLI, and the errors a user gets when the launch is wrong."""
 
 import json
 import os
+import re
+import tempfile
 import socket
 import subprocess
 import sys
@@ -16,10 +18,13 @@ for var in ("OMPI_COMM_WORLD_RANK", "PMIX_RANK", "PMI_RANK", "SLURM_PROCID", "MV
     ENV.pop(var, None)
 
 
-def python(code, env=None, timeout=120):
-    """Run code in a fresh interpreter (each is its own singleton MPI process)."""
-    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
-                          env=dict(ENV, **(env or {})), timeout=timeout, cwd=ROOT / "tests")
+def python(code, env=None, timeout=120, cwd_tmp=False):
+    """Run code in a fresh interpreter (each is its own singleton MPI process); `cwd_tmp` runs it
+    in a fresh temporary folder (for code that writes files)."""
+    with tempfile.TemporaryDirectory() as tmp:
+        proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                              env=dict(ENV, **(env or {})), timeout=timeout,
+                              cwd=tmp if cwd_tmp else ROOT / "tests")
     return proc.returncode, proc.stdout + proc.stderr
 
 
@@ -204,11 +209,14 @@ def test_timeout_setting_overrides_set_pg_timeout():
 
 
 def test_settings_agree_between_cpp_python_and_readme():
-    import re
-
     from torch_mpi_gpu import config
 
-    cpp = set(re.findall(r'"(TORCH_MPIGPU_[A-Z_]+)"', (ROOT / "csrc" / "Config.cpp").read_text()))
+    # every setting the C++ side reads (Config.cpp and the flight recorder read them by name)
+    sources = [p for p in (ROOT / "csrc").rglob("*") if p.suffix in (".cpp", ".hpp", ".cu")]
+    cpp = set()
+    for path in sources:
+        cpp |= set(re.findall(r'"(TORCH_MPIGPU_[A-Z_]+)"', path.read_text()))
+    assert "TORCH_MPIGPU_FR_STACKS" in cpp and "TORCH_MPIGPU_TIMEOUT" in cpp, cpp
     python_side = {s.name for s in config.SETTINGS}
     readme = set(re.findall(r"^\| `([A-Z][A-Z_]+)`", (ROOT / "README.md").read_text(), re.M))
     assert cpp - python_side == set(), f"read in C++ but not in config.SETTINGS: {cpp - python_side}"
@@ -216,21 +224,56 @@ def test_settings_agree_between_cpp_python_and_readme():
                                    f"README only: {readme - python_side}")
 
 
-def test_profiler_events_carry_the_backend_prefix():
-    # gloo and NCCL name their events "gloo:all_reduce", "nccl:all_reduce"; ours were bare.
+def test_profiler_events_carry_the_backend_prefix_and_the_comms_parameters():
+    # gloo and NCCL name their events "gloo:all_reduce", "nccl:all_reduce"; ours were bare. NCCL
+    # also records each op's parameters as a record_param_comms event; we do the same.
     rc, out = python(
-        "import torch, torch.distributed as dist, torch_mpi_gpu\n"
+        "import json, torch, torch.distributed as dist, torch_mpi_gpu\n"
         "from torch.profiler import profile\n"
         "dist.init_process_group('mpigpu', store=dist.HashStore(), rank=0, world_size=1)\n"
         "with profile() as prof:\n"
-        "    t = torch.ones(4); dist.all_reduce(t); dist.broadcast(t, 0); dist.barrier()\n"
+        "    t = torch.ones(4, dtype=torch.float64); dist.all_reduce(t); dist.broadcast(t, 0)\n"
+        "    dist.barrier()\n"
         "names = sorted({e.name for e in prof.events()})\n"
         "print('events:', names)\n"
-        "dist.destroy_process_group()")
+        "prof.export_chrome_trace('trace.json')\n"
+        "comms = [e['args'] for e in json.load(open('trace.json'))['traceEvents']\n"
+        "         if e.get('name') == 'record_param_comms']\n"
+        "print('comms:', json.dumps(comms))\n"
+        "dist.destroy_process_group()", cwd_tmp=True)
     assert rc == 0, out
     for name in ("mpigpu:all_reduce", "mpigpu:broadcast", "mpigpu:barrier"):
         assert f"'{name}'" in out, out
     assert "'allreduce'" not in out, out
+    comms = json.loads(out.split("comms: ", 1)[1].splitlines()[0])
+    assert [c["Collective name"] for c in comms] == ["allreduce", "broadcast", "barrier"], comms
+    first = comms[0]
+    assert (first["In msg nelems"], first["Out msg nelems"], first["dtype"]) == (4, 4, "Double")
+    assert (first["Process Group Name"], first["Process Group Description"]) == ("0", "default_pg")
+    assert (first["Group size"], first["Rank"], first["Process Group Ranks"]) == (1, 0, "[0]")
+    assert [c["Seq"] for c in comms] == [1, 2, 3], comms
+    assert first["Is asynchronized op"] == 0, first  # dist.all_reduce waits (async_op=False)
+
+
+def test_flight_recorder_keeps_the_last_ops():
+    # TORCH_FR_BUFFER_SIZE entries, oldest overwritten first, each completed with its times
+    rc, out = python(
+        "import torch, torch.distributed as dist, torch_mpi_gpu\n"
+        "from torch_mpi_gpu import flight_recorder\n"
+        "dist.init_process_group('mpigpu', store=dist.HashStore(), rank=0, world_size=1)\n"
+        "for n in range(1, 6): dist.all_reduce(torch.ones(n))\n"
+        "pending = dist.all_reduce(torch.ones(7), async_op=True); pending.wait()\n"
+        "for e in flight_recorder.dump(stack_traces=False)['entries']:\n"
+        "    print('entry', e['record_id'], e['collective_seq_id'], e['input_sizes'], e['state'],\n"
+        "          e['time_created_ns'] <= e['time_discovered_started_ns'] <=\n"
+        "          e['time_discovered_completed_ns'], e['duration_ms'] >= 0)\n"
+        "print('active', flight_recorder.dump(only_active=True)['entries'])\n"
+        "dist.destroy_process_group()", env={"TORCH_FR_BUFFER_SIZE": "3"})
+    assert rc == 0, out
+    entries = re.findall(r"^entry (.*)$", out, re.M)
+    assert entries == ["3 4 [[4]] completed True True", "4 5 [[5]] completed True True",
+                       "5 6 [[7]] completed True True"], out
+    assert "active []" in out, out
 
 
 def test_fusion_buckets_group_by_dtype_and_cut_at_the_limit():

@@ -37,6 +37,10 @@ SETTINGS = [
             "1: before every collective, one small allgather compares (op, dtype, element count, "
             "root) across the group's ranks; ranks that disagree all get a DistBackendError "
             "listing each rank's call instead of a hang. Costs one small MPI call per collective."),
+    Setting("TORCH_MPIGPU_FR_STACKS", "0",
+            "(read at the first op) 1: the flight recorder also keeps the Python stack that issued "
+            "each op, so torch's analyzer can name the line; costs about 0.7 us per op. The "
+            "recorder itself is torch's TORCH_FR_BUFFER_SIZE (default 2000 ops, 0: off)."),
     Setting("TORCH_MPIGPU_MAX_ELEMENTS_PER_CALL", "2147483647",
             "Largest element count passed to one MPI call; larger messages are split. Lower it "
             "only to test the splitting."),

@@ -1,10 +1,13 @@
 #include "engine/Watchdog.hpp"
 
+#include "engine/FlightRecorder.hpp"
 #include "engine/ThreadName.hpp"
+#include "mpi/Env.hpp"
 
 #include <mpi.h>
 
 #include <algorithm>
+#include <atomic>
 #include <condition_variable>
 #include <iostream>
 #include <map>
@@ -120,6 +123,67 @@ std::string report(const Groups& groups, const Entry& e, Clock::time_point now) 
   return s.str();
 }
 
+// The flight recorder's dump on a timeout: the reporting rank writes its own and asks every
+// other rank, through each of its groups' stores, to write theirs (their watchdogs look once a
+// second), so that torch's analyzer gets one dump per rank. Each rank dumps once.
+const std::string kDumpAsked = "mpigpu_flight_recorder/asked";
+const std::string kDumped = "mpigpu_flight_recorder/dumped";
+std::atomic<bool> g_dumped{false};
+
+void dumpOnce(const Groups& groups, const std::string& why) {
+  if (g_dumped.exchange(true)) return;
+  const int worldRank = mpi::ensureInitialized().worldRank;
+  const std::string where = fr::Recorder::get().write(worldRank);
+  std::cerr << "mpigpu flight recorder [world rank " << worldRank << "]: " << why
+            << "; this rank's record is in " << where
+            << " (read every rank's with: python -m torch_mpi_gpu.frtrace <that folder>)"
+            << std::endl;
+  for (const auto& g : groups) {
+    try {
+      g->progress.store->add(kDumped, 1);
+    } catch (...) {
+      // The store may be gone: the dump itself is written.
+    }
+  }
+}
+
+void dumpIfAsked(const Groups& groups) {
+  if (g_dumped.load() || !fr::Recorder::get().enabled()) return;
+  for (const auto& g : groups) {
+    try {
+      if (g->progress.store->check({kDumpAsked})) {
+        return dumpOnce(groups, "another rank's watchdog reported a timeout in group '" +
+                                    g->progress.group + "'");
+      }
+    } catch (...) {
+    }
+  }
+}
+
+// Writes this rank's record, asks the others for theirs and, when the job is about to end, waits
+// (up to 10 s) until every rank of the stuck op's group has written its own.
+void dumpJob(const Groups& groups, const Watchdog::Op& op) {
+  if (!fr::Recorder::get().enabled()) return;
+  for (const auto& g : groups) {
+    try {
+      g->progress.store->set(kDumpAsked, std::vector<uint8_t>{1});
+    } catch (...) {
+    }
+  }
+  dumpOnce(groups, "timeout in group '" + op.group + "'");
+  if (!op.abortOnTimeout) return;
+  for (const auto& g : groups) {
+    if (g->progress.group != op.group || g->progress.rank != op.rank) continue;
+    const auto until = Clock::now() + std::chrono::seconds(10);
+    try {
+      while (g->progress.store->add(kDumped, 0) < g->progress.size && Clock::now() < until) {
+        std::this_thread::sleep_for(std::chrono::milliseconds(100));
+      }
+    } catch (...) {
+    }
+  }
+}
+
 void loop() {
   setThreadName("mpigpu-watchdog");
   State& st = state();
@@ -144,8 +208,10 @@ void loop() {
       }
     }
     for (const auto& p : toPublish) publish(*p);
+    if (!toPublish.empty()) dumpIfAsked(toPublish);
     for (const auto& e : due) {
       std::cerr << report(groups, e, now) << std::endl;
+      dumpJob(groups, e.op);
       if (e.op.abortOnTimeout) {
         int finalized = 1;
         MPI_Finalized(&finalized);

@@ -1,0 +1,33 @@
+// What profilers see of an op: the backend's event name ("mpigpu:all_reduce", as gloo and NCCL
+// name theirs) and, while a profiler runs, the op's communication parameters as torch's
+// record_param_comms event (what NCCL records: sizes, dtype, group, ranks, sequence number).
+#pragma once
+
+#include <ATen/core/Tensor.h>
+#include <torch/csrc/distributed/c10d/Work.hpp>
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+namespace mpigpu {
+
+// Static strings: the Work keeps the pointer.
+const char* profilingTitle(c10d::OpType type);
+
+struct CommsParams {
+  std::string group, desc;  // torch's group name and description
+  int rank = 0, size = 1;   // in the group
+  const std::vector<int>* worldRanks = nullptr;  // the group's members
+  const char* op = "";
+  uint64_t seq = 0;
+  bool p2p = false;
+  bool asyncOp = true;
+  const std::vector<at::Tensor>* inputs = nullptr;
+  const std::vector<at::Tensor>* outputs = nullptr;
+};
+// Records a record_param_comms event; costs nothing unless a profiler (or another
+// RecordFunction callback) is active.
+void recordParamComms(const CommsParams& p);
+
+} // namespace mpigpu

@@ -1,0 +1,296 @@
+#include "engine/FlightRecorder.hpp"
+
+// torch's recorder header: its key names and format version, kept in step with the analyzer of
+// the installed torch; and its DebugInfoWriter (exported), so a writer a user registered with
+// torch gets our dumps too.
+#include <torch/csrc/distributed/c10d/FlightRecorder.hpp>
+#include <torch/csrc/distributed/c10d/TraceUtils.h>
+#include <torch/csrc/distributed/c10d/Utils.hpp>
+#include <torch/csrc/profiler/combined_traceback.h>
+
+#include <c10/util/thread_name.h>
+
+#include <algorithm>
+#include <atomic>
+#include <climits>
+#include <cstdint>
+#include <functional>
+#include <sstream>
+#include <thread>
+
+#include "mpi/Env.hpp"
+
+namespace mpigpu::fr {
+
+struct Recorder::Entry {
+  uint64_t id = 0;
+  Op op;
+  c10::time_t created = 0;
+  std::optional<c10::time_t> started, completed;
+  std::optional<float> durationMs;
+  // Flattened as torch's recorder keeps them: every tensor's sizes in a row, its rank in *Dims.
+  c10::SmallVector<int64_t, 8> sizes;
+  c10::SmallVector<int64_t, 4> inputDims, outputDims;
+  c10::SmallVector<c10::ScalarType, 4> inputTypes, outputTypes;
+  std::shared_ptr<torch::CapturedTraceback> traceback;
+  uint64_t thread = 0;
+};
+
+namespace {
+
+void describeTensors(const std::vector<at::Tensor>& tensors, c10::SmallVector<int64_t, 8>& sizes,
+                     c10::SmallVector<int64_t, 4>& dims, c10::SmallVector<c10::ScalarType, 4>& types) {
+  for (const auto& t : tensors) {
+    if (!t.defined()) continue;
+    sizes.append(t.sizes().begin(), t.sizes().end());
+    dims.push_back(t.dim());
+    types.push_back(t.scalar_type());
+  }
+}
+
+// [[sizes of tensor 0], [sizes of tensor 1], ...], read from the flattened sizes at `at`.
+c10::List<c10::IValue> sizesList(const c10::SmallVector<int64_t, 4>& dims,
+                                 const c10::SmallVector<int64_t, 8>& sizes, size_t& at) {
+  auto list = c10d::new_list();
+  for (auto n : dims) {
+    auto one = c10d::new_list();
+    for (int64_t i = 0; i < n; ++i) one.push_back(sizes[at++]);
+    list.push_back(one);
+  }
+  return list;
+}
+
+std::vector<std::string> typeNames(const c10::SmallVector<c10::ScalarType, 4>& types) {
+  std::vector<std::string> names;
+  for (auto t : types) names.emplace_back(c10::toString(t));
+  return names;
+}
+
+// "[0, 1, 2]", as torch writes a group's ranks (its ranks_str uses fmt, which libtorch does not
+// export).
+std::string ranksText(const std::vector<uint64_t>& ranks) {
+  std::ostringstream s;
+  s << "[";
+  for (size_t i = 0; i < ranks.size(); ++i) s << (i ? ", " : "") << ranks[i];
+  s << "]";
+  return s.str();
+}
+
+c10::IValue optionalTime(const std::optional<c10::time_t>& t) {
+  return t ? c10::IValue(static_cast<int64_t>(*t)) : c10::IValue();
+}
+
+} // namespace
+
+Recorder::Recorder()
+    : capacity_(static_cast<size_t>(std::max(
+          0, c10d::getCvarInt({"TORCH_FR_BUFFER_SIZE", "TORCH_NCCL_TRACE_BUFFER_SIZE"}, 2000)))),
+      pythonStacks_(c10d::getCvarBool({"TORCH_MPIGPU_FR_STACKS"}, false)),
+      cppStacks_(c10d::getCvarBool({"TORCH_FR_CPP_STACK", "TORCH_NCCL_TRACE_CPP_STACK"}, false)) {}
+
+Recorder::~Recorder() = default;
+
+Recorder& Recorder::get() {
+  // Never destroyed: entries hold Python stacks, and ops may complete during interpreter exit.
+  static Recorder* recorder = new Recorder();
+  return *recorder;
+}
+
+size_t Recorder::addGroup(const std::string& name, const std::vector<int>& worldRanks) {
+  std::lock_guard<std::mutex> lock(mutex_);
+  groups_.push_back(Group{name, "", std::vector<uint64_t>(worldRanks.begin(), worldRanks.end())});
+  return groups_.size() - 1;
+}
+
+uint64_t Recorder::threadKey() {
+  // Thread ids and names are looked up once per thread, not per op (a name is a syscall).
+  static std::atomic<uint64_t> nextKey{1};
+  thread_local uint64_t key = 0;
+  if (key == 0) {
+    key = nextKey++;
+    std::lock_guard<std::mutex> lock(mutex_);
+    threads_[key] = {std::to_string(std::hash<std::thread::id>()(std::this_thread::get_id())),
+                     c10::getThreadName()};
+  }
+  return key;
+}
+
+uint64_t Recorder::record(const Op& op, const std::vector<at::Tensor>& inputs,
+                          const std::vector<at::Tensor>& outputs) {
+  if (!enabled()) return kNone;
+  Entry e;
+  e.op = op;
+  e.created = c10::getTime();
+  describeTensors(inputs, e.sizes, e.inputDims, e.inputTypes);
+  const bool inPlace = inputs.size() == outputs.size() &&
+                       std::equal(inputs.begin(), inputs.end(), outputs.begin(),
+                                  [](const at::Tensor& a, const at::Tensor& b) { return a.is_same(b); });
+  if (inPlace) {  // all_reduce and friends: the outputs are the inputs (a coalesced one has many)
+    const size_t n = e.sizes.size();
+    e.sizes.reserve(2 * n);
+    e.sizes.append(e.sizes.begin(), e.sizes.begin() + static_cast<std::ptrdiff_t>(n));
+    e.outputDims = e.inputDims;
+    e.outputTypes = e.inputTypes;
+  } else {
+    describeTensors(outputs, e.sizes, e.outputDims, e.outputTypes);
+  }
+  // Symbolized only when dumped, as torch's recorder does.
+  if (pythonStacks_ || cppStacks_) {
+    e.traceback = torch::CapturedTraceback::gather(pythonStacks_, pythonStacks_, cppStacks_);
+  }
+  e.thread = threadKey();
+  std::lock_guard<std::mutex> lock(mutex_);
+  Group& g = groups_.at(op.groupId);
+  if (!op.p2p) g.enqueued = static_cast<int64_t>(op.collectiveSeq);
+  // torch describes a group after creating it; the first op sees the description.
+  if (op.desc && g.desc != *op.desc) g.desc = *op.desc;
+  const uint64_t id = nextId_++;
+  e.id = id;
+  if (entries_.size() < capacity_) {
+    entries_.push_back(std::move(e));
+  } else {
+    entries_[next_] = std::move(e);
+    next_ = (next_ + 1) % capacity_;
+  }
+  return id;
+}
+
+Recorder::Entry* Recorder::find(uint64_t id) {
+  // Ids count from 0 and the buffer wraps: id k sits at k % capacity until overwritten.
+  if (id == kNone || id % capacity_ >= entries_.size()) return nullptr;
+  Entry& e = entries_[id % capacity_];
+  return e.id == id ? &e : nullptr;
+}
+
+void Recorder::started(uint64_t id) {
+  if (id == kNone) return;
+  std::lock_guard<std::mutex> lock(mutex_);
+  if (Entry* e = find(id)) {
+    e->started = c10::getTime();
+    if (!e->op.p2p) groups_.at(e->op.groupId).started = static_cast<int64_t>(e->op.collectiveSeq);
+  }
+}
+
+void Recorder::finished(uint64_t id, float durationMs) {
+  if (id == kNone) return;
+  std::lock_guard<std::mutex> lock(mutex_);
+  if (Entry* e = find(id)) {
+    e->completed = c10::getTime();
+    if (!e->started) e->started = e->completed;
+    e->durationMs = durationMs;
+    if (!e->op.p2p) groups_.at(e->op.groupId).completed = static_cast<int64_t>(e->op.collectiveSeq);
+  }
+}
+
+std::string Recorder::dump(bool stackTraces, bool onlyActive) {
+  std::vector<Entry> entries;
+  std::vector<Group> groups;
+  std::map<uint64_t, std::pair<std::string, std::string>> threads;
+  {
+    std::lock_guard<std::mutex> lock(mutex_);
+    // Oldest first: from next_ to the end, then the start.
+    entries.insert(entries.end(), entries_.begin() + static_cast<std::ptrdiff_t>(next_),
+                   entries_.end());
+    entries.insert(entries.end(), entries_.begin(),
+                   entries_.begin() + static_cast<std::ptrdiff_t>(next_));
+    groups = groups_;
+    threads = threads_;
+  }
+  auto pgConfig = c10d::new_dict();
+  auto pgStatus = c10d::new_dict();
+  for (size_t id = 0; id < groups.size(); ++id) {
+    const Group& g = groups[id];
+    auto info = c10d::new_dict();
+    info.insert("name", g.name);
+    info.insert("desc", g.desc);
+    info.insert("ranks", ranksText(g.ranks));
+    pgConfig.insert(g.name, info);
+    auto status = c10d::new_dict();
+    status.insert("last_enqueued_collective", g.enqueued);
+    status.insert("last_started_collective", g.started);
+    status.insert("last_completed_collective", g.completed);
+    pgStatus.insert(std::to_string(id), status);
+  }
+  // Symbolizing takes the GIL for Python frames: outside our lock.
+  torch::SymbolizedTracebacks symbolized;
+  std::vector<c10::IValue> frames;
+  std::vector<size_t> stackOf(entries.size(), SIZE_MAX);
+  if (stackTraces) {
+    std::vector<torch::CapturedTraceback*> tracebacks;
+    for (size_t i = 0; i < entries.size(); ++i) {
+      if (!entries[i].traceback) continue;
+      stackOf[i] = tracebacks.size();
+      tracebacks.push_back(entries[i].traceback.get());
+    }
+    if (!tracebacks.empty()) symbolized = torch::symbolize(tracebacks);
+    for (const auto& f : symbolized.all_frames) {
+      auto d = c10d::new_dict();
+      d.insert(c10d::name_key, f.funcname);
+      d.insert(c10d::filename_key, f.filename);
+      d.insert(c10d::line_key, static_cast<int64_t>(f.lineno));
+      frames.emplace_back(std::move(d));
+    }
+  }
+  auto list = c10d::new_list();
+  for (size_t i = 0; i < entries.size(); ++i) {
+    const Entry& e = entries[i];
+    if (onlyActive && e.completed) continue;
+    const Group& g = groups.at(e.op.groupId);
+    auto d = c10d::new_dict();
+    if (stackTraces) {
+      auto stack = c10d::new_list();
+      if (stackOf[i] != SIZE_MAX) {
+        for (auto f : symbolized.tracebacks.at(stackOf[i])) stack.push_back(frames.at(f));
+      }
+      d.insert(c10d::frames_key, stack);
+    }
+    std::string name = e.op.title;
+    // torchfrtrace's point-to-point form, in group ranks: "send 0->1", "recv 1<-0".
+    if (e.op.p2p) {
+      name += e.op.send ? c10::str(" ", e.op.self, "->", e.op.peer)
+                        : c10::str(" ", e.op.self, "<-", e.op.peer);
+    }
+    d.insert(c10d::record_id_key, static_cast<int64_t>(e.id));
+    d.insert(c10d::pg_id_key, static_cast<int64_t>(e.op.groupId));
+    d.insert(c10d::pg_name_key, std::make_tuple(g.name, g.desc));
+    d.insert(c10d::collective_seq_id_key, static_cast<int64_t>(e.op.collectiveSeq));
+    d.insert(c10d::p2p_seq_id_key, static_cast<int64_t>(e.op.p2pSeq));
+    // Each op is one logical op here (no fused NCCL-style groups): numbered in issue order.
+    d.insert(c10d::op_id_key, static_cast<int64_t>(e.op.collectiveSeq + e.op.p2pSeq));
+    d.insert(c10d::profiling_name_key, name);
+    d.insert(c10d::time_created_key, static_cast<int64_t>(e.created));
+    if (e.durationMs) d.insert(c10d::duration_key, static_cast<double>(*e.durationMs));
+    size_t at = 0;
+    d.insert(c10d::input_sizes_key, sizesList(e.inputDims, e.sizes, at));
+    d.insert(c10d::input_dtypes_key, typeNames(e.inputTypes));
+    d.insert(c10d::output_sizes_key, sizesList(e.outputDims, e.sizes, at));
+    d.insert(c10d::output_dtypes_key, typeNames(e.outputTypes));
+    d.insert(c10d::state_key, e.completed ? c10d::completed_state
+                              : e.started ? c10d::started_state
+                                          : c10d::scheduled_state);
+    d.insert(c10d::time_discovered_started_key, optionalTime(e.started));
+    d.insert(c10d::time_discovered_completed_key, optionalTime(e.completed));
+    d.insert(c10d::retired_key, e.completed.has_value());
+    d.insert(c10d::timeout_key, static_cast<int64_t>(e.op.timeout.count()));
+    d.insert(c10d::is_p2p_key, e.op.p2p);
+    const auto thread = threads.find(e.thread);
+    d.insert(c10d::thread_id_key, thread == threads.end() ? "" : thread->second.first);
+    d.insert(c10d::thread_name_key, thread == threads.end() ? "" : thread->second.second);
+    list.push_back(d);
+  }
+  auto result = c10d::new_dict();
+  result.insert(c10d::version_key, c10d::version_val);
+  result.insert(c10d::comm_lib_version_key, mpi::ensureInitialized().libraryVersion);
+  result.insert(c10d::pg_config_key, pgConfig);
+  result.insert(c10d::pg_status_key, pgStatus);
+  result.insert(c10d::entries_key, list);
+  return c10d::pickle_str(result);
+}
+
+std::string Recorder::write(int worldRank) {
+  auto& writer = c10d::DebugInfoWriter::getWriter(worldRank);
+  writer.write(dump(/*stackTraces=*/true, /*onlyActive=*/false));
+  return writer.getWriterTarget();
+}
+
+} // namespace mpigpu::fr
