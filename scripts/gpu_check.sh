@@ -17,6 +17,10 @@ NCCL_TARBALL="${NCCL_TARBALL:-$ROOT/.carry/nccl-2.30.7-sm90.tar.xz}"
 ALLREDUCE_BUDGET_S="${ALLREDUCE_BUDGET_S:-100}"
 OTHERS_BUDGET_S="${OTHERS_BUDGET_S:-60}"
 TEST_BUDGET_S="${TEST_BUDGET_S:-200}"
+# GPU_TESTS: what pytest runs at the end (files and -k, from tests/); BENCH=0 skips the NCCL
+# reference and the benchmarks (a quick check of a change).
+GPU_TESTS="${GPU_TESTS:-test_gpu.py}"
+BENCH="${BENCH:-1}"
 # What the all_reduce sweep compares (bench --backends); the default is the full comparison.
 ALLREDUCE_BACKENDS="${ALLREDUCE_BACKENDS:-mpigpu,mpigpu[ALGO=mpi],mpigpu[ALGO=ring;CUDA_REDUCE=direct],mpigpu[ALGO=allgather;CUDA_REDUCE=direct],mpigpu[ALGO=rhd;CUDA_REDUCE=direct],MPI,gloo-host}"
 mkdir -p "$OUT" /tmp/ompi /tmp/nccl
@@ -67,6 +71,7 @@ fi
 env | grep '^OMPI_MCA' || true
 
 cd "$OUT"
+if [ "$BENCH" = 1 ]; then
 MPI_OK=mpi
 timeout 60 mpirun -np 1 python -c "from mpi4py import MPI; print('mpi4py on', MPI.Get_library_version().splitlines()[0])" \
   || { MPI_OK=; echo "mpi4py cannot use this MPI: raw MPI left out of the benchmark"; }
@@ -103,8 +108,11 @@ bench "$ALLREDUCE_BUDGET_S" allreduce_cuda_2ranks --ops allreduce -b 16 -e 256M 
 bench "$OTHERS_BUDGET_S" others_cuda_2ranks --ops reduce_scatter,allgather,broadcast -b 16 -e 256M -f 8 -n 20 \
   --backends "mpigpu,mpigpu[ALGO=mpi]${MPI_OK:+,$MPI_OK}"
 
-step "GPU tests (budget ${TEST_BUDGET_S}s)"
-(cd "$ROOT/tests" && timeout "$TEST_BUDGET_S" python -m pytest -v -rs --durations=0 -p no:cacheprovider test_gpu.py) \
+fi
+
+step "GPU tests: $GPU_TESTS (budget ${TEST_BUDGET_S}s)"
+eval "test_args=($GPU_TESTS)"  # a shell-quoted list of pytest arguments ("-k 'a or b'")
+(cd "$ROOT/tests" && timeout "$TEST_BUDGET_S" python -m pytest -v -rs --durations=0 -p no:cacheprovider "${test_args[@]}") \
   > "$OUT/test_gpu.log" 2>&1
 status=$?
 tail -40 "$OUT/test_gpu.log"

@@ -1,8 +1,8 @@
 #include "engine/FlightRecorder.hpp"
 
-// torch's recorder header: its key names and format version, kept in step with the analyzer of
-// the installed torch; and its DebugInfoWriter (exported), so a writer a user registered with
-// torch gets our dumps too.
+// torch's recorder header: its format version, kept in step with the analyzer of the installed
+// torch; and its DebugInfoWriter (exported), so a writer a user registered with torch gets our
+// dumps too.
 #include <torch/csrc/distributed/c10d/FlightRecorder.hpp>
 #include <torch/csrc/distributed/c10d/TraceUtils.h>
 #include <torch/csrc/distributed/c10d/Utils.hpp>
@@ -35,6 +35,44 @@ struct Recorder::Entry {
   std::shared_ptr<torch::CapturedTraceback> traceback;
   uint64_t thread = 0;
 };
+
+// The dump's field names (torch's format; torch's own constants are missing from older torch
+// versions, so they are spelled out here). The format version is torch's.
+namespace k {
+const std::string collective_seq_id_key = "collective_seq_id";
+const std::string comm_lib_version_key = "comm_lib_version";
+const std::string completed_state = "completed";
+const std::string duration_key = "duration_ms";
+const std::string entries_key = "entries";
+const std::string filename_key = "filename";
+const std::string frames_key = "frames";
+const std::string input_dtypes_key = "input_dtypes";
+const std::string is_p2p_key = "is_p2p";
+const std::string input_sizes_key = "input_sizes";
+const std::string line_key = "line";
+const std::string name_key = "name";
+const std::string op_id_key = "op_id";
+const std::string output_dtypes_key = "output_dtypes";
+const std::string output_sizes_key = "output_sizes";
+const std::string p2p_seq_id_key = "p2p_seq_id";
+const std::string pg_config_key = "pg_config";
+const std::string pg_id_key = "pg_id";
+const std::string pg_name_key = "process_group";
+const std::string pg_status_key = "pg_status";
+const std::string profiling_name_key = "profiling_name";
+const std::string record_id_key = "record_id";
+const std::string retired_key = "retired";
+const std::string scheduled_state = "scheduled";
+const std::string started_state = "started";
+const std::string state_key = "state";
+const std::string thread_id_key = "thread_id";
+const std::string thread_name_key = "thread_name";
+const std::string time_created_key = "time_created_ns";
+const std::string time_discovered_completed_key = "time_discovered_completed_ns";
+const std::string time_discovered_started_key = "time_discovered_started_ns";
+const std::string timeout_key = "timeout_ms";
+const std::string version_key = "version";
+} // namespace k
 
 namespace {
 
@@ -225,9 +263,9 @@ std::string Recorder::dump(bool stackTraces, bool onlyActive) {
     if (!tracebacks.empty()) symbolized = torch::symbolize(tracebacks);
     for (const auto& f : symbolized.all_frames) {
       auto d = c10d::new_dict();
-      d.insert(c10d::name_key, f.funcname);
-      d.insert(c10d::filename_key, f.filename);
-      d.insert(c10d::line_key, static_cast<int64_t>(f.lineno));
+      d.insert(k::name_key, f.funcname);
+      d.insert(k::filename_key, f.filename);
+      d.insert(k::line_key, static_cast<int64_t>(f.lineno));
       frames.emplace_back(std::move(d));
     }
   }
@@ -242,7 +280,7 @@ std::string Recorder::dump(bool stackTraces, bool onlyActive) {
       if (stackOf[i] != SIZE_MAX) {
         for (auto f : symbolized.tracebacks.at(stackOf[i])) stack.push_back(frames.at(f));
       }
-      d.insert(c10d::frames_key, stack);
+      d.insert(k::frames_key, stack);
     }
     std::string name = e.op.title;
     // torchfrtrace's point-to-point form, in group ranks: "send 0->1", "recv 1<-0".
@@ -250,47 +288,59 @@ std::string Recorder::dump(bool stackTraces, bool onlyActive) {
       name += e.op.send ? c10::str(" ", e.op.self, "->", e.op.peer)
                         : c10::str(" ", e.op.self, "<-", e.op.peer);
     }
-    d.insert(c10d::record_id_key, static_cast<int64_t>(e.id));
-    d.insert(c10d::pg_id_key, static_cast<int64_t>(e.op.groupId));
-    d.insert(c10d::pg_name_key, std::make_tuple(g.name, g.desc));
-    d.insert(c10d::collective_seq_id_key, static_cast<int64_t>(e.op.collectiveSeq));
-    d.insert(c10d::p2p_seq_id_key, static_cast<int64_t>(e.op.p2pSeq));
+    d.insert(k::record_id_key, static_cast<int64_t>(e.id));
+    d.insert(k::pg_id_key, static_cast<int64_t>(e.op.groupId));
+    d.insert(k::pg_name_key, std::make_tuple(g.name, g.desc));
+    d.insert(k::collective_seq_id_key, static_cast<int64_t>(e.op.collectiveSeq));
+    d.insert(k::p2p_seq_id_key, static_cast<int64_t>(e.op.p2pSeq));
     // Each op is one logical op here (no fused NCCL-style groups): numbered in issue order.
-    d.insert(c10d::op_id_key, static_cast<int64_t>(e.op.collectiveSeq + e.op.p2pSeq));
-    d.insert(c10d::profiling_name_key, name);
-    d.insert(c10d::time_created_key, static_cast<int64_t>(e.created));
-    if (e.durationMs) d.insert(c10d::duration_key, static_cast<double>(*e.durationMs));
+    d.insert(k::op_id_key, static_cast<int64_t>(e.op.collectiveSeq + e.op.p2pSeq));
+    d.insert(k::profiling_name_key, name);
+    d.insert(k::time_created_key, static_cast<int64_t>(e.created));
+    if (e.durationMs) d.insert(k::duration_key, static_cast<double>(*e.durationMs));
     size_t at = 0;
-    d.insert(c10d::input_sizes_key, sizesList(e.inputDims, e.sizes, at));
-    d.insert(c10d::input_dtypes_key, typeNames(e.inputTypes));
-    d.insert(c10d::output_sizes_key, sizesList(e.outputDims, e.sizes, at));
-    d.insert(c10d::output_dtypes_key, typeNames(e.outputTypes));
-    d.insert(c10d::state_key, e.completed ? c10d::completed_state
-                              : e.started ? c10d::started_state
-                                          : c10d::scheduled_state);
-    d.insert(c10d::time_discovered_started_key, optionalTime(e.started));
-    d.insert(c10d::time_discovered_completed_key, optionalTime(e.completed));
-    d.insert(c10d::retired_key, e.completed.has_value());
-    d.insert(c10d::timeout_key, static_cast<int64_t>(e.op.timeout.count()));
-    d.insert(c10d::is_p2p_key, e.op.p2p);
+    d.insert(k::input_sizes_key, sizesList(e.inputDims, e.sizes, at));
+    d.insert(k::input_dtypes_key, typeNames(e.inputTypes));
+    d.insert(k::output_sizes_key, sizesList(e.outputDims, e.sizes, at));
+    d.insert(k::output_dtypes_key, typeNames(e.outputTypes));
+    d.insert(k::state_key, e.completed ? k::completed_state
+                              : e.started ? k::started_state
+                                          : k::scheduled_state);
+    d.insert(k::time_discovered_started_key, optionalTime(e.started));
+    d.insert(k::time_discovered_completed_key, optionalTime(e.completed));
+    d.insert(k::retired_key, e.completed.has_value());
+    d.insert(k::timeout_key, static_cast<int64_t>(e.op.timeout.count()));
+    d.insert(k::is_p2p_key, e.op.p2p);
     const auto thread = threads.find(e.thread);
-    d.insert(c10d::thread_id_key, thread == threads.end() ? "" : thread->second.first);
-    d.insert(c10d::thread_name_key, thread == threads.end() ? "" : thread->second.second);
+    d.insert(k::thread_id_key, thread == threads.end() ? "" : thread->second.first);
+    d.insert(k::thread_name_key, thread == threads.end() ? "" : thread->second.second);
     list.push_back(d);
   }
   auto result = c10d::new_dict();
-  result.insert(c10d::version_key, c10d::version_val);
-  result.insert(c10d::comm_lib_version_key, mpi::ensureInitialized().libraryVersion);
-  result.insert(c10d::pg_config_key, pgConfig);
-  result.insert(c10d::pg_status_key, pgStatus);
-  result.insert(c10d::entries_key, list);
+  result.insert(k::version_key, c10d::version_val_str);
+  result.insert(k::comm_lib_version_key, mpi::ensureInitialized().libraryVersion);
+  result.insert(k::pg_config_key, pgConfig);
+  result.insert(k::pg_status_key, pgStatus);
+  result.insert(k::entries_key, list);
   return c10d::pickle_str(result);
 }
+
+namespace {
+// Where torch's writer puts a dump: its getWriterTarget() where this torch has one.
+template <typename Writer>
+auto targetOf(Writer& w, int) -> decltype(w.getWriterTarget()) {
+  return w.getWriterTarget();
+}
+template <typename Writer>
+std::string targetOf(Writer&, long) {
+  return "torch's DebugInfoWriter (TORCH_FR_DUMP_TEMP_FILE<rank>)";
+}
+} // namespace
 
 std::string Recorder::write(int worldRank) {
   auto& writer = c10d::DebugInfoWriter::getWriter(worldRank);
   writer.write(dump(/*stackTraces=*/true, /*onlyActive=*/false));
-  return writer.getWriterTarget();
+  return targetOf(writer, 0);
 }
 
 } // namespace mpigpu::fr
