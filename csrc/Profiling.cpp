@@ -66,13 +66,22 @@ void recordParamComms(const CommsParams& p) {
   const auto dtype = first ? first->scalar_type() : at::kByte;
   const std::vector<int64_t> inSplits, outSplits;
   const std::vector<at::Tensor> none;
-  const auto seq = std::make_tuple(static_cast<int64_t>(p.seq), p.p2p);
   // torch's macro: the debug info for the profiler's collectors, and the record_param_comms
-  // event with the same parameters as its inputs.
+  // event with the same parameters as its inputs. Older torch (before 2.13) has only the variant
+  // without the async flag and the (sequence, is-p2p) pair.
+#ifdef RECORD_PARAM_COMMS_DATA_WITH_ASYNC_OP
+  const auto seq = std::make_tuple(static_cast<int64_t>(p.seq), p.p2p);
   RECORD_PARAM_COMMS_DATA_WITH_ASYNC_OP(
       seq, pgName, p.inputs ? *p.inputs : none, p.outputs ? *p.outputs : none, p.rank,
       std::string(p.op), elements(p.inputs), elements(p.outputs), dtype, inSplits, outSplits,
       start, stride, p.size, p.asyncOp);
+#else
+  const auto seq = static_cast<int64_t>(p.seq);
+  RECORD_PARAM_COMMS_DATA(
+      seq, pgName, p.inputs ? *p.inputs : none, p.outputs ? *p.outputs : none, p.rank,
+      std::string(p.op), elements(p.inputs), elements(p.outputs), dtype, inSplits, outSplits,
+      start, stride, p.size);
+#endif
 }
 
 } // namespace mpigpu

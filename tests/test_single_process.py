@@ -252,7 +252,9 @@ def test_profiler_events_carry_the_backend_prefix_and_the_comms_parameters():
     assert (first["Process Group Name"], first["Process Group Description"]) == ("0", "default_pg")
     assert (first["Group size"], first["Rank"], first["Process Group Ranks"]) == (1, 0, "[0]")
     assert [c["Seq"] for c in comms] == [1, 2, 3], comms
-    assert first["Is asynchronized op"] == 0, first  # dist.all_reduce waits (async_op=False)
+    import torch
+    if tuple(int(v) for v in torch.__version__.split(".")[:2]) >= (2, 13):  # older: no flag
+        assert first["Is asynchronized op"] == 0, first  # dist.all_reduce waits (async_op=False)
 
 
 def test_flight_recorder_keeps_the_last_ops():
