@@ -251,9 +251,11 @@ def test_profiler_events_carry_the_backend_prefix_and_the_comms_parameters():
     assert (first["In msg nelems"], first["Out msg nelems"], first["dtype"]) == (4, 4, "Double")
     assert (first["Process Group Name"], first["Process Group Description"]) == ("0", "default_pg")
     assert (first["Group size"], first["Rank"], first["Process Group Ranks"]) == (1, 0, "[0]")
-    assert [c["Seq"] for c in comms] == [1, 2, 3], comms
     import torch
-    if tuple(int(v) for v in torch.__version__.split(".")[:2]) >= (2, 13):  # older: no flag
+    # torch before 2.13 records neither the sequence number nor the async flag (torch 2.11 on the
+    # lent GPU machine: no "Seq" in the trace)
+    if tuple(int(v) for v in torch.__version__.split(".")[:2]) >= (2, 13):
+        assert [c["Seq"] for c in comms] == [1, 2, 3], comms
         assert first["Is asynchronized op"] == 0, first  # dist.all_reduce waits (async_op=False)
 
 

@@ -37,10 +37,10 @@ def stall():
     if dist.get_rank() == 1:
         print("rank 1: stalling before all_reduce #5", flush=True)
         time.sleep(60)  # never joins; the job is ended before this returns
-        print("rank 1: UNREACHABLE", flush=True)
+        print("rank 1: PAST THE STALL", flush=True)
     else:
         dist.all_reduce(torch.ones(16))
-        print(f"rank {dist.get_rank()}: UNREACHABLE", flush=True)
+        print(f"rank {dist.get_rank()}: PAST THE STALL", flush=True)
 
 
 def entries_of(record):
