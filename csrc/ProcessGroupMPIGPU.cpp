@@ -58,7 +58,7 @@ std::pair<c10::intrusive_ptr<WorkMPIGPU>, bool> ProcessGroupMPIGPU::newWork(
     bool asyncOp, int peer) {
   bufs->issued();
   const bool p2p = c10d::isP2POp(type);
-  recordParamComms({groupName_, getGroupDesc(), rank_, size_, &worldRanks_, op, seq, p2p,
+  recordParamComms({&groupName_, &getGroupDesc(), rank_, size_, &worldRanks_, op, seq, p2p,
                     asyncOp, &inputs, &outputs});
   fr::Recorder::Op recorded{flightRecorderId_, &getGroupDesc(), p2p ? collectives_->load() : seq,
                             p2p ? seq : p2pSeq_.load(), profilingTitle(type), p2p, rank_, peer,

@@ -57,7 +57,7 @@ std::pair<int, int> rankStartAndStride(const std::vector<int>& ranks) {
 
 void recordParamComms(const CommsParams& p) {
   if (!at::hasCallbacks()) return;  // no profiler: build nothing
-  const auto pgName = std::make_tuple(p.group, p.desc);
+  const auto pgName = std::make_tuple(*p.group, *p.desc);
   const auto [start, stride] = rankStartAndStride(*p.worldRanks);
   const at::Tensor* first = nullptr;
   for (const auto* list : {p.inputs, p.outputs}) {

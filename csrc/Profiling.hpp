@@ -16,7 +16,8 @@ namespace mpigpu {
 const char* profilingTitle(c10d::OpType type);
 
 struct CommsParams {
-  std::string group, desc;  // torch's group name and description
+  const std::string* group = nullptr;  // torch's group name and description (not copied: this
+  const std::string* desc = nullptr;   // runs for every op, profiler or not)
   int rank = 0, size = 1;   // in the group
   const std::vector<int>* worldRanks = nullptr;  // the group's members
   const char* op = "";

@@ -182,6 +182,7 @@ uint64_t Recorder::record(const Op& op, const std::vector<at::Tensor>& inputs,
   if (!op.p2p) g.enqueued = static_cast<int64_t>(op.collectiveSeq);
   // torch describes a group after creating it; the first op sees the description.
   if (op.desc && g.desc != *op.desc) g.desc = *op.desc;
+  e.op.desc = nullptr;  // the group's, which may go before the entry does
   const uint64_t id = nextId_++;
   e.id = id;
   if (entries_.size() < capacity_) {

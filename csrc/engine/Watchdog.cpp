@@ -147,16 +147,19 @@ void dumpOnce(const Groups& groups, const std::string& why) {
   }
 }
 
+// Looks at one store only, the first group's (the default group: every rank is in it, and the
+// reporting rank asks through all of its groups), so a job with many groups does not send the
+// store a request per group per second.
 void dumpIfAsked(const Groups& groups) {
-  if (g_dumped.load() || !fr::Recorder::get().enabled()) return;
-  for (const auto& g : groups) {
-    try {
-      if (g->progress.store->check({kDumpAsked})) {
-        return dumpOnce(groups, "another rank's watchdog reported a timeout in group '" +
-                                    g->progress.group + "'");
-      }
-    } catch (...) {
+  if (g_dumped.load() || groups.empty() || !fr::Recorder::get().enabled()) return;
+  const Published& first = *groups.front();
+  try {
+    if (first.progress.store->check({kDumpAsked})) {
+      dumpOnce(groups, "another rank's watchdog reported a timeout (seen in group '" +
+                           first.progress.group + "')");
     }
+  } catch (...) {
+    // The store may be gone (its rank died): nothing to be asked then.
   }
 }
 
