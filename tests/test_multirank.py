@@ -96,6 +96,12 @@ def test_bad_arguments(np):
     assert passed_counts(run_mpi("errors.py", np), np) >= 17
 
 
+def test_mpi_error_inside_a_collective_names_the_op_and_group():
+    # MPI_ERR_TRUNCATE inside MPI_Alltoallv on rank 1: before, the error named the op and rank
+    # but not which collective of which group
+    assert passed_counts(run_mpi("mpi_error.py", 2), 2) >= 1
+
+
 @pytest.mark.parametrize("np", [1, 2, 3, 4])
 def test_ddp_matches_single_process(np):
     assert passed_counts(run_mpi("ddp.py", np), np) >= 60

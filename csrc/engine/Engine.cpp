@@ -15,6 +15,22 @@
 #include "mpi/Env.hpp"
 
 namespace mpigpu {
+
+namespace {
+// An MPI error inside an op's task names the op, the rank and the MPI call; add which op of which
+// group it was (sequence number, group, world rank, sizes), as the engine's own errors do.
+std::exception_ptr withOpContext(const WorkMPIGPU& work, std::exception_ptr error) {
+  try {
+    std::rethrow_exception(error);
+  } catch (const c10::DistBackendError& e) {
+    return std::make_exception_ptr(c10::DistBackendError(
+        {__func__, __FILE__, static_cast<uint32_t>(__LINE__)},
+        std::string(e.what_without_backtrace()) + " [" + work.describe() + "]"));
+  } catch (...) {
+    return error;
+  }
+}
+} // namespace
 namespace {
 
 std::mutex g_registryMutex;
@@ -149,7 +165,7 @@ bool Engine::tryInline(const c10::intrusive_ptr<WorkMPIGPU>& work, const Task& t
     TORCH_INTERNAL_ASSERT(done || post, "mpigpu: an inline collective left MPI requests pending");
     if (done) work->markCompleted();
   } catch (...) {
-    work->markFailed(std::current_exception());
+    work->markFailed(withOpContext(*work, std::current_exception()));
   }
   if (endInline()) cv_.notify_all();  // ops queued meanwhile by other threads
   return true;
@@ -347,7 +363,7 @@ void Engine::loop() {
         current_.reset();
       }
       if (error) {
-        item.work->markFailed(error);
+        item.work->markFailed(withOpContext(*item.work, error));
       } else if (done) {
         item.work->markCompleted();
       }
