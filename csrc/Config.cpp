@@ -1,5 +1,7 @@
 #include "Config.hpp"
 
+#include "algorithms/Algorithms.hpp"
+
 #include <c10/util/Exception.h>
 #include <c10/util/StringUtil.h>
 
@@ -31,8 +33,9 @@ int64_t parseInt(const char* name, int64_t fallback, int64_t lo, int64_t hi) {
 
 // One of a fixed set of words: the value paired with the word given, `fallback` when unset;
 // anything else is a ValueError listing the words.
-int parseChoice(const char* name, int fallback,
-                std::initializer_list<std::pair<const char*, int>> choices) {
+template <typename T>
+T parseChoice(const char* name, T fallback,
+              std::initializer_list<std::pair<const char*, T>> choices) {
   const char* v = env(name);
   if (v == nullptr) return fallback;
   std::string words;
@@ -56,12 +59,19 @@ Config Config::fromEnv() {
   c.inlineBytes = parseInt("TORCH_MPIGPU_INLINE_BYTES", c.inlineBytes, 0, int64_t{1} << 40);
   c.fuseBelowBytes = parseInt("TORCH_MPIGPU_FUSE_BELOW_BYTES", c.fuseBelowBytes, 0,
                               int64_t{1} << 40);
-  c.abortOnTimeout = parseChoice("TORCH_MPIGPU_TIMEOUT_ACTION", 1, {{"abort", 1}, {"report", 0}}) == 1;
-  c.cudaAware = parseChoice("TORCH_MPIGPU_CUDA_AWARE", -1, {{"auto", -1}, {"1", 1}, {"0", 0}});
-  c.cudaReduce = parseChoice("TORCH_MPIGPU_CUDA_REDUCE", -1,
-                             {{"auto", -1}, {"direct", 1}, {"staged", 0}});
-  c.algo = parseChoice("TORCH_MPIGPU_ALGO", -1, {{"auto", -1}, {"mpi", 0}, {"ring", 1},
-                                                 {"rhd", 2}, {"allgather", 3}});
+  c.abortOnTimeout = parseChoice("TORCH_MPIGPU_TIMEOUT_ACTION", true,
+                                 {{"abort", true}, {"report", false}});
+  c.cudaAware = parseChoice("TORCH_MPIGPU_CUDA_AWARE", CudaAware::Auto,
+                            {{"auto", CudaAware::Auto}, {"1", CudaAware::DevicePointers},
+                             {"0", CudaAware::Staged}});
+  c.cudaReduce = parseChoice("TORCH_MPIGPU_CUDA_REDUCE", CudaReduce::Auto,
+                             {{"auto", CudaReduce::Auto}, {"direct", CudaReduce::Direct},
+                              {"staged", CudaReduce::Staged}});
+  using algo::Algo;
+  c.algo = parseChoice<std::optional<Algo>>(
+      "TORCH_MPIGPU_ALGO", std::nullopt,
+      {{"auto", std::nullopt}, {"mpi", Algo::Mpi}, {"ring", Algo::Ring}, {"rhd", Algo::Rhd},
+       {"allgather", Algo::Allgather}});
   c.algoPieceBytes = parseInt("TORCH_MPIGPU_ALGO_PIECE_BYTES", c.algoPieceBytes, 1,
                               int64_t{1} << 40);
   c.algoMinBytes = parseInt("TORCH_MPIGPU_ALGO_MIN_BYTES", c.algoMinBytes, 0, int64_t{1} << 62);

@@ -3,9 +3,21 @@
 #pragma once
 
 #include <cstdint>
+#include <optional>
 #include <string>
 
 namespace mpigpu {
+namespace algo {
+enum class Algo : int8_t;  // algorithms/Algorithms.hpp
+}
+
+// How CUDA tensors meet MPI (TORCH_MPIGPU_CUDA_AWARE=auto|1|0): ask the MPI library, device
+// pointers (CUDA-aware MPI), or staged through pinned host memory.
+enum class CudaAware : int8_t { Auto, DevicePointers, Staged };
+// Reductions on CUDA tensors when the other ops go as device pointers
+// (TORCH_MPIGPU_CUDA_REDUCE=auto|direct|staged); Auto: staged where the MPI reduces device
+// buffers on the host anyway (Open MPI), device pointers elsewhere.
+enum class CudaReduce : int8_t { Auto, Direct, Staged };
 
 struct Config {
   // Largest element count handed to one MPI call; bigger messages are split (MPI counts are int).
@@ -17,13 +29,8 @@ struct Config {
   // A collective still inside MPI after the timeout is reported; true: then end the job with
   // MPI_Abort (TORCH_MPIGPU_TIMEOUT_ACTION=abort, the default), false: report only.
   bool abortOnTimeout = true;
-  // How CUDA tensors meet MPI: -1 auto (ask the MPI library), 1 device pointers (CUDA-aware MPI),
-  // 0 staged through pinned host memory (TORCH_MPIGPU_CUDA_AWARE=auto|1|0).
-  int cudaAware = -1;
-  // Reductions on CUDA tensors when cudaAware resolves to device pointers: -1 auto (staged where
-  // the MPI reduces device buffers on the host anyway, i.e. Open MPI), 1 device pointers, 0 staged
-  // (TORCH_MPIGPU_CUDA_REDUCE=auto|direct|staged).
-  int cudaReduce = -1;
+  CudaAware cudaAware = CudaAware::Auto;
+  CudaReduce cudaReduce = CudaReduce::Auto;
   // Piece size of the staged path's pipeline: copies of one piece overlap MPI on the previous.
   int64_t stagingChunkBytes = 4 << 20;
   // Most bytes packed into one fused MPI call when an op gets many tensors (allreduce lists,
@@ -36,9 +43,9 @@ struct Config {
   // when the group's engine is idle; 0 always hands ops to the engine.
   int64_t inlineBytes = int64_t{1} << 40;
 
-  // Reductions: -1 auto, else an algo::Algo forced for every reduction (TORCH_MPIGPU_ALGO=
+  // The algorithm forced for every reduction, or none: auto (TORCH_MPIGPU_ALGO=
   // auto|mpi|ring|rhd|allgather).
-  int algo = -1;
+  std::optional<algo::Algo> algo;
   // Largest message of our algorithms; pieces of one step pipeline against the reduction.
   // 32 MiB: on one shared H100 every device message costs a context switch, and 32 MiB pieces
   // beat 4 MiB ones at 64-256 MiB (1.15-1.65 ms against 1.31-1.93 ms).

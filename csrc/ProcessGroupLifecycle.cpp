@@ -183,8 +183,8 @@ std::string ProcessGroupMPIGPU::describe() const {
   if (paths_->cudaPath() != paths::PathKind::ViaCpu) {
     s << "; CUDA reductions by our algorithms stay on the GPU, messages "
       << (paths_->cudaPath() != paths::PathKind::CudaDirect ? "through pinned host memory"
-          : config_.cudaReduce == 1 ? "as device pointers"
-          : config_.cudaReduce == 0 ? "through pinned host memory"
+          : config_.cudaReduce == CudaReduce::Direct ? "as device pointers"
+          : config_.cudaReduce == CudaReduce::Staged ? "through pinned host memory"
           : c10::str("as device pointers from ", config_.cudaDirectBytes,
                      " bytes, through pinned host memory below"));
   }

@@ -38,8 +38,8 @@ void ProcessGroupMPIGPU::withAlgorithm(const OpBuffers& bufs, const char* op,
   const int64_t bytes = buf.numel() * static_cast<int64_t>(buf.element_size());
   // Device messages need a CUDA-aware MPI; below cudaDirectBytes pinned staging is cheaper.
   const bool staged = paths_->cudaPath() != paths::PathKind::CudaDirect ||
-                      config_.cudaReduce == 0 ||
-                      (config_.cudaReduce == -1 && bytes < config_.cudaDirectBytes);
+                      config_.cudaReduce == CudaReduce::Staged ||
+                      (config_.cudaReduce == CudaReduce::Auto && bytes < config_.cudaDirectBytes);
   auto link = bufs.link(algoComm_, op, staged);
   auto reducer = bufs.reducer(red.kind);
   const int64_t piece = std::clamp<int64_t>(

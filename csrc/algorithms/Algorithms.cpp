@@ -30,8 +30,8 @@ const char* algoName(Algo a) {
 
 Algo choose(const Config& config, OpKind kind, int64_t bytes, at::ScalarType dtype,
             int worldSize, bool groupHasGpu) {
-  if (config.algo >= 0) {
-    const Algo forced = static_cast<Algo>(config.algo);
+  if (config.algo) {
+    const Algo forced = *config.algo;
     // rhd and allgather are all_reduce algorithms; the others' blocks are the ring's
     if (kind != OpKind::Allreduce && (forced == Algo::Rhd || forced == Algo::Allgather)) {
       return Algo::Ring;
@@ -56,8 +56,8 @@ Algo choose(const Config& config, OpKind kind, int64_t bytes, at::ScalarType dty
 }
 
 std::string describeChoice(const Config& config, bool groupHasGpu) {
-  if (config.algo >= 0) {
-    return c10::str("TORCH_MPIGPU_ALGO=", algoName(static_cast<Algo>(config.algo)),
+  if (config.algo) {
+    return c10::str("TORCH_MPIGPU_ALGO=", algoName(*config.algo),
                     " for every reduction (reduce_scatter and reduce: ring unless mpi)");
   }
   if (!groupHasGpu) {

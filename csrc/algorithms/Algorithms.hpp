@@ -32,7 +32,7 @@
 
 namespace mpigpu::algo {
 
-enum class Algo { Mpi, Ring, Rhd, Allgather };
+enum class Algo : int8_t { Mpi, Ring, Rhd, Allgather };
 const char* algoName(Algo a);
 
 enum class OpKind { Allreduce, ReduceScatter, Reduce };

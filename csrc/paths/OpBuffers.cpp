@@ -220,10 +220,10 @@ std::pair<PathKind, std::string> chooseCudaPath(const Config& config) {
                             "set and TORCH_MPIGPU_WITH_CUDA=1); CUDA tensors are copied through "
                             "the host synchronously"};
 #else
-  if (config.cudaAware == 1) {
+  if (config.cudaAware == CudaAware::DevicePointers) {
     return {PathKind::CudaDirect, "TORCH_MPIGPU_CUDA_AWARE=1: device pointers go to MPI"};
   }
-  if (config.cudaAware == 0) {
+  if (config.cudaAware == CudaAware::Staged) {
     return {PathKind::CudaStaged, "TORCH_MPIGPU_CUDA_AWARE=0: staged through pinned host memory"};
   }
   const auto& env = mpi::ensureInitialized();
@@ -243,8 +243,8 @@ std::pair<PathKind, std::string> chooseCudaPath(const Config& config) {
 
 std::pair<PathKind, std::string> chooseCudaReducePath(const Config& config, PathKind cudaPath) {
   if (cudaPath != PathKind::CudaDirect) return {cudaPath, "as the other ops"};
-  if (config.cudaReduce == 1) return {cudaPath, "TORCH_MPIGPU_CUDA_REDUCE=direct"};
-  if (config.cudaReduce == 0) {
+  if (config.cudaReduce == CudaReduce::Direct) return {cudaPath, "TORCH_MPIGPU_CUDA_REDUCE=direct"};
+  if (config.cudaReduce == CudaReduce::Staged) {
     return {PathKind::CudaStaged, "TORCH_MPIGPU_CUDA_REDUCE=staged: staged through pinned host memory"};
   }
   if (mpi::ensureInitialized().libraryVersion.find("Open MPI") != std::string::npos) {
