@@ -126,6 +126,10 @@ int WorkMPIGPU::sourceRank() const {
 float WorkMPIGPU::getDuration() const {
   std::lock_guard<std::mutex> lock(mutex_);
   if (!completed_) return -1.0f;
+  return ranMsLocked();
+}
+
+float WorkMPIGPU::ranMsLocked() const {
   const auto start = started_.time_since_epoch().count() ? started_ : created_;
   return std::chrono::duration<float, std::milli>(finished_ - start).count();
 }
@@ -141,8 +145,7 @@ void WorkMPIGPU::markCompleted() {
   {
     std::lock_guard<std::mutex> lock(mutex_);
     finished_ = std::chrono::steady_clock::now();
-    const auto start = started_.time_since_epoch().count() ? started_ : created_;
-    ranMs = std::chrono::duration<float, std::milli>(finished_ - start).count();
+    ranMs = ranMsLocked();
   }
   fr::Recorder::get().finished(flightRecord_, ranMs);
   finish();
@@ -176,8 +179,7 @@ void WorkMPIGPU::markFailed(std::exception_ptr error) {
   {
     std::lock_guard<std::mutex> lock(mutex_);
     finished_ = std::chrono::steady_clock::now();
-    const auto start = started_.time_since_epoch().count() ? started_ : created_;
-    ranMs = std::chrono::duration<float, std::milli>(finished_ - start).count();
+    ranMs = ranMsLocked();
   }
   fr::Recorder::get().finished(flightRecord_, ranMs);
   finish(error);

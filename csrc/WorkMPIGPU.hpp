@@ -79,6 +79,7 @@ class WorkMPIGPU : public c10d::Work {
 
  private:
   void runDoneCallbacks();
+  float ranMsLocked() const;  // with mutex_ held: from the start (or creation) to the finish
   void completeFuture();  // with futureMutex_ held
 
   const char* opName_;
