@@ -58,14 +58,15 @@ std::pair<c10::intrusive_ptr<WorkMPIGPU>, bool> ProcessGroupMPIGPU::newWork(
     bool asyncOp, int peer) {
   bufs->issued();
   const bool p2p = c10d::isP2POp(type);
+  const char* title = profilingTitle(type);
   recordParamComms({&groupName_, &getGroupDesc(), rank_, size_, &worldRanks_, op, seq, p2p,
                     asyncOp, &inputs, &outputs});
   fr::Recorder::Op recorded{flightRecorderId_, &getGroupDesc(), p2p ? collectives_->load() : seq,
-                            p2p ? seq : p2pSeq_.load(), profilingTitle(type), p2p, rank_, peer,
+                            p2p ? seq : p2pSeq_.load(), title, p2p, rank_, peer,
                             type == c10d::OpType::SEND, timeout};
   const uint64_t flightRecord = fr::Recorder::get().record(recorded, inputs, outputs);
   auto work = c10::make_intrusive<WorkMPIGPU>(rank_, type, op, seq, std::move(outputs), timeout,
-                                              profilingTitle(type),
+                                              title,
                                               std::optional<std::vector<at::Tensor>>(inputs),
                                               std::vector<std::shared_ptr<OpBuffers>>{bufs});
   work->setContext(groupName_, worldRanks_[rank_]);
