@@ -1,5 +1,6 @@
 #include "Config.hpp"
 
+#include "Settings.hpp"
 #include "algorithms/Algorithms.hpp"
 
 #include <c10/util/Exception.h>
@@ -14,14 +15,17 @@
 namespace mpigpu {
 namespace {
 
-const char* env(const char* name) {
+// The variable's value, else the table's default; nullptr when neither gives one.
+const char* valueOf(const char* name) {
   const char* v = std::getenv(name);
-  return (v != nullptr && *v != '\0') ? v : nullptr;
+  if (v != nullptr && *v != '\0') return v;
+  const char* fallback = setting(name).defaultValue;
+  return *fallback != '\0' ? fallback : nullptr;
 }
 
-int64_t parseInt(const char* name, int64_t fallback, int64_t lo, int64_t hi) {
-  const char* v = env(name);
-  if (v == nullptr) return fallback;
+int64_t parseInt(const char* name, int64_t lo, int64_t hi) {
+  const char* v = valueOf(name);
+  TORCH_INTERNAL_ASSERT(v != nullptr, "mpigpu: ", name, " has no default in csrc/Settings.cpp");
   char* end = nullptr;
   long long x = std::strtoll(v, &end, 10);
   if (end == v || *end != '\0' || x < lo || x > hi) {
@@ -31,13 +35,16 @@ int64_t parseInt(const char* name, int64_t fallback, int64_t lo, int64_t hi) {
   return x;
 }
 
-// One of a fixed set of words: the value paired with the word given, `fallback` when unset;
+bool parseFlag(const char* name) {
+  return parseInt(name, 0, 1) != 0;
+}
+
+// One of a fixed set of words: the value paired with the word given (or the table's default);
 // anything else is a ValueError listing the words.
 template <typename T>
-T parseChoice(const char* name, T fallback,
-              std::initializer_list<std::pair<const char*, T>> choices) {
-  const char* v = env(name);
-  if (v == nullptr) return fallback;
+T parseChoice(const char* name, std::initializer_list<std::pair<const char*, T>> choices) {
+  const char* v = valueOf(name);
+  TORCH_INTERNAL_ASSERT(v != nullptr, "mpigpu: ", name, " has no default in csrc/Settings.cpp");
   std::string words;
   for (const auto& [word, value] : choices) {
     if (std::string(v) == word) return value;
@@ -46,49 +53,49 @@ T parseChoice(const char* name, T fallback,
   C10_THROW_ERROR(ValueError, c10::str("mpigpu: ", name, "=", v, " must be one of: ", words));
 }
 
+double parseTimeoutSeconds(const char* name) {
+  const char* v = valueOf(name);
+  if (v == nullptr) return 0;  // unset: the group's own timeout
+  char* end = nullptr;
+  double seconds = std::strtod(v, &end);
+  if (end == v || *end != '\0' || seconds <= 0) {
+    C10_THROW_ERROR(ValueError,
+                    c10::str("mpigpu: ", name, "=", v, " is not a positive number of seconds"));
+  }
+  return seconds;
+}
+
+constexpr int64_t kTiB = int64_t{1} << 40;
+constexpr int64_t kHuge = int64_t{1} << 62;
+
 } // namespace
 
 Config Config::fromEnv() {
   Config c;
-  c.maxElementsPerCall = parseInt("TORCH_MPIGPU_MAX_ELEMENTS_PER_CALL", INT_MAX, 1, INT_MAX);
-  c.debug = parseInt("TORCH_MPIGPU_DEBUG", 0, 0, 1) != 0;
-  c.desyncCheck = parseInt("TORCH_MPIGPU_DESYNC_CHECK", 0, 0, 1) != 0;
-  c.stagingChunkBytes = parseInt("TORCH_MPIGPU_STAGING_CHUNK_BYTES", c.stagingChunkBytes, 1,
-                                 int64_t{1} << 40);
-  c.fusionBytes = parseInt("TORCH_MPIGPU_FUSION_BYTES", c.fusionBytes, 0, int64_t{1} << 40);
-  c.inlineBytes = parseInt("TORCH_MPIGPU_INLINE_BYTES", c.inlineBytes, 0, int64_t{1} << 40);
-  c.fuseBelowBytes = parseInt("TORCH_MPIGPU_FUSE_BELOW_BYTES", c.fuseBelowBytes, 0,
-                              int64_t{1} << 40);
-  c.abortOnTimeout = parseChoice("TORCH_MPIGPU_TIMEOUT_ACTION", true,
-                                 {{"abort", true}, {"report", false}});
-  c.cudaAware = parseChoice("TORCH_MPIGPU_CUDA_AWARE", CudaAware::Auto,
-                            {{"auto", CudaAware::Auto}, {"1", CudaAware::DevicePointers},
-                             {"0", CudaAware::Staged}});
-  c.cudaReduce = parseChoice("TORCH_MPIGPU_CUDA_REDUCE", CudaReduce::Auto,
-                             {{"auto", CudaReduce::Auto}, {"direct", CudaReduce::Direct},
-                              {"staged", CudaReduce::Staged}});
+  c.maxElementsPerCall = parseInt("TORCH_MPIGPU_MAX_ELEMENTS_PER_CALL", 1, INT_MAX);
+  c.debug = parseFlag("TORCH_MPIGPU_DEBUG");
+  c.desyncCheck = parseFlag("TORCH_MPIGPU_DESYNC_CHECK");
+  c.timeoutSeconds = parseTimeoutSeconds("TORCH_MPIGPU_TIMEOUT");
+  c.abortOnTimeout = parseChoice<bool>("TORCH_MPIGPU_TIMEOUT_ACTION", {{"abort", true}, {"report", false}});
+  c.cudaAware = parseChoice<CudaAware>("TORCH_MPIGPU_CUDA_AWARE", {{"auto", CudaAware::Auto},
+                                                        {"1", CudaAware::DevicePointers},
+                                                        {"0", CudaAware::Staged}});
+  c.cudaReduce = parseChoice<CudaReduce>("TORCH_MPIGPU_CUDA_REDUCE", {{"auto", CudaReduce::Auto},
+                                                          {"direct", CudaReduce::Direct},
+                                                          {"staged", CudaReduce::Staged}});
   using algo::Algo;
   c.algo = parseChoice<std::optional<Algo>>(
-      "TORCH_MPIGPU_ALGO", std::nullopt,
-      {{"auto", std::nullopt}, {"mpi", Algo::Mpi}, {"ring", Algo::Ring}, {"rhd", Algo::Rhd},
-       {"allgather", Algo::Allgather}});
-  c.algoPieceBytes = parseInt("TORCH_MPIGPU_ALGO_PIECE_BYTES", c.algoPieceBytes, 1,
-                              int64_t{1} << 40);
-  c.algoMinBytes = parseInt("TORCH_MPIGPU_ALGO_MIN_BYTES", c.algoMinBytes, 0, int64_t{1} << 62);
-  c.hostHalfRingBytes = parseInt("TORCH_MPIGPU_HOST_HALF_RING_BYTES", c.hostHalfRingBytes, 0,
-                                 int64_t{1} << 62);
-  c.hostReduceScatterRingBytes = parseInt("TORCH_MPIGPU_HOST_RS_RING_BYTES",
-                                          c.hostReduceScatterRingBytes, 0, int64_t{1} << 62);
-  c.cudaDirectBytes = parseInt("TORCH_MPIGPU_CUDA_DIRECT_BYTES", c.cudaDirectBytes, 0,
-                               int64_t{1} << 62);
-  if (const char* t = env("TORCH_MPIGPU_TIMEOUT")) {
-    char* end = nullptr;
-    c.timeoutSeconds = std::strtod(t, &end);
-    if (end == t || *end != '\0' || c.timeoutSeconds <= 0) {
-      C10_THROW_ERROR(ValueError, c10::str("mpigpu: TORCH_MPIGPU_TIMEOUT=", t,
-                                           " is not a positive number of seconds"));
-    }
-  }
+      "TORCH_MPIGPU_ALGO", {{"auto", std::nullopt}, {"mpi", Algo::Mpi}, {"ring", Algo::Ring},
+                            {"rhd", Algo::Rhd}, {"allgather", Algo::Allgather}});
+  c.stagingChunkBytes = parseInt("TORCH_MPIGPU_STAGING_CHUNK_BYTES", 1, kTiB);
+  c.fusionBytes = parseInt("TORCH_MPIGPU_FUSION_BYTES", 0, kTiB);
+  c.fuseBelowBytes = parseInt("TORCH_MPIGPU_FUSE_BELOW_BYTES", 0, kTiB);
+  c.inlineBytes = parseInt("TORCH_MPIGPU_INLINE_BYTES", 0, kTiB);
+  c.algoPieceBytes = parseInt("TORCH_MPIGPU_ALGO_PIECE_BYTES", 1, kTiB);
+  c.algoMinBytes = parseInt("TORCH_MPIGPU_ALGO_MIN_BYTES", 0, kHuge);
+  c.hostHalfRingBytes = parseInt("TORCH_MPIGPU_HOST_HALF_RING_BYTES", 0, kHuge);
+  c.hostReduceScatterRingBytes = parseInt("TORCH_MPIGPU_HOST_RS_RING_BYTES", 0, kHuge);
+  c.cudaDirectBytes = parseInt("TORCH_MPIGPU_CUDA_DIRECT_BYTES", 0, kHuge);
   return c;
 }
 

@@ -1,5 +1,6 @@
-// The C++ side of the TORCH_MPIGPU_* settings (documented in torch_mpi_gpu/config.py and the
-// README). Read once per process group at creation, so tests can change them between groups.
+// The TORCH_MPIGPU_* settings a process group uses, parsed and typed. Names, defaults and meanings
+// live in one table (Settings.cpp); read once per process group at creation, so tests can change
+// them between groups.
 #pragma once
 
 #include <cstdint>
@@ -19,9 +20,10 @@ enum class CudaAware : int8_t { Auto, DevicePointers, Staged };
 // buffers on the host anyway (Open MPI), device pointers elsewhere.
 enum class CudaReduce : int8_t { Auto, Direct, Staged };
 
+// Filled by fromEnv(); the defaults are in the settings table (Settings.cpp), not here.
 struct Config {
   // Largest element count handed to one MPI call; bigger messages are split (MPI counts are int).
-  int64_t maxElementsPerCall = 2147483647;
+  int64_t maxElementsPerCall = 0;
   bool debug = false;        // TORCH_MPIGPU_DEBUG=1: log the group's setup and every op queued
   bool desyncCheck = false;  // TORCH_MPIGPU_DESYNC_CHECK=1: compare every collective across ranks
   // Overrides the process group timeout when > 0 (TORCH_MPIGPU_TIMEOUT, seconds).
@@ -32,16 +34,16 @@ struct Config {
   CudaAware cudaAware = CudaAware::Auto;
   CudaReduce cudaReduce = CudaReduce::Auto;
   // Piece size of the staged path's pipeline: copies of one piece overlap MPI on the previous.
-  int64_t stagingChunkBytes = 4 << 20;
+  int64_t stagingChunkBytes = 0;
   // Most bytes packed into one fused MPI call when an op gets many tensors (allreduce lists,
   // coalesced calls, DDP buckets).
-  int64_t fusionBytes = 64 << 20;
+  int64_t fusionBytes = 0;
   // Host tensors at least this big are not packed (the copy would cost more than the MPI call it
   // saves); they travel in place, one MPI call each, within the same op.
-  int64_t fuseBelowBytes = 256 << 10;
+  int64_t fuseBelowBytes = 0;
   // Blocking ops (async_op=False) on host tensors up to this many bytes run on the calling thread
   // when the group's engine is idle; 0 always hands ops to the engine.
-  int64_t inlineBytes = int64_t{1} << 40;
+  int64_t inlineBytes = 0;
 
   // The algorithm forced for every reduction, or none: auto (TORCH_MPIGPU_ALGO=
   // auto|mpi|ring|rhd|allgather).
@@ -49,22 +51,22 @@ struct Config {
   // Largest message of our algorithms; pieces of one step pipeline against the reduction.
   // 32 MiB: on one shared H100 every device message costs a context switch, and 32 MiB pieces
   // beat 4 MiB ones at 64-256 MiB (1.15-1.65 ms against 1.31-1.93 ms).
-  int64_t algoPieceBytes = 32 << 20;
+  int64_t algoPieceBytes = 0;
   // auto, in groups with a GPU: reductions below this use MPI's own collectives (CUDA tensors
   // staged through pinned memory: on one shared H100, 0.1-0.4 ms up to 1 MiB against 0.8 ms for
   // the ring, whose device messages and kernel cost a GPU context switch each); from here the
   // ring (4 MiB: 0.8-0.9 ms against 1.4-1.5 ms).
-  int64_t algoMinBytes = 2 << 20;
+  int64_t algoMinBytes = 0;
   // auto, in groups without a GPU (measured on the 2-core CI VM, Open MPI 5): fp16/bf16
   // reductions of at least hostHalfRingBytes use the ring (MPI reduces them with a user-defined
   // op one element at a time: a 16 MiB fp16 all_reduce 22 ms against 5.2 ms), and reduce_scatter
   // of at least hostReduceScatterRingBytes too (fp32 1 MiB: 0.21 ms against 0.09 ms).
-  int64_t hostHalfRingBytes = 64 << 10;
-  int64_t hostReduceScatterRingBytes = 1 << 20;
+  int64_t hostHalfRingBytes = 0;
+  int64_t hostReduceScatterRingBytes = 0;
   // CUDA_REDUCE=auto with a CUDA-aware MPI: our algorithms' messages go as device pointers for
   // ops of at least this many bytes, through pinned host memory below (device messages pay for
   // the GPU's context switches on a shared GPU and for IPC set-up).
-  int64_t cudaDirectBytes = 1 << 20;
+  int64_t cudaDirectBytes = 0;
 
   static Config fromEnv();
 };

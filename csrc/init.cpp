@@ -10,6 +10,7 @@
 #include "Errors.hpp"
 #include "Fusion.hpp"
 #include "ProcessGroupMPIGPU.hpp"
+#include "Settings.hpp"
 #include "engine/Engine.hpp"
 #include "engine/FlightRecorder.hpp"
 #include "engine/FutureCompleter.hpp"
@@ -25,9 +26,9 @@
 namespace py = pybind11;
 using mpigpu::ProcessGroupMPIGPU;
 
-PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
-  m.doc() = "torch_mpi_gpu native core: the mpigpu c10d backend over MPI";
+namespace {
 
+void bindProcessGroup(py::module_& m) {
   py::class_<ProcessGroupMPIGPU, c10d::Backend, c10::intrusive_ptr<ProcessGroupMPIGPU>>(
       m, "ProcessGroupMPIGPU")
       .def(py::init([](const c10::intrusive_ptr<c10d::Store>& store, int rank, int size,
@@ -43,7 +44,21 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
            py::arg("store"), py::arg("rank"), py::arg("size"), py::arg("global_ranks"),
            py::arg("timeout_seconds"), py::arg("group_name"))
       .def("describe", &ProcessGroupMPIGPU::describe);
+}
 
+void bindSettings(py::module_& m) {
+  m.def("settings", [] {
+    py::list rows;
+    for (const auto& s : mpigpu::settings()) {
+      rows.append(py::make_tuple(s.name, s.defaultValue, s.shownDefault,
+                                 mpigpu::readAtName(s.readAt), s.meaning));
+    }
+    return rows;
+  }, "The settings table (csrc/Settings.cpp): (name, default, shown default, read at, meaning).");
+}
+
+// MPI itself: describe it, and rendezvous through it.
+void bindMpi(py::module_& m) {
   m.def("mpi_info", [] {
     const auto& e = mpigpu::mpi::ensureInitialized();
     py::dict d;
@@ -69,11 +84,6 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
      "Collective over MPI_COMM_WORLD: rank 0's (host, port) to every rank, whether all share a "
      "host, this process's world rank and size, and its rank and count among the ranks on its "
      "host (from the gathered host names).");
-  m.def("_fusion_buckets", &mpigpu::fusionBuckets, py::arg("tensors"), py::arg("limit_bytes"),
-        py::arg("alone_bytes"),
-        "Fusion policy (unit tests): indices of `tensors` per MPI call, grouped by dtype in "
-        "first-seen order, runs of at most limit_bytes; tensors of at least alone_bytes travel "
-        "alone.");
   m.def("world_allgather", [](const py::bytes& mine) {
     std::vector<std::string> all;
     {
@@ -85,29 +95,10 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
     for (const auto& s : all) out.append(py::bytes(s));
     return out;
   }, "Collective over MPI_COMM_WORLD: every rank's bytes, in world-rank order.");
-  m.def("mpi_call_count", &mpigpu::mpi::callCount,
-        "MPI communication calls made by this process so far (tests use it to prove fusion).");
-  m.def("flight_recorder_enabled", [] { return mpigpu::fr::Recorder::get().enabled(); });
-  m.def("flight_recorder_dump", [](bool stackTraces, bool onlyActive) {
-    return py::bytes(mpigpu::fr::Recorder::get().dump(stackTraces, onlyActive));
-  }, py::arg("stack_traces") = true, py::arg("only_active") = false,
-     "This process's flight record in torch's format, pickled.");
-  m.def("flight_recorder_write", [] {
-    return mpigpu::fr::Recorder::get().write(mpigpu::mpi::ensureInitialized().worldRank);
-  }, "Writes this process's flight record through torch's DebugInfoWriter; returns where.");
-  m.def("with_cuda", [] { return MPIGPU_WITH_CUDA != 0; });
-  m.def("cuda_path", [] {
-    auto [kind, reason] = mpigpu::paths::chooseCudaPath(mpigpu::Config::fromEnv());
-    return py::make_tuple(mpigpu::paths::pathName(kind), reason);
-  }, "The path CUDA tensors take with this build, MPI and TORCH_MPIGPU_CUDA_AWARE, and why "
-     "(initialises MPI if needed).");
-  m.def("cuda_reduce_path", [] {
-    const auto config = mpigpu::Config::fromEnv();
-    auto [kind, reason] = mpigpu::paths::chooseCudaReducePath(
-        config, mpigpu::paths::chooseCudaPath(config).first);
-    return py::make_tuple(mpigpu::paths::pathName(kind), reason);
-  }, "The path reductions (all_reduce, reduce, reduce_scatter) on CUDA tensors take, and why "
-     "(TORCH_MPIGPU_CUDA_REDUCE).");
+}
+
+// The process's end: stop engines, finalise or abort MPI.
+void bindLifecycle(py::module_& m) {
   m.def("shutdown", [] {
     mpigpu::Engine::shutdownAll();
     mpigpu::Watchdog::stop();
@@ -140,6 +131,30 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
     if (initialized && !finalized) MPI_Abort(MPI_COMM_WORLD, code);
   }, py::call_guard<py::gil_scoped_release>(),
      "MPI_Abort(MPI_COMM_WORLD, code) when MPI is running: the launcher ends every rank.");
+}
+
+// Introspection and unit-test hooks: data paths, algorithms, fusion, call counts.
+void bindPathsAndAlgorithms(py::module_& m) {
+  m.def("with_cuda", [] { return MPIGPU_WITH_CUDA != 0; });
+  m.def("cuda_path", [] {
+    auto [kind, reason] = mpigpu::paths::chooseCudaPath(mpigpu::Config::fromEnv());
+    return py::make_tuple(mpigpu::paths::pathName(kind), reason);
+  }, "The path CUDA tensors take with this build, MPI and TORCH_MPIGPU_CUDA_AWARE, and why "
+     "(initialises MPI if needed).");
+  m.def("cuda_reduce_path", [] {
+    const auto config = mpigpu::Config::fromEnv();
+    auto [kind, reason] = mpigpu::paths::chooseCudaReducePath(
+        config, mpigpu::paths::chooseCudaPath(config).first);
+    return py::make_tuple(mpigpu::paths::pathName(kind), reason);
+  }, "The path reductions (all_reduce, reduce, reduce_scatter) on CUDA tensors take, and why "
+     "(TORCH_MPIGPU_CUDA_REDUCE).");
+  m.def("_fusion_buckets", &mpigpu::fusionBuckets, py::arg("tensors"), py::arg("limit_bytes"),
+        py::arg("alone_bytes"),
+        "Fusion policy (unit tests): indices of `tensors` per MPI call, grouped by dtype in "
+        "first-seen order, runs of at most limit_bytes; tensors of at least alone_bytes travel "
+        "alone.");
+  m.def("mpi_call_count", &mpigpu::mpi::callCount,
+        "MPI communication calls made by this process so far (tests use it to prove fusion).");
   m.def("reduction_rule", [] {
     return mpigpu::algo::describeChoice(mpigpu::Config::fromEnv(), at::hasCUDA());
   }, "How reductions choose their algorithm with the current settings, for a group in which some "
@@ -175,4 +190,27 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   }, py::arg("dst"), py::arg("a"), py::arg("b"), py::arg("op"), py::arg("scale") = 1.0,
      "One local reduction step of our algorithms, dst = (a op b) * scale, with the reducer of "
      "dst's device (the host's, or the CUDA kernels); for tests against torch's own ops.");
+}
+
+void bindFlightRecorder(py::module_& m) {
+  m.def("flight_recorder_enabled", [] { return mpigpu::fr::Recorder::get().enabled(); });
+  m.def("flight_recorder_dump", [](bool stackTraces, bool onlyActive) {
+    return py::bytes(mpigpu::fr::Recorder::get().dump(stackTraces, onlyActive));
+  }, py::arg("stack_traces") = true, py::arg("only_active") = false,
+     "This process's flight record in torch's format, pickled.");
+  m.def("flight_recorder_write", [] {
+    return mpigpu::fr::Recorder::get().write(mpigpu::mpi::ensureInitialized().worldRank);
+  }, "Writes this process's flight record through torch's DebugInfoWriter; returns where.");
+}
+
+} // namespace
+
+PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
+  m.doc() = "torch_mpi_gpu native core: the mpigpu c10d backend over MPI";
+  bindProcessGroup(m);
+  bindSettings(m);
+  bindMpi(m);
+  bindLifecycle(m);
+  bindPathsAndAlgorithms(m);
+  bindFlightRecorder(m);
 }

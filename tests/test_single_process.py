@@ -208,20 +208,44 @@ def test_timeout_setting_overrides_set_pg_timeout():
     assert rc == 0 and "described: 3000 ms" in out, out  # the user's override wins
 
 
-def test_settings_agree_between_cpp_python_and_readme():
+def test_settings_table_is_the_one_the_code_reads_and_the_readme_shows():
     from torch_mpi_gpu import config
 
-    # every setting the C++ side reads (Config.cpp and the flight recorder read them by name)
+    # every setting the C++ side or the Python side reads by name is a row of the table
     sources = [p for p in (ROOT / "csrc").rglob("*") if p.suffix in (".cpp", ".hpp", ".cu")]
-    cpp = set()
+    sources += list((ROOT / "torch_mpi_gpu").glob("*.py")) + [ROOT / "setup.py"]
+    read = set()
     for path in sources:
-        cpp |= set(re.findall(r'"(TORCH_MPIGPU_[A-Z_]+)"', path.read_text()))
-    assert "TORCH_MPIGPU_FR_STACKS" in cpp and "TORCH_MPIGPU_TIMEOUT" in cpp, cpp
-    python_side = {s.name for s in config.SETTINGS}
-    readme = set(re.findall(r"^\| `([A-Z][A-Z_]+)`", (ROOT / "README.md").read_text(), re.M))
-    assert cpp - python_side == set(), f"read in C++ but not in config.SETTINGS: {cpp - python_side}"
-    assert python_side == readme, (f"config.SETTINGS only: {python_side - readme}; "
-                                   f"README only: {readme - python_side}")
+        read |= set(re.findall(r'"(TORCH_MPIGPU_[A-Z_]+|MPI_HOME)"', path.read_text()))
+    assert {"TORCH_MPIGPU_FR_STACKS", "TORCH_MPIGPU_TIMEOUT", "TORCH_MPIGPU_AUTO_ENV",
+            "MPI_HOME"} <= read, read
+    table = {s.name for s in config.SETTINGS}
+    assert read - table == set(), f"read by the code but not in csrc/Settings.cpp: {read - table}"
+    assert table - read == set(), f"in csrc/Settings.cpp but read nowhere: {table - read}"
+    # the README's table is the generated one, row for row
+    readme = (ROOT / "README.md").read_text()
+    assert config.markdown_table() in readme, (
+        "README's settings table differs from `python -m torch_mpi_gpu.info --settings-markdown`")
+    # the build reads its own defaults (it runs before the extension exists): the same ones
+    setup = (ROOT / "setup.py").read_text()
+    defaults = {s.name: s.default for s in config.SETTINGS}
+    assert f'"TORCH_MPIGPU_WITH_CUDA", "{defaults["TORCH_MPIGPU_WITH_CUDA"]}"' in setup
+    assert f'DEFAULT_MPI_PREFIX = "{defaults["MPI_HOME"]}"' in setup
+
+
+def test_settings_defaults_parse_and_bad_values_name_the_variable():
+    # every default in the table parses (a group is created with all of them), and a bad value
+    # is a ValueError naming the variable and the accepted values
+    rc, out = python(
+        "import torch_mpi_gpu._C as C; import torch.distributed as dist; "
+        "print(C.cuda_path()[0], C.reduction_rule()[:20])")
+    assert rc == 0, out
+    rc, out = python("import torch_mpi_gpu._C as C; C.cuda_path()",
+                     env={"TORCH_MPIGPU_ALGO": "fastest"})
+    assert rc != 0 and "ValueError" in out and "TORCH_MPIGPU_ALGO=fastest must be one of: auto, mpi" in out, out
+    rc, out = python("import torch_mpi_gpu._C as C; C.cuda_path()",
+                     env={"TORCH_MPIGPU_FUSION_BYTES": "-1"})
+    assert rc != 0 and "TORCH_MPIGPU_FUSION_BYTES=-1 is not an integer in [0," in out, out
 
 
 def test_profiler_events_carry_the_backend_prefix_and_the_comms_parameters():

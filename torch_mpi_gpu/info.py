@@ -38,13 +38,16 @@ def collect():
             "other devices (xpu, ...)": "via-cpu (host copy)",
             "reductions": _C.reduction_rule(),
         },
-        "settings": {s.name: (s.value if s.is_set else f"{s.default} (default)")
+        "settings": {s.name: (s.value if s.is_set else f"{s.shown_default or s.default} (default)")
                      for s in config.SETTINGS},
     }
 
 
 def main(argv=None):
     argv = sys.argv[1:] if argv is None else argv
+    if "--settings-markdown" in argv:  # the README's settings table
+        print(config.markdown_table())
+        return 0
     data = collect()
     if "--json" in argv:
         print(json.dumps(data, indent=2, default=str))

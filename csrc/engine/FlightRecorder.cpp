@@ -1,5 +1,7 @@
 #include "engine/FlightRecorder.hpp"
 
+#include "Settings.hpp"
+
 // torch's recorder header: its format version, kept in step with the analyzer of the installed
 // torch; and its DebugInfoWriter (exported), so a writer a user registered with torch gets our
 // dumps too.
@@ -123,7 +125,8 @@ c10::IValue optionalTime(const std::optional<c10::time_t>& t) {
 Recorder::Recorder()
     : capacity_(static_cast<size_t>(std::max(
           0, c10d::getCvarInt({"TORCH_FR_BUFFER_SIZE", "TORCH_NCCL_TRACE_BUFFER_SIZE"}, 2000)))),
-      pythonStacks_(c10d::getCvarBool({"TORCH_MPIGPU_FR_STACKS"}, false)),
+      pythonStacks_(c10d::getCvarBool({"TORCH_MPIGPU_FR_STACKS"},
+                                       std::string_view(setting("TORCH_MPIGPU_FR_STACKS").defaultValue) == "1")),
       cppStacks_(c10d::getCvarBool({"TORCH_FR_CPP_STACK", "TORCH_NCCL_TRACE_CPP_STACK"}, false)) {}
 
 Recorder::~Recorder() = default;
