@@ -6,10 +6,13 @@ namespace mpigpu {
 
 void checkTensor(const char* op, int rank, const at::Tensor& t) {
   MPIGPU_CHECK_VALUE(t.defined(), op, rank, "got an undefined tensor");
-  MPIGPU_CHECK_TYPE(t.layout() == at::kStrided, op, rank, "only dense (strided) tensors are "
-                    "supported, got layout ", t.layout(), "; call .to_dense() first");
+  MPIGPU_CHECK_TYPE(t.layout() == at::kStrided, op, rank,
+                    "only dense (strided) tensors are "
+                    "supported, got layout ",
+                    t.layout(), "; call .to_dense() first");
   MPIGPU_CHECK_TYPE(!t.is_meta(), op, rank, "meta tensors have no data to communicate");
-  MPIGPU_CHECK_TYPE(!t.is_quantized(), op, rank, "quantized tensors are not supported; "
+  MPIGPU_CHECK_TYPE(!t.is_quantized(), op, rank,
+                    "quantized tensors are not supported; "
                     "communicate t.int_repr() and the scale/zero point instead");
 }
 
@@ -40,4 +43,4 @@ void checkRank(const char* op, int rank, int size, int64_t peer, const char* wha
                      " is out of range for a group of ", size, " ranks");
 }
 
-} // namespace mpigpu
+}  // namespace mpigpu

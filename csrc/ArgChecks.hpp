@@ -20,4 +20,4 @@ void checkSingle(const char* op, int rank, const std::vector<at::Tensor>& ts);
 // 0 <= peer < size (`what`: "root", "peer", ...).
 void checkRank(const char* op, int rank, int size, int64_t peer, const char* what);
 
-} // namespace mpigpu
+}  // namespace mpigpu

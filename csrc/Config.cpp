@@ -35,9 +35,7 @@ int64_t parseInt(const char* name, int64_t lo, int64_t hi) {
   return x;
 }
 
-bool parseFlag(const char* name) {
-  return parseInt(name, 0, 1) != 0;
-}
+bool parseFlag(const char* name) { return parseInt(name, 0, 1) != 0; }
 
 // One of a fixed set of words: the value paired with the word given (or the table's default);
 // anything else is a ValueError listing the words.
@@ -68,7 +66,7 @@ double parseTimeoutSeconds(const char* name) {
 constexpr int64_t kTiB = int64_t{1} << 40;
 constexpr int64_t kHuge = int64_t{1} << 62;
 
-} // namespace
+}  // namespace
 
 Config Config::fromEnv() {
   Config c;
@@ -76,17 +74,20 @@ Config Config::fromEnv() {
   c.debug = parseFlag("TORCH_MPIGPU_DEBUG");
   c.desyncCheck = parseFlag("TORCH_MPIGPU_DESYNC_CHECK");
   c.timeoutSeconds = parseTimeoutSeconds("TORCH_MPIGPU_TIMEOUT");
-  c.abortOnTimeout = parseChoice<bool>("TORCH_MPIGPU_TIMEOUT_ACTION", {{"abort", true}, {"report", false}});
-  c.cudaAware = parseChoice<CudaAware>("TORCH_MPIGPU_CUDA_AWARE", {{"auto", CudaAware::Auto},
-                                                        {"1", CudaAware::DevicePointers},
-                                                        {"0", CudaAware::Staged}});
-  c.cudaReduce = parseChoice<CudaReduce>("TORCH_MPIGPU_CUDA_REDUCE", {{"auto", CudaReduce::Auto},
-                                                          {"direct", CudaReduce::Direct},
-                                                          {"staged", CudaReduce::Staged}});
+  c.abortOnTimeout =
+      parseChoice<bool>("TORCH_MPIGPU_TIMEOUT_ACTION", {{"abort", true}, {"report", false}});
+  c.cudaAware = parseChoice<CudaAware>(
+      "TORCH_MPIGPU_CUDA_AWARE",
+      {{"auto", CudaAware::Auto}, {"1", CudaAware::DevicePointers}, {"0", CudaAware::Staged}});
+  c.cudaReduce = parseChoice<CudaReduce>(
+      "TORCH_MPIGPU_CUDA_REDUCE",
+      {{"auto", CudaReduce::Auto}, {"direct", CudaReduce::Direct}, {"staged", CudaReduce::Staged}});
   using algo::Algo;
-  c.algo = parseChoice<std::optional<Algo>>(
-      "TORCH_MPIGPU_ALGO", {{"auto", std::nullopt}, {"mpi", Algo::Mpi}, {"ring", Algo::Ring},
-                            {"rhd", Algo::Rhd}, {"allgather", Algo::Allgather}});
+  c.algo = parseChoice<std::optional<Algo>>("TORCH_MPIGPU_ALGO", {{"auto", std::nullopt},
+                                                                  {"mpi", Algo::Mpi},
+                                                                  {"ring", Algo::Ring},
+                                                                  {"rhd", Algo::Rhd},
+                                                                  {"allgather", Algo::Allgather}});
   c.stagingChunkBytes = parseInt("TORCH_MPIGPU_STAGING_CHUNK_BYTES", 1, kTiB);
   c.fusionBytes = parseInt("TORCH_MPIGPU_FUSION_BYTES", 0, kTiB);
   c.fuseBelowBytes = parseInt("TORCH_MPIGPU_FUSE_BELOW_BYTES", 0, kTiB);
@@ -99,4 +100,4 @@ Config Config::fromEnv() {
   return c;
 }
 
-} // namespace mpigpu
+}  // namespace mpigpu

@@ -71,4 +71,4 @@ struct Config {
   static Config fromEnv();
 };
 
-} // namespace mpigpu
+}  // namespace mpigpu

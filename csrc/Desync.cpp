@@ -43,10 +43,11 @@ void checkSameCollective(const mpi::Comm& comm, const std::string& group, const 
     if (f.root >= 0) table << ", root " << f.root;
     if (!same(f)) table << "   <- differs from rank 0";
   }
-  MPIGPU_THROW_BACKEND(op, rank, "collective #", seq, ": the ranks of group '", group,
-                       "' are not issuing the same collective (TORCH_MPIGPU_DESYNC_CHECK=1):",
-                       table.str(), "\nEvery rank must call the same collectives in the same "
-                       "order with matching dtype, size and root. The op was not run.");
+  MPIGPU_THROW_BACKEND(
+      op, rank, "collective #", seq, ": the ranks of group '", group,
+      "' are not issuing the same collective (TORCH_MPIGPU_DESYNC_CHECK=1):", table.str(),
+      "\nEvery rank must call the same collectives in the same "
+      "order with matching dtype, size and root. The op was not run.");
 }
 
-} // namespace mpigpu
+}  // namespace mpigpu

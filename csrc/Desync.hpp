@@ -26,4 +26,4 @@ Fingerprint fingerprintOf(c10d::OpType type, const std::vector<at::Tensor>& inpu
 void checkSameCollective(const mpi::Comm& comm, const std::string& group, const char* op,
                          uint64_t seq, const Fingerprint& mine);
 
-} // namespace mpigpu
+}  // namespace mpigpu

@@ -12,22 +12,22 @@ std::string opMessage(const char* op, int rank, const Args&... args) {
   return c10::str("mpigpu ", op, " [rank ", rank, "]: ", args...);
 }
 
-} // namespace mpigpu
+}  // namespace mpigpu
 
 // Bad argument values -> Python ValueError.
-#define MPIGPU_CHECK_VALUE(cond, op, rank, ...)                                  \
-  do {                                                                           \
-    if (C10_UNLIKELY(!(cond))) {                                                 \
-      C10_THROW_ERROR(ValueError, ::mpigpu::opMessage(op, rank, __VA_ARGS__));   \
-    }                                                                            \
+#define MPIGPU_CHECK_VALUE(cond, op, rank, ...)                                \
+  do {                                                                         \
+    if (C10_UNLIKELY(!(cond))) {                                               \
+      C10_THROW_ERROR(ValueError, ::mpigpu::opMessage(op, rank, __VA_ARGS__)); \
+    }                                                                          \
   } while (0)
 
 // Bad argument kinds (dtype, layout, device, unsupported combination) -> Python TypeError.
-#define MPIGPU_CHECK_TYPE(cond, op, rank, ...)                                   \
-  do {                                                                           \
-    if (C10_UNLIKELY(!(cond))) {                                                 \
-      C10_THROW_ERROR(TypeError, ::mpigpu::opMessage(op, rank, __VA_ARGS__));    \
-    }                                                                            \
+#define MPIGPU_CHECK_TYPE(cond, op, rank, ...)                                \
+  do {                                                                        \
+    if (C10_UNLIKELY(!(cond))) {                                              \
+      C10_THROW_ERROR(TypeError, ::mpigpu::opMessage(op, rank, __VA_ARGS__)); \
+    }                                                                         \
   } while (0)
 
 // Communication failures -> torch.distributed.DistBackendError.

@@ -60,4 +60,4 @@ int64_t fuseBelow(const Config& config, const paths::OpBuffers& bufs) {
   return host ? config.fuseBelowBytes : std::numeric_limits<int64_t>::max();
 }
 
-} // namespace mpigpu
+}  // namespace mpigpu

@@ -26,4 +26,4 @@ std::vector<at::Tensor> rankMajorRows(const std::vector<at::Tensor>& ts, int siz
 // Tensors of at least this many bytes are not packed on this op's path.
 int64_t fuseBelow(const Config& config, const paths::OpBuffers& bufs);
 
-} // namespace mpigpu
+}  // namespace mpigpu

@@ -28,9 +28,14 @@ std::vector<int> resolveWorldRanks(int rank, int size, const std::vector<int64_t
   const char* op = "init_process_group";
   if (globalRanks.empty()) {
     if (env.worldSize == 1 && size > 1) {
-      MPIGPU_THROW_BACKEND(op, rank, "this process is not part of a multi-process MPI job (MPI "
-                           "world size 1, store world size ", size, "). mpigpu needs an MPI "
-                           "launcher: run `mpirun -np ", size, " python your_script.py` (or srun/"
+      MPIGPU_THROW_BACKEND(op, rank,
+                           "this process is not part of a multi-process MPI job (MPI "
+                           "world size 1, store world size ",
+                           size,
+                           "). mpigpu needs an MPI "
+                           "launcher: run `mpirun -np ",
+                           size,
+                           " python your_script.py` (or srun/"
                            "mpiexec) instead of torchrun or manual RANK/WORLD_SIZE");
     }
     if (env.worldSize != size || env.worldRank != rank) {
@@ -59,7 +64,7 @@ std::vector<int> resolveWorldRanks(int rank, int size, const std::vector<int64_t
   return ranks;
 }
 
-} // namespace
+}  // namespace
 
 ProcessGroupMPIGPU::ProcessGroupMPIGPU(c10::intrusive_ptr<c10d::Store> store, int rank, int size,
                                        std::vector<int64_t> globalRanks, milliseconds timeout,
@@ -107,7 +112,7 @@ void keepAliveUntilExit(std::shared_ptr<Engine> engine) {
   std::lock_guard<std::mutex> lock(mutex);
   kept->push_back(std::move(engine));
 }
-} // namespace
+}  // namespace
 
 ProcessGroupMPIGPU::~ProcessGroupMPIGPU() {
   try {
@@ -136,15 +141,20 @@ void ProcessGroupMPIGPU::shutdown() {
     // Ops still queued run first, in issue order (their peers may be inside them already); then
     // the communicators are freed. Bounded by the group's timeout: an op whose peers never come
     // would otherwise hold destroy_process_group() forever.
-    const bool done = engine->runAndWait("destroy_process_group", rank_, [this] {
-      mpi::freeComm(&algoComm_.handle);
-      mpi::freeComm(&comm_.handle);
-    }, timeout());
+    const bool done = engine->runAndWait(
+        "destroy_process_group", rank_,
+        [this] {
+          mpi::freeComm(&algoComm_.handle);
+          mpi::freeComm(&comm_.handle);
+        },
+        timeout());
     if (!done) {
       std::cerr << opMessage("destroy_process_group", rank_, "group '", groupName_,
                              "': the ops ahead of it did not finish within the timeout (",
-                             timeout().count(), " ms); aborting the group instead (its "
-                             "outstanding ops fail)") << std::endl;
+                             timeout().count(),
+                             " ms); aborting the group instead (its "
+                             "outstanding ops fail)")
+                << std::endl;
       abort();
       return;
     }
@@ -171,22 +181,22 @@ std::string ProcessGroupMPIGPU::describe() const {
   std::ostringstream s;
   s << "group '" << groupName_ << "' rank " << rank_ << "/" << size_ << " (world ranks";
   for (int r : worldRanks_) s << " " << r;
-  s << "), " << env.libraryVersion << ", " << mpi::threadLevelName(env.threadLevel)
-    << ", timeout " << timeout().count() << " ms, max elements per MPI call "
-    << config_.maxElementsPerCall << ", fusion up to " << config_.fusionBytes
+  s << "), " << env.libraryVersion << ", " << mpi::threadLevelName(env.threadLevel) << ", timeout "
+    << timeout().count() << " ms, max elements per MPI call " << config_.maxElementsPerCall
+    << ", fusion up to " << config_.fusionBytes
     << " bytes per MPI call; paths: CPU tensors cpu, CUDA tensors "
     << paths::pathName(paths_->cudaPath()) << " (" << paths_->cudaPathReason()
     << "; staging pieces of " << config_.stagingChunkBytes << " bytes), CUDA reductions "
     << paths::pathName(paths_->cudaReducePath()) << " (" << paths_->cudaReducePathReason()
-    << "), other devices via-cpu; reductions: "
-    << algo::describeChoice(config_, groupHasGpu_);
+    << "), other devices via-cpu; reductions: " << algo::describeChoice(config_, groupHasGpu_);
   if (paths_->cudaPath() != paths::PathKind::ViaCpu) {
     s << "; CUDA reductions by our algorithms stay on the GPU, messages "
       << (paths_->cudaPath() != paths::PathKind::CudaDirect ? "through pinned host memory"
-          : config_.cudaReduce == CudaReduce::Direct ? "as device pointers"
-          : config_.cudaReduce == CudaReduce::Staged ? "through pinned host memory"
-          : c10::str("as device pointers from ", config_.cudaDirectBytes,
-                     " bytes, through pinned host memory below"));
+          : config_.cudaReduce == CudaReduce::Direct        ? "as device pointers"
+          : config_.cudaReduce == CudaReduce::Staged
+              ? "through pinned host memory"
+              : c10::str("as device pointers from ", config_.cudaDirectBytes,
+                         " bytes, through pinned host memory below"));
   }
   return s.str();
 }
@@ -196,4 +206,4 @@ void ProcessGroupMPIGPU::setTimeout(milliseconds timeout) {
   timeoutMs_.store(timeout.count(), std::memory_order_relaxed);
 }
 
-} // namespace mpigpu
+}  // namespace mpigpu

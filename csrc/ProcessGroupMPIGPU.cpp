@@ -24,7 +24,6 @@ using paths::Access;
 using paths::OpBuffers;
 using std::chrono::milliseconds;
 
-
 algo::Algo ProcessGroupMPIGPU::chooseAlgo(algo::OpKind kind,
                                           const std::vector<at::Tensor>& tensors) const {
   int64_t bytes = 0;
@@ -32,8 +31,8 @@ algo::Algo ProcessGroupMPIGPU::chooseAlgo(algo::OpKind kind,
   return algo::choose(config_, kind, bytes, tensors[0].scalar_type(), size_, groupHasGpu_);
 }
 
-void ProcessGroupMPIGPU::withAlgorithm(const OpBuffers& bufs, const char* op,
-                                       const at::Tensor& buf, const mpi::Reduction& red,
+void ProcessGroupMPIGPU::withAlgorithm(const OpBuffers& bufs, const char* op, const at::Tensor& buf,
+                                       const mpi::Reduction& red,
                                        const std::function<void(algo::Context&)>& fn) const {
   const int64_t bytes = buf.numel() * static_cast<int64_t>(buf.element_size());
   // Device messages need a CUDA-aware MPI; below cudaDirectBytes pinned staging is cheaper.
@@ -59,21 +58,28 @@ std::pair<c10::intrusive_ptr<WorkMPIGPU>, bool> ProcessGroupMPIGPU::newWork(
   bufs->issued();
   const bool p2p = c10d::isP2POp(type);
   const char* title = profilingTitle(type);
-  recordParamComms({&groupName_, &getGroupDesc(), rank_, size_, &worldRanks_, op, seq, p2p,
-                    asyncOp, &inputs, &outputs});
-  fr::Recorder::Op recorded{flightRecorderId_, &getGroupDesc(), p2p ? collectives_->load() : seq,
-                            p2p ? seq : p2pSeq_.load(), title, p2p, rank_, peer,
-                            type == c10d::OpType::SEND, timeout};
+  recordParamComms({&groupName_, &getGroupDesc(), rank_, size_, &worldRanks_, op, seq, p2p, asyncOp,
+                    &inputs, &outputs});
+  fr::Recorder::Op recorded{flightRecorderId_,
+                            &getGroupDesc(),
+                            p2p ? collectives_->load() : seq,
+                            p2p ? seq : p2pSeq_.load(),
+                            title,
+                            p2p,
+                            rank_,
+                            peer,
+                            type == c10d::OpType::SEND,
+                            timeout};
   const uint64_t flightRecord = fr::Recorder::get().record(recorded, inputs, outputs);
   auto work = c10::make_intrusive<WorkMPIGPU>(rank_, type, op, seq, std::move(outputs), timeout,
-                                              title,
-                                              std::optional<std::vector<at::Tensor>>(inputs),
+                                              title, std::optional<std::vector<at::Tensor>>(inputs),
                                               std::vector<std::shared_ptr<OpBuffers>>{bufs});
   work->setContext(groupName_, worldRanks_[rank_]);
   work->setFlightRecord(flightRecord);
   if (config_.debug) {
-    std::cerr << opMessage(op, rank_, p2p ? "p2p op #" : "collective #", seq,
-                           " queued (", paths::pathName(bufs->kind()), " path)") << std::endl;
+    std::cerr << opMessage(op, rank_, p2p ? "p2p op #" : "collective #", seq, " queued (",
+                           paths::pathName(bufs->kind()), " path)")
+              << std::endl;
   }
   std::lock_guard<std::mutex> lock(coalesceMutex_);
   if (coalescing_) coalesced_.push_back(work);
@@ -83,8 +89,7 @@ std::pair<c10::intrusive_ptr<WorkMPIGPU>, bool> ProcessGroupMPIGPU::newWork(
 c10::intrusive_ptr<c10d::Work> ProcessGroupMPIGPU::enqueue(c10d::OpType type, const char* op,
                                                            std::vector<at::Tensor> outputs,
                                                            std::vector<at::Tensor> inputs,
-                                                           milliseconds optTimeout,
-                                                           bool asyncOp,
+                                                           milliseconds optTimeout, bool asyncOp,
                                                            std::shared_ptr<OpBuffers> bufs,
                                                            Body body, int root) {
   const auto engine = currentEngine(op);
@@ -100,8 +105,10 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupMPIGPU::enqueue(c10d::OpType type, co
   const int64_t bytes = bufs->bytes();
   const bool host = bufs->kind() == paths::PathKind::Cpu;
   const bool small = bytes <= config_.inlineBytes;
-  Watchdog::Op watched{groupName_, op, seq, rank_, bytes,
-                       effectiveTimeout(optTimeout), false, config_.abortOnTimeout};
+  Watchdog::Op watched{groupName_, op,
+                       seq,        rank_,
+                       bytes,      effectiveTimeout(optTimeout),
+                       false,      config_.abortOnTimeout};
   Engine::Task task = [this, engine = engine.get(), watched, fp, bufs = std::move(bufs),
                        body = std::move(body)]() mutable {
     const bool onCaller = !engine->onWorkerThread();
@@ -122,7 +129,9 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupMPIGPU::enqueue(c10d::OpType type, co
   // The caller waits for this op right away (async_op=False): when it is small, on the host and
   // the engine is idle, run it here. The hand-off to the worker and the two thread wake-ups cost
   // more than a small MPI call itself.
-  if (!asyncOp && host && small && !coalescing && engine->tryInline(work, task, Engine::Inline::Collective)) return work;
+  if (!asyncOp && host && small && !coalescing &&
+      engine->tryInline(work, task, Engine::Inline::Collective))
+    return work;
   engine->submit(work, std::move(task));
   return work;
 }
@@ -193,7 +202,8 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupMPIGPU::allreduce_coalesced(
 
 c10::intrusive_ptr<c10d::Work> ProcessGroupMPIGPU::allreduce_sparse(
     std::vector<at::Tensor>& tensors, const c10d::AllreduceOptions& opts) {
-  MPIGPU_CHECK_TYPE(false, "allreduce", rank_, "sparse tensors are not supported; call "
+  MPIGPU_CHECK_TYPE(false, "allreduce", rank_,
+                    "sparse tensors are not supported; call "
                     ".to_dense() first (or all_gather the indices and values)");
 }
 
@@ -210,16 +220,18 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupMPIGPU::reduce(std::vector<at::Tensor
   // Only the root's tensor changes.
   const size_t slot = bufs->add(tensors[0], rank_ == root ? Access::ReadWrite : Access::Read,
                                 /*elementwise=*/true);
-  return enqueue(c10d::OpType::REDUCE, op, tensors, tensors, opts.timeout, opts.asyncOp, bufs,
-                 [this, op, slot, red, root, ours](OpBuffers& b) {
-                   b.run(slot, [&](at::Tensor& t) {
-                     if (!ours) {
-                       mpi::reduce(comm_, op, t, t, red, root);
-                       return;
-                     }
-                     withAlgorithm(b, op, t, red, [&](algo::Context& c) { algo::reduce(c, t, root); });
-                   });
-                 }, root);
+  return enqueue(
+      c10d::OpType::REDUCE, op, tensors, tensors, opts.timeout, opts.asyncOp, bufs,
+      [this, op, slot, red, root, ours](OpBuffers& b) {
+        b.run(slot, [&](at::Tensor& t) {
+          if (!ours) {
+            mpi::reduce(comm_, op, t, t, red, root);
+            return;
+          }
+          withAlgorithm(b, op, t, red, [&](algo::Context& c) { algo::reduce(c, t, root); });
+        });
+      },
+      root);
 }
 
 c10::intrusive_ptr<c10d::Work> ProcessGroupMPIGPU::reduce_scatter(
@@ -232,16 +244,18 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupMPIGPU::reduce_scatter(
                      inputs[0].size(), " tensors, the group has ", size_, " ranks");
   for (const auto& t : inputs[0]) {
     checkSameKind(op, rank_, outputs[0], t, "an input");
-    MPIGPU_CHECK_VALUE(t.numel() == outputs[0].numel(), op, rank_, "every input must have the "
-                       "output's ", outputs[0].numel(), " elements, one has ", t.numel());
+    MPIGPU_CHECK_VALUE(t.numel() == outputs[0].numel(), op, rank_,
+                       "every input must have the "
+                       "output's ",
+                       outputs[0].numel(), " elements, one has ", t.numel());
   }
   auto red = mpi::resolveReduction(opts.reduceOp, outputs[0].scalar_type(), op, rank_);
   const bool ours = chooseAlgo(algo::OpKind::ReduceScatter, inputs[0]) != algo::Algo::Mpi;
   auto bufs = ours ? paths_->createForAlgorithm(outputs[0].device()) : reduceBuffersFor(outputs[0]);
   const size_t in = bufs->add(inputs[0], Access::Read);
   const size_t out = bufs->add(outputs[0], Access::Write);
-  return enqueue(c10d::OpType::REDUCE_SCATTER, op, outputs, inputs[0], opts.timeout, opts.asyncOp, bufs,
-                 [this, op, in, out, red, ours](OpBuffers& b) {
+  return enqueue(c10d::OpType::REDUCE_SCATTER, op, outputs, inputs[0], opts.timeout, opts.asyncOp,
+                 bufs, [this, op, in, out, red, ours](OpBuffers& b) {
                    if (!ours) {
                      mpi::reduceScatter(comm_, op, b.mpi(in), b.mpi(out), red);
                      return;
@@ -286,12 +300,12 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupMPIGPU::reduce_scatter_tensor_coalesc
     for (size_t i : idx) ins.push_back(inputs[i].reshape({size_, -1}));
     auto red = mpi::resolveReduction(opts.reduceOp, outputs[idx[0]].scalar_type(), op, rank_);
     // A single input is rank-major already: MPI reads it as it is.
-    buckets.push_back({bufs->add(idx.size() == 1 ? pick(inputs, idx) : rankMajorRows(ins, size_),
-                                 Access::Read),
-                       bufs->add(pick(outputs, idx), Access::Write), std::move(red)});
+    buckets.push_back(
+        {bufs->add(idx.size() == 1 ? pick(inputs, idx) : rankMajorRows(ins, size_), Access::Read),
+         bufs->add(pick(outputs, idx), Access::Write), std::move(red)});
   }
-  return enqueue(c10d::OpType::_REDUCE_SCATTER_BASE, op, outputs, inputs, opts.timeout, opts.asyncOp, bufs,
-                 [this, op, buckets, ours](OpBuffers& b) {
+  return enqueue(c10d::OpType::_REDUCE_SCATTER_BASE, op, outputs, inputs, opts.timeout,
+                 opts.asyncOp, bufs, [this, op, buckets, ours](OpBuffers& b) {
                    for (const auto& k : buckets) {
                      if (!ours) {
                        mpi::reduceScatter(comm_, op, b.mpi(k.in), b.mpi(k.out), k.red);
@@ -318,10 +332,12 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupMPIGPU::broadcast(std::vector<at::Ten
   auto bufs = buffersFor(tensors[0]);
   const size_t slot = bufs->add(tensors[0], rank_ == root ? Access::Read : Access::Write,
                                 /*elementwise=*/true);
-  return enqueue(c10d::OpType::BROADCAST, op, tensors, tensors, opts.timeout, opts.asyncOp, bufs,
-                 [this, op, slot, root](OpBuffers& b) {
-                   b.run(slot, [&](at::Tensor& t) { mpi::broadcast(comm_, op, t, root); });
-                 }, root);
+  return enqueue(
+      c10d::OpType::BROADCAST, op, tensors, tensors, opts.timeout, opts.asyncOp, bufs,
+      [this, op, slot, root](OpBuffers& b) {
+        b.run(slot, [&](at::Tensor& t) { mpi::broadcast(comm_, op, t, root); });
+      },
+      root);
 }
 
 c10::intrusive_ptr<c10d::Work> ProcessGroupMPIGPU::allgather(
@@ -335,17 +351,18 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupMPIGPU::allgather(
                      outputs[0].size(), " tensors, the group has ", size_, " ranks");
   for (const auto& t : outputs[0]) {
     checkSameKind(op, rank_, inputs[0], t, "an output");
-    MPIGPU_CHECK_VALUE(t.numel() == inputs[0].numel(), op, rank_, "every output must have the "
-                       "input's ", inputs[0].numel(), " elements, one has ", t.numel());
+    MPIGPU_CHECK_VALUE(t.numel() == inputs[0].numel(), op, rank_,
+                       "every output must have the "
+                       "input's ",
+                       inputs[0].numel(), " elements, one has ", t.numel());
   }
   mpi::transportType(inputs[0].scalar_type(), op, rank_);
   auto bufs = buffersFor(inputs[0]);
   const size_t in = bufs->add(inputs[0], Access::Read);
   const size_t out = bufs->add(outputs[0], Access::Write);
-  return enqueue(c10d::OpType::ALLGATHER, op, outputs[0], inputs, opts.timeout, opts.asyncOp, bufs,
-                 [this, op, in, out](OpBuffers& b) {
-                   mpi::allgather(comm_, op, b.mpi(in), b.mpi(out));
-                 });
+  return enqueue(
+      c10d::OpType::ALLGATHER, op, outputs[0], inputs, opts.timeout, opts.asyncOp, bufs,
+      [this, op, in, out](OpBuffers& b) { mpi::allgather(comm_, op, b.mpi(in), b.mpi(out)); });
 }
 
 c10::intrusive_ptr<c10d::Work> ProcessGroupMPIGPU::_allgather_base(
@@ -378,21 +395,24 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupMPIGPU::allgather_into_tensor_coalesc
   std::vector<Bucket> buckets;
   auto addBucket = [&](const std::vector<size_t>& idx) {
     std::vector<at::Tensor> outs = pick(outputs, idx);
-    buckets.push_back({bufs->add(pick(inputs, idx), Access::Read),
-                       bufs->add(idx.size() == 1 ? outs : rankMajorRows(outs, size_),
-                                 Access::Write)});
+    buckets.push_back(
+        {bufs->add(pick(inputs, idx), Access::Read),
+         bufs->add(idx.size() == 1 ? outs : rankMajorRows(outs, size_), Access::Write)});
   };
   for (const auto& idx : fusionBuckets(inputs, config_.fusionBytes, fuseBelow(config_, *bufs))) {
     std::vector<size_t> fused;
     for (size_t i : idx) {
-      if (outputs[i].is_contiguous()) fused.push_back(i);
-      else addBucket({i});
+      if (outputs[i].is_contiguous())
+        fused.push_back(i);
+      else
+        addBucket({i});
     }
     if (!fused.empty()) addBucket(fused);
   }
-  return enqueue(c10d::OpType::_ALLGATHER_BASE, op, outputs, inputs, opts.timeout, opts.asyncOp, bufs,
-                 [this, op, buckets](OpBuffers& b) {
-                   for (const auto& k : buckets) mpi::allgather(comm_, op, b.mpi(k.in), b.mpi(k.out));
+  return enqueue(c10d::OpType::_ALLGATHER_BASE, op, outputs, inputs, opts.timeout, opts.asyncOp,
+                 bufs, [this, op, buckets](OpBuffers& b) {
+                   for (const auto& k : buckets)
+                     mpi::allgather(comm_, op, b.mpi(k.in), b.mpi(k.out));
                  });
 }
 
@@ -419,10 +439,9 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupMPIGPU::allgather_coalesced(
   auto bufs = buffersFor(inputs[0]);
   const size_t in = bufs->add(inputs, Access::Read);
   const size_t out = bufs->add(allOuts, Access::Write);  // rank-major, input order within a rank
-  return enqueue(c10d::OpType::ALLGATHER_COALESCED, op, allOuts, inputs, opts.timeout, opts.asyncOp, bufs,
-                 [this, op, in, out](OpBuffers& b) {
-                   mpi::allgather(comm_, op, b.mpi(in), b.mpi(out));
-                 });
+  return enqueue(
+      c10d::OpType::ALLGATHER_COALESCED, op, allOuts, inputs, opts.timeout, opts.asyncOp, bufs,
+      [this, op, in, out](OpBuffers& b) { mpi::allgather(comm_, op, b.mpi(in), b.mpi(out)); });
 }
 
 c10::intrusive_ptr<c10d::Work> ProcessGroupMPIGPU::gather(
@@ -439,8 +458,10 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupMPIGPU::gather(
                        rank_, "the root needs one output list of ", size_, " tensors");
     for (const auto& t : outputs[0]) {
       checkSameKind(op, rank_, inputs[0], t, "an output");
-      MPIGPU_CHECK_VALUE(t.numel() == inputs[0].numel(), op, rank_, "every output must have the "
-                         "input's ", inputs[0].numel(), " elements, one has ", t.numel());
+      MPIGPU_CHECK_VALUE(t.numel() == inputs[0].numel(), op, rank_,
+                         "every output must have the "
+                         "input's ",
+                         inputs[0].numel(), " elements, one has ", t.numel());
     }
     outs = outputs[0];
   } else {
@@ -451,10 +472,12 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupMPIGPU::gather(
   auto bufs = buffersFor(inputs[0]);
   const size_t in = bufs->add(inputs[0], Access::Read);
   const size_t out = isRoot ? bufs->add(outs, Access::Write) : 0;
-  return enqueue(c10d::OpType::GATHER, op, outs, inputs, opts.timeout, opts.asyncOp, bufs,
-                 [this, op, in, out, root, isRoot](OpBuffers& b) {
-                   mpi::gather(comm_, op, b.mpi(in), isRoot ? &b.mpi(out) : nullptr, root);
-                 }, root);
+  return enqueue(
+      c10d::OpType::GATHER, op, outs, inputs, opts.timeout, opts.asyncOp, bufs,
+      [this, op, in, out, root, isRoot](OpBuffers& b) {
+        mpi::gather(comm_, op, b.mpi(in), isRoot ? &b.mpi(out) : nullptr, root);
+      },
+      root);
 }
 
 c10::intrusive_ptr<c10d::Work> ProcessGroupMPIGPU::scatter(
@@ -467,12 +490,14 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupMPIGPU::scatter(
   const bool isRoot = rank_ == root;
   std::vector<at::Tensor> ins;
   if (isRoot) {
-    MPIGPU_CHECK_VALUE(inputs.size() == 1 && static_cast<int>(inputs[0].size()) == size_, op,
-                       rank_, "the root needs one input list of ", size_, " tensors");
+    MPIGPU_CHECK_VALUE(inputs.size() == 1 && static_cast<int>(inputs[0].size()) == size_, op, rank_,
+                       "the root needs one input list of ", size_, " tensors");
     for (const auto& t : inputs[0]) {
       checkSameKind(op, rank_, outputs[0], t, "an input");
-      MPIGPU_CHECK_VALUE(t.numel() == outputs[0].numel(), op, rank_, "every input must have the "
-                         "output's ", outputs[0].numel(), " elements, one has ", t.numel());
+      MPIGPU_CHECK_VALUE(t.numel() == outputs[0].numel(), op, rank_,
+                         "every input must have the "
+                         "output's ",
+                         outputs[0].numel(), " elements, one has ", t.numel());
     }
     ins = inputs[0];
   } else {
@@ -483,10 +508,12 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupMPIGPU::scatter(
   auto bufs = buffersFor(outputs[0]);
   const size_t in = isRoot ? bufs->add(ins, Access::Read) : 0;
   const size_t out = bufs->add(outputs[0], Access::Write);
-  return enqueue(c10d::OpType::SCATTER, op, outputs, ins, opts.timeout, opts.asyncOp, bufs,
-                 [this, op, in, out, root, isRoot](OpBuffers& b) {
-                   mpi::scatter(comm_, op, isRoot ? &b.mpi(in) : nullptr, b.mpi(out), root);
-                 }, root);
+  return enqueue(
+      c10d::OpType::SCATTER, op, outputs, ins, opts.timeout, opts.asyncOp, bufs,
+      [this, op, in, out, root, isRoot](OpBuffers& b) {
+        mpi::scatter(comm_, op, isRoot ? &b.mpi(in) : nullptr, b.mpi(out), root);
+      },
+      root);
 }
 
 c10::intrusive_ptr<c10d::Work> ProcessGroupMPIGPU::alltoall_base(
@@ -501,13 +528,16 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupMPIGPU::alltoall_base(
     std::vector<int64_t> c(size_);
     if (splits.empty()) {
       MPIGPU_CHECK_VALUE(t.numel() % size_ == 0, op, rank_, what, " has ", t.numel(),
-                         " elements, which do not divide evenly across ", size_, " ranks; give "
+                         " elements, which do not divide evenly across ", size_,
+                         " ranks; give "
                          "split sizes");
       std::fill(c.begin(), c.end(), t.numel() / size_);
       return c;
     }
-    MPIGPU_CHECK_VALUE(static_cast<int>(splits.size()) == size_, op, rank_, what, " split sizes "
-                       "have ", splits.size(), " entries, the group has ", size_, " ranks");
+    MPIGPU_CHECK_VALUE(static_cast<int>(splits.size()) == size_, op, rank_, what,
+                       " split sizes "
+                       "have ",
+                       splits.size(), " entries, the group has ", size_, " ranks");
     MPIGPU_CHECK_VALUE(t.dim() > 0, op, rank_, what, " is a scalar and cannot be split");
     const int64_t sum = std::accumulate(splits.begin(), splits.end(), int64_t{0});
     MPIGPU_CHECK_VALUE(sum == t.size(0), op, rank_, what, " split sizes sum to ", sum,
@@ -522,8 +552,8 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupMPIGPU::alltoall_base(
   auto sendCounts = counts(input, inputSplitSizes, "input");
   auto recvCounts = counts(output, outputSplitSizes, "output");
   // Without split sizes every rank sends the same counts (torch requires equal sizes then).
-  const bool uniform = inputSplitSizes.empty() && outputSplitSizes.empty() &&
-                       input.numel() == output.numel();
+  const bool uniform =
+      inputSplitSizes.empty() && outputSplitSizes.empty() && input.numel() == output.numel();
   auto bufs = buffersFor(input);
   const size_t in = bufs->add(input, Access::Read);
   const size_t out = bufs->add(output, Access::Write);
@@ -538,10 +568,10 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupMPIGPU::alltoall(std::vector<at::Tens
                                                             std::vector<at::Tensor>& inputs,
                                                             const c10d::AllToAllOptions& opts) {
   const char* op = "all_to_all";
-  MPIGPU_CHECK_VALUE(static_cast<int>(inputs.size()) == size_ &&
-                         static_cast<int>(outputs.size()) == size_, op, rank_,
-                     "needs one input and one output tensor per rank (", size_, "), got ",
-                     inputs.size(), " and ", outputs.size());
+  MPIGPU_CHECK_VALUE(
+      static_cast<int>(inputs.size()) == size_ && static_cast<int>(outputs.size()) == size_, op,
+      rank_, "needs one input and one output tensor per rank (", size_, "), got ", inputs.size(),
+      " and ", outputs.size());
   std::vector<int64_t> sendCounts, recvCounts;
   for (int p = 0; p < size_; ++p) {
     checkSameKind(op, rank_, inputs[0], inputs[p], "an input");
@@ -569,7 +599,8 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupMPIGPU::enqueueP2P(c10d::OpType type,
   checkTensor(op, rank_, tensor);
   if (peer != MPI_ANY_SOURCE) {
     checkRank(op, rank_, size_, peer, "peer");
-    MPIGPU_CHECK_VALUE(peer != rank_, op, rank_, "sending to or receiving from yourself is not "
+    MPIGPU_CHECK_VALUE(peer != rank_, op, rank_,
+                       "sending to or receiving from yourself is not "
                        "supported; copy the tensor instead");
   }
   // Read once at MPI init (MPI_Comm_get_attr per op would cost a call on every send).
@@ -583,7 +614,8 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupMPIGPU::enqueueP2P(c10d::OpType type,
   // Not elementwise: the request outlives the task, so its buffer is staged whole.
   bufs->add(tensor, sending ? Access::Read : Access::Write);
   const auto work = newWork(type, op, ++p2pSeq_, {tensor}, {tensor}, timeout(), bufs,
-                             /*asyncOp=*/true, peer).first;
+                            /*asyncOp=*/true, peer)
+                        .first;
   auto post = [this, engine = engine.get(), op, bufs, peer, tag, sending, work] {
     std::vector<MPI_Request> reqs;
     {
@@ -605,7 +637,8 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupMPIGPU::enqueueP2P(c10d::OpType type,
   };
   // Host tensors: posted on the calling thread when nothing is ahead of it, and wait() tests
   // for the reply itself, so a send/recv pays no thread hand-off or wake-up on either end.
-  if (bufs->kind() == paths::PathKind::Cpu && tensor.nbytes() <= static_cast<size_t>(config_.inlineBytes)) {
+  if (bufs->kind() == paths::PathKind::Cpu &&
+      tensor.nbytes() <= static_cast<size_t>(config_.inlineBytes)) {
     work->setProgressDriver(std::weak_ptr<ProgressDriver>(engine));
     if (engine->tryInline(work, post, Engine::Inline::Post)) return work;
   }
@@ -636,8 +669,8 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupMPIGPU::recvAnysource(std::vector<at:
 
 c10::intrusive_ptr<c10d::Work> ProcessGroupMPIGPU::barrier(const c10d::BarrierOptions& opts) {
   const char* op = "barrier";
-  return enqueue(c10d::OpType::BARRIER, op, {}, {}, opts.timeout, opts.asyncOp, paths_->create(at::kCPU),
-                 [this, op](OpBuffers&) { mpi::barrier(comm_, op); });
+  return enqueue(c10d::OpType::BARRIER, op, {}, {}, opts.timeout, opts.asyncOp,
+                 paths_->create(at::kCPU), [this, op](OpBuffers&) { mpi::barrier(comm_, op); });
 }
 
-} // namespace mpigpu
+}  // namespace mpigpu

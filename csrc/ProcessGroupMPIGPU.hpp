@@ -94,8 +94,7 @@ class ProcessGroupMPIGPU : public c10d::Backend {
                                       int tag) override;
   c10::intrusive_ptr<c10d::Work> recv(std::vector<at::Tensor>& tensors, int srcRank,
                                       int tag) override;
-  c10::intrusive_ptr<c10d::Work> recvAnysource(std::vector<at::Tensor>& tensors,
-                                               int tag) override;
+  c10::intrusive_ptr<c10d::Work> recvAnysource(std::vector<at::Tensor>& tensors, int tag) override;
   c10::intrusive_ptr<c10d::Work> barrier(const c10d::BarrierOptions& opts) override;
 
   // One line per setting and path, for torch_mpi_gpu.info() and debug logs.
@@ -166,4 +165,4 @@ class ProcessGroupMPIGPU : public c10d::Backend {
   std::vector<c10::intrusive_ptr<WorkMPIGPU>> coalesced_;
 };
 
-} // namespace mpigpu
+}  // namespace mpigpu

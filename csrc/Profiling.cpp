@@ -30,7 +30,6 @@ const char* profilingTitle(c10d::OpType type) {
   }
 }
 
-
 namespace {
 
 int64_t elements(const std::vector<at::Tensor>* tensors) {
@@ -53,7 +52,7 @@ std::pair<int, int> rankStartAndStride(const std::vector<int>& ranks) {
   return {ranks[0], stride};
 }
 
-} // namespace
+}  // namespace
 
 void recordParamComms(const CommsParams& p) {
   if (!at::hasCallbacks()) return;  // no profiler: build nothing
@@ -71,17 +70,16 @@ void recordParamComms(const CommsParams& p) {
   // without the async flag and the (sequence, is-p2p) pair.
 #ifdef RECORD_PARAM_COMMS_DATA_WITH_ASYNC_OP
   const auto seq = std::make_tuple(static_cast<int64_t>(p.seq), p.p2p);
-  RECORD_PARAM_COMMS_DATA_WITH_ASYNC_OP(
-      seq, pgName, p.inputs ? *p.inputs : none, p.outputs ? *p.outputs : none, p.rank,
-      std::string(p.op), elements(p.inputs), elements(p.outputs), dtype, inSplits, outSplits,
-      start, stride, p.size, p.asyncOp);
+  RECORD_PARAM_COMMS_DATA_WITH_ASYNC_OP(seq, pgName, p.inputs ? *p.inputs : none,
+                                        p.outputs ? *p.outputs : none, p.rank, std::string(p.op),
+                                        elements(p.inputs), elements(p.outputs), dtype, inSplits,
+                                        outSplits, start, stride, p.size, p.asyncOp);
 #else
   const auto seq = static_cast<int64_t>(p.seq);
-  RECORD_PARAM_COMMS_DATA(
-      seq, pgName, p.inputs ? *p.inputs : none, p.outputs ? *p.outputs : none, p.rank,
-      std::string(p.op), elements(p.inputs), elements(p.outputs), dtype, inSplits, outSplits,
-      start, stride, p.size);
+  RECORD_PARAM_COMMS_DATA(seq, pgName, p.inputs ? *p.inputs : none, p.outputs ? *p.outputs : none,
+                          p.rank, std::string(p.op), elements(p.inputs), elements(p.outputs), dtype,
+                          inSplits, outSplits, start, stride, p.size);
 #endif
 }
 
-} // namespace mpigpu
+}  // namespace mpigpu

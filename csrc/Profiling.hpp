@@ -18,7 +18,7 @@ const char* profilingTitle(c10d::OpType type);
 struct CommsParams {
   const std::string* group = nullptr;  // torch's group name and description (not copied: this
   const std::string* desc = nullptr;   // runs for every op, profiler or not)
-  int rank = 0, size = 1;   // in the group
+  int rank = 0, size = 1;              // in the group
   const std::vector<int>* worldRanks = nullptr;  // the group's members
   const char* op = "";
   uint64_t seq = 0;
@@ -31,4 +31,4 @@ struct CommsParams {
 // RecordFunction callback) is active.
 void recordParamComms(const CommsParams& p);
 
-} // namespace mpigpu
+}  // namespace mpigpu

@@ -25,4 +25,4 @@ const std::vector<SettingSpec>& settings();
 const SettingSpec& setting(std::string_view name);
 const char* readAtName(ReadAt readAt);
 
-} // namespace mpigpu
+}  // namespace mpigpu

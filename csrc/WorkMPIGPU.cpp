@@ -43,7 +43,7 @@ std::vector<c10::Stream> streamsOf(const std::vector<std::shared_ptr<paths::OpBu
   return streams;
 }
 
-} // namespace
+}  // namespace
 
 WorkMPIGPU::WorkMPIGPU(int rank, c10d::OpType type, const char* opName, uint64_t seq,
                        std::vector<at::Tensor> outputs, std::chrono::milliseconds timeout,
@@ -80,8 +80,8 @@ bool WorkMPIGPU::wait(std::chrono::milliseconds timeout) {
   if (auto driver = driver_.lock(); driver && !isCompleted()) {
     // A reply usually lands within microseconds: test for it here rather than pay a thread
     // wake-up. Bounded, then the worker's polling takes over.
-    const auto spinUntil = std::chrono::steady_clock::now() +
-                           std::min<std::chrono::microseconds>(kAssistFor, limit);
+    const auto spinUntil =
+        std::chrono::steady_clock::now() + std::min<std::chrono::microseconds>(kAssistFor, limit);
     driver->callerWaiting(true);
     while (!isCompleted() && std::chrono::steady_clock::now() < spinUntil) {
       driver->assistProgress();
@@ -91,8 +91,8 @@ bool WorkMPIGPU::wait(std::chrono::milliseconds timeout) {
   }
   std::unique_lock<std::mutex> lock(mutex_);
   if (!cv_.wait_for(lock, limit, [&] { return completed_; })) {
-    MPIGPU_THROW_BACKEND(opName_, rank_, describe(), " did not complete within ",
-                         limit.count(), " ms. Another rank is probably not calling this op (or "
+    MPIGPU_THROW_BACKEND(opName_, rank_, describe(), " did not complete within ", limit.count(),
+                         " ms. Another rank is probably not calling this op (or "
                          "calls ops in a different order); the op keeps running, and the MPI "
                          "call cannot be cancelled, so the job should be stopped.");
   }
@@ -118,8 +118,9 @@ c10::intrusive_ptr<c10::ivalue::Future> WorkMPIGPU::getFuture() {
 
 int WorkMPIGPU::sourceRank() const {
   std::lock_guard<std::mutex> lock(mutex_);
-  TORCH_CHECK(completed_, opMessage(opName_, rank_, "sourceRank() asked before the receive "
-                                                    "completed; call wait() first"));
+  TORCH_CHECK(completed_, opMessage(opName_, rank_,
+                                    "sourceRank() asked before the receive "
+                                    "completed; call wait() first"));
   return sourceRank_;
 }
 
@@ -252,12 +253,14 @@ c10::intrusive_ptr<WorkMPIGPU> combineWorks(
         if (!state->firstError) state->firstError = e;
       }
       if (--state->left == 0) {
-        if (state->firstError) whole->markFailed(state->firstError);
-        else whole->markCompleted();
+        if (state->firstError)
+          whole->markFailed(state->firstError);
+        else
+          whole->markCompleted();
       }
     });
   }
   return whole;
 }
 
-} // namespace mpigpu
+}  // namespace mpigpu

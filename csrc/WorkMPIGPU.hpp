@@ -32,8 +32,7 @@ class WorkMPIGPU : public c10d::Work {
  public:
   WorkMPIGPU(int rank, c10d::OpType type, const char* opName, uint64_t seq,
              std::vector<at::Tensor> outputs, std::chrono::milliseconds timeout,
-             const char* profilingTitle,
-             const std::optional<std::vector<at::Tensor>>& inputs,
+             const char* profilingTitle, const std::optional<std::vector<at::Tensor>>& inputs,
              std::vector<std::shared_ptr<paths::OpBuffers>> buffers = {});
 
   // With no timeout argument the op's timeout (the group's, or the op option) applies: a op that
@@ -80,7 +79,7 @@ class WorkMPIGPU : public c10d::Work {
  private:
   void runDoneCallbacks();
   float ranMsLocked() const;  // with mutex_ held: from the start (or creation) to the finish
-  void completeFuture();  // with futureMutex_ held
+  void completeFuture();      // with futureMutex_ held
 
   const char* opName_;
   const uint64_t seq_;
@@ -110,4 +109,4 @@ c10::intrusive_ptr<WorkMPIGPU> combineWorks(
     int rank, const char* opName, uint64_t seq,
     const std::vector<c10::intrusive_ptr<WorkMPIGPU>>& parts, std::chrono::milliseconds timeout);
 
-} // namespace mpigpu
+}  // namespace mpigpu

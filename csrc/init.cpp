@@ -47,107 +47,135 @@ void bindProcessGroup(py::module_& m) {
 }
 
 void bindSettings(py::module_& m) {
-  m.def("settings", [] {
-    py::list rows;
-    for (const auto& s : mpigpu::settings()) {
-      rows.append(py::make_tuple(s.name, s.defaultValue, s.shownDefault,
-                                 mpigpu::readAtName(s.readAt), s.meaning));
-    }
-    return rows;
-  }, "The settings table (csrc/Settings.cpp): (name, default, shown default, read at, meaning).");
+  m.def(
+      "settings",
+      [] {
+        py::list rows;
+        for (const auto& s : mpigpu::settings()) {
+          rows.append(py::make_tuple(s.name, s.defaultValue, s.shownDefault,
+                                     mpigpu::readAtName(s.readAt), s.meaning));
+        }
+        return rows;
+      },
+      "The settings table (csrc/Settings.cpp): (name, default, shown default, read at, meaning).");
 }
 
 // MPI itself: describe it, and rendezvous through it.
 void bindMpi(py::module_& m) {
-  m.def("mpi_info", [] {
-    const auto& e = mpigpu::mpi::ensureInitialized();
-    py::dict d;
-    d["library_version"] = e.libraryVersion;
-    d["standard"] = std::to_string(e.standardMajor) + "." + std::to_string(e.standardMinor);
-    d["thread_level"] = mpigpu::mpi::threadLevelName(e.threadLevel);
-    d["initialized_by_us"] = e.initializedByUs;
-    d["world_rank"] = e.worldRank;
-    d["world_size"] = e.worldSize;
-    d["cuda_aware_compile_time"] = e.cudaAwareCompileTime;
-    d["cuda_aware_run_time"] = e.cudaAwareRunTime;
-    return d;
-  }, "Initialises MPI if needed and describes it.");
-  m.def("bootstrap_address", [](const std::string& host, int port) {
-    mpigpu::mpi::Bootstrap b;
-    {
-      py::gil_scoped_release noGil;
-      b = mpigpu::mpi::bootstrapAddress(host, port);
-    }
-    return py::make_tuple(b.host, b.port, b.singleHost, b.worldRank, b.worldSize, b.localRank,
-                          b.localSize);
-  },
-     "Collective over MPI_COMM_WORLD: rank 0's (host, port) to every rank, whether all share a "
-     "host, this process's world rank and size, and its rank and count among the ranks on its "
-     "host (from the gathered host names).");
-  m.def("world_allgather", [](const py::bytes& mine) {
-    std::vector<std::string> all;
-    {
-      std::string copy = mine;
-      py::gil_scoped_release noGil;
-      all = mpigpu::mpi::worldAllgather(copy);
-    }
-    py::list out;
-    for (const auto& s : all) out.append(py::bytes(s));
-    return out;
-  }, "Collective over MPI_COMM_WORLD: every rank's bytes, in world-rank order.");
+  m.def(
+      "mpi_info",
+      [] {
+        const auto& e = mpigpu::mpi::ensureInitialized();
+        py::dict d;
+        d["library_version"] = e.libraryVersion;
+        d["standard"] = std::to_string(e.standardMajor) + "." + std::to_string(e.standardMinor);
+        d["thread_level"] = mpigpu::mpi::threadLevelName(e.threadLevel);
+        d["initialized_by_us"] = e.initializedByUs;
+        d["world_rank"] = e.worldRank;
+        d["world_size"] = e.worldSize;
+        d["cuda_aware_compile_time"] = e.cudaAwareCompileTime;
+        d["cuda_aware_run_time"] = e.cudaAwareRunTime;
+        return d;
+      },
+      "Initialises MPI if needed and describes it.");
+  m.def(
+      "bootstrap_address",
+      [](const std::string& host, int port) {
+        mpigpu::mpi::Bootstrap b;
+        {
+          py::gil_scoped_release noGil;
+          b = mpigpu::mpi::bootstrapAddress(host, port);
+        }
+        return py::make_tuple(b.host, b.port, b.singleHost, b.worldRank, b.worldSize, b.localRank,
+                              b.localSize);
+      },
+      "Collective over MPI_COMM_WORLD: rank 0's (host, port) to every rank, whether all share a "
+      "host, this process's world rank and size, and its rank and count among the ranks on its "
+      "host (from the gathered host names).");
+  m.def(
+      "world_allgather",
+      [](const py::bytes& mine) {
+        std::vector<std::string> all;
+        {
+          std::string copy = mine;
+          py::gil_scoped_release noGil;
+          all = mpigpu::mpi::worldAllgather(copy);
+        }
+        py::list out;
+        for (const auto& s : all) out.append(py::bytes(s));
+        return out;
+      },
+      "Collective over MPI_COMM_WORLD: every rank's bytes, in world-rank order.");
 }
 
 // The process's end: stop engines, finalise or abort MPI.
 void bindLifecycle(py::module_& m) {
-  m.def("shutdown", [] {
-    mpigpu::Engine::shutdownAll();
-    mpigpu::Watchdog::stop();
-    mpigpu::stopFutureCompleter();
-    if (mpigpu::Engine::anyStuckInMpi() && !mpigpu::mpi::isFinalized()) {
-      // MPI_Finalize would wait for the op forever: end the job instead, and say why.
-      std::cerr << mpigpu::opMessage("exit", mpigpu::mpi::ensureInitialized().worldRank,
-                                     "an aborted process group left an op inside MPI that its "
-                                     "peers never joined; ending the job with MPI_Abort instead "
-                                     "of hanging in MPI_Finalize") << std::endl;
-      MPI_Abort(MPI_COMM_WORLD, 1);
-    }
-    mpigpu::mpi::finalizeIfOwned();
-  }, py::call_guard<py::gil_scoped_release>(),
-     "Stops every engine and finalises MPI if torch_mpi_gpu initialised it (runs at exit).");
+  m.def(
+      "shutdown",
+      [] {
+        mpigpu::Engine::shutdownAll();
+        mpigpu::Watchdog::stop();
+        mpigpu::stopFutureCompleter();
+        if (mpigpu::Engine::anyStuckInMpi() && !mpigpu::mpi::isFinalized()) {
+          // MPI_Finalize would wait for the op forever: end the job instead, and say why.
+          std::cerr << mpigpu::opMessage(
+                           "exit", mpigpu::mpi::ensureInitialized().worldRank,
+                           "an aborted process group left an op inside MPI that its "
+                           "peers never joined; ending the job with MPI_Abort instead "
+                           "of hanging in MPI_Finalize")
+                    << std::endl;
+          MPI_Abort(MPI_COMM_WORLD, 1);
+        }
+        mpigpu::mpi::finalizeIfOwned();
+      },
+      py::call_guard<py::gil_scoped_release>(),
+      "Stops every engine and finalises MPI if torch_mpi_gpu initialised it (runs at exit).");
   m.def("is_finalized", &mpigpu::mpi::isFinalized);
-  m.def("running_world_size", [] {
-    int initialized = 0, finalized = 0, size = 0;
-    MPI_Initialized(&initialized);
-    MPI_Finalized(&finalized);
-    if (!initialized || finalized) return 0;
-    MPI_Comm_size(MPI_COMM_WORLD, &size);
-    return size;
-  }, "MPI_COMM_WORLD's size while MPI is running (initialised by anyone, not finalised), else 0; "
-     "never initialises MPI.");
-  m.def("abort_job", [](int code) {
-    int initialized = 0, finalized = 0;
-    MPI_Initialized(&initialized);
-    MPI_Finalized(&finalized);
-    if (initialized && !finalized) MPI_Abort(MPI_COMM_WORLD, code);
-  }, py::call_guard<py::gil_scoped_release>(),
-     "MPI_Abort(MPI_COMM_WORLD, code) when MPI is running: the launcher ends every rank.");
+  m.def(
+      "running_world_size",
+      [] {
+        int initialized = 0, finalized = 0, size = 0;
+        MPI_Initialized(&initialized);
+        MPI_Finalized(&finalized);
+        if (!initialized || finalized) return 0;
+        MPI_Comm_size(MPI_COMM_WORLD, &size);
+        return size;
+      },
+      "MPI_COMM_WORLD's size while MPI is running (initialised by anyone, not finalised), else 0; "
+      "never initialises MPI.");
+  m.def(
+      "abort_job",
+      [](int code) {
+        int initialized = 0, finalized = 0;
+        MPI_Initialized(&initialized);
+        MPI_Finalized(&finalized);
+        if (initialized && !finalized) MPI_Abort(MPI_COMM_WORLD, code);
+      },
+      py::call_guard<py::gil_scoped_release>(),
+      "MPI_Abort(MPI_COMM_WORLD, code) when MPI is running: the launcher ends every rank.");
 }
 
 // Introspection and unit-test hooks: data paths, algorithms, fusion, call counts.
 void bindPathsAndAlgorithms(py::module_& m) {
   m.def("with_cuda", [] { return MPIGPU_WITH_CUDA != 0; });
-  m.def("cuda_path", [] {
-    auto [kind, reason] = mpigpu::paths::chooseCudaPath(mpigpu::Config::fromEnv());
-    return py::make_tuple(mpigpu::paths::pathName(kind), reason);
-  }, "The path CUDA tensors take with this build, MPI and TORCH_MPIGPU_CUDA_AWARE, and why "
-     "(initialises MPI if needed).");
-  m.def("cuda_reduce_path", [] {
-    const auto config = mpigpu::Config::fromEnv();
-    auto [kind, reason] = mpigpu::paths::chooseCudaReducePath(
-        config, mpigpu::paths::chooseCudaPath(config).first);
-    return py::make_tuple(mpigpu::paths::pathName(kind), reason);
-  }, "The path reductions (all_reduce, reduce, reduce_scatter) on CUDA tensors take, and why "
-     "(TORCH_MPIGPU_CUDA_REDUCE).");
+  m.def(
+      "cuda_path",
+      [] {
+        auto [kind, reason] = mpigpu::paths::chooseCudaPath(mpigpu::Config::fromEnv());
+        return py::make_tuple(mpigpu::paths::pathName(kind), reason);
+      },
+      "The path CUDA tensors take with this build, MPI and TORCH_MPIGPU_CUDA_AWARE, and why "
+      "(initialises MPI if needed).");
+  m.def(
+      "cuda_reduce_path",
+      [] {
+        const auto config = mpigpu::Config::fromEnv();
+        auto [kind, reason] = mpigpu::paths::chooseCudaReducePath(
+            config, mpigpu::paths::chooseCudaPath(config).first);
+        return py::make_tuple(mpigpu::paths::pathName(kind), reason);
+      },
+      "The path reductions (all_reduce, reduce, reduce_scatter) on CUDA tensors take, and why "
+      "(TORCH_MPIGPU_CUDA_REDUCE).");
   m.def("_fusion_buckets", &mpigpu::fusionBuckets, py::arg("tensors"), py::arg("limit_bytes"),
         py::arg("alone_bytes"),
         "Fusion policy (unit tests): indices of `tensors` per MPI call, grouped by dtype in "
@@ -155,55 +183,68 @@ void bindPathsAndAlgorithms(py::module_& m) {
         "alone.");
   m.def("mpi_call_count", &mpigpu::mpi::callCount,
         "MPI communication calls made by this process so far (tests use it to prove fusion).");
-  m.def("reduction_rule", [] {
-    return mpigpu::algo::describeChoice(mpigpu::Config::fromEnv(), at::hasCUDA());
-  }, "How reductions choose their algorithm with the current settings, for a group in which some "
-     "member has a GPU exactly when this process sees one.");
-  m.def("algorithm_runs", [] {
-    py::dict d;
-    for (auto a : {mpigpu::algo::Algo::Ring, mpigpu::algo::Algo::Rhd, mpigpu::algo::Algo::Allgather}) {
-      d[mpigpu::algo::algoName(a)] = mpigpu::algo::runCount(a);
-    }
-    return d;
-  }, "How many reductions each of our algorithms has run in this process.");
-  m.def("reduce_step", [](const at::Tensor& dst, const at::Tensor& a, const at::Tensor& b,
-                          const std::string& opName, double scale) {
-    using R = c10d::ReduceOp;
-    static const std::pair<const char*, R::RedOpType> names[] = {
-        {"SUM", R::SUM}, {"AVG", R::AVG}, {"PRODUCT", R::PRODUCT}, {"MIN", R::MIN},
-        {"MAX", R::MAX}, {"BAND", R::BAND}, {"BOR", R::BOR}, {"BXOR", R::BXOR},
-        {"PREMUL_SUM", R::PREMUL_SUM}};
-    R::RedOpType kind = R::UNUSED;
-    for (const auto& [name, k] : names) {
-      if (opName == name) kind = k;
-    }
-    if (kind == R::UNUSED) throw py::value_error("reduce_step: unknown reduce op " + opName);
-    py::gil_scoped_release noGil;
+  m.def(
+      "reduction_rule",
+      [] { return mpigpu::algo::describeChoice(mpigpu::Config::fromEnv(), at::hasCUDA()); },
+      "How reductions choose their algorithm with the current settings, for a group in which some "
+      "member has a GPU exactly when this process sees one.");
+  m.def(
+      "algorithm_runs",
+      [] {
+        py::dict d;
+        for (auto a :
+             {mpigpu::algo::Algo::Ring, mpigpu::algo::Algo::Rhd, mpigpu::algo::Algo::Allgather}) {
+          d[mpigpu::algo::algoName(a)] = mpigpu::algo::runCount(a);
+        }
+        return d;
+      },
+      "How many reductions each of our algorithms has run in this process.");
+  m.def(
+      "reduce_step",
+      [](const at::Tensor& dst, const at::Tensor& a, const at::Tensor& b, const std::string& opName,
+         double scale) {
+        using R = c10d::ReduceOp;
+        static const std::pair<const char*, R::RedOpType> names[] = {
+            {"SUM", R::SUM}, {"AVG", R::AVG},   {"PRODUCT", R::PRODUCT},
+            {"MIN", R::MIN}, {"MAX", R::MAX},   {"BAND", R::BAND},
+            {"BOR", R::BOR}, {"BXOR", R::BXOR}, {"PREMUL_SUM", R::PREMUL_SUM}};
+        R::RedOpType kind = R::UNUSED;
+        for (const auto& [name, k] : names) {
+          if (opName == name) kind = k;
+        }
+        if (kind == R::UNUSED) throw py::value_error("reduce_step: unknown reduce op " + opName);
+        py::gil_scoped_release noGil;
 #if MPIGPU_WITH_CUDA
-    if (dst.is_cuda()) {
-      mpigpu::cuda::combine(dst, a, b, kind, scale);
-      return;
-    }
+        if (dst.is_cuda()) {
+          mpigpu::cuda::combine(dst, a, b, kind, scale);
+          return;
+        }
 #endif
-    if (!dst.is_cpu()) throw py::type_error("reduce_step: CPU tensors (or CUDA in a CUDA build)");
-    mpigpu::algo::makeHostReducer(kind)->combine(dst, a, b, scale);
-  }, py::arg("dst"), py::arg("a"), py::arg("b"), py::arg("op"), py::arg("scale") = 1.0,
-     "One local reduction step of our algorithms, dst = (a op b) * scale, with the reducer of "
-     "dst's device (the host's, or the CUDA kernels); for tests against torch's own ops.");
+        if (!dst.is_cpu())
+          throw py::type_error("reduce_step: CPU tensors (or CUDA in a CUDA build)");
+        mpigpu::algo::makeHostReducer(kind)->combine(dst, a, b, scale);
+      },
+      py::arg("dst"), py::arg("a"), py::arg("b"), py::arg("op"), py::arg("scale") = 1.0,
+      "One local reduction step of our algorithms, dst = (a op b) * scale, with the reducer of "
+      "dst's device (the host's, or the CUDA kernels); for tests against torch's own ops.");
 }
 
 void bindFlightRecorder(py::module_& m) {
   m.def("flight_recorder_enabled", [] { return mpigpu::fr::Recorder::get().enabled(); });
-  m.def("flight_recorder_dump", [](bool stackTraces, bool onlyActive) {
-    return py::bytes(mpigpu::fr::Recorder::get().dump(stackTraces, onlyActive));
-  }, py::arg("stack_traces") = true, py::arg("only_active") = false,
-     "This process's flight record in torch's format, pickled.");
-  m.def("flight_recorder_write", [] {
-    return mpigpu::fr::Recorder::get().write(mpigpu::mpi::ensureInitialized().worldRank);
-  }, "Writes this process's flight record through torch's DebugInfoWriter; returns where.");
+  m.def(
+      "flight_recorder_dump",
+      [](bool stackTraces, bool onlyActive) {
+        return py::bytes(mpigpu::fr::Recorder::get().dump(stackTraces, onlyActive));
+      },
+      py::arg("stack_traces") = true, py::arg("only_active") = false,
+      "This process's flight record in torch's format, pickled.");
+  m.def(
+      "flight_recorder_write",
+      [] { return mpigpu::fr::Recorder::get().write(mpigpu::mpi::ensureInitialized().worldRank); },
+      "Writes this process's flight record through torch's DebugInfoWriter; returns where.");
 }
 
-} // namespace
+}  // namespace
 
 PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.doc() = "torch_mpi_gpu native core: the mpigpu c10d backend over MPI";

@@ -11,7 +11,7 @@ namespace mpigpu::algo {
 namespace {
 std::atomic<uint64_t> g_runs[4];
 void counted(Algo a) { g_runs[static_cast<int>(a)].fetch_add(1, std::memory_order_relaxed); }
-} // namespace
+}  // namespace
 
 uint64_t runCount(Algo a) { return g_runs[static_cast<int>(a)].load(std::memory_order_relaxed); }
 
@@ -28,8 +28,8 @@ const char* algoName(Algo a) {
 // ---------------------------------------------------------------------------------------------
 // Choice
 
-Algo choose(const Config& config, OpKind kind, int64_t bytes, at::ScalarType dtype,
-            int worldSize, bool groupHasGpu) {
+Algo choose(const Config& config, OpKind kind, int64_t bytes, at::ScalarType dtype, int worldSize,
+            bool groupHasGpu) {
   if (config.algo) {
     const Algo forced = *config.algo;
     // rhd and allgather are all_reduce algorithms; the others' blocks are the ring's
@@ -61,10 +61,11 @@ std::string describeChoice(const Config& config, bool groupHasGpu) {
                     " for every reduction (reduce_scatter and reduce: ring unless mpi)");
   }
   if (!groupHasGpu) {
-    return c10::str("auto, no member has a GPU: MPI's own collectives, except the ring for "
-                    "fp16/bf16 all_reduce and reduce_scatter from ", config.hostHalfRingBytes,
-                    " bytes and any reduce_scatter from ", config.hostReduceScatterRingBytes,
-                    " bytes");
+    return c10::str(
+        "auto, no member has a GPU: MPI's own collectives, except the ring for "
+        "fp16/bf16 all_reduce and reduce_scatter from ",
+        config.hostHalfRingBytes, " bytes and any reduce_scatter from ",
+        config.hostReduceScatterRingBytes, " bytes");
   }
   return c10::str("auto, a member has a GPU: MPI's own below ", config.algoMinBytes,
                   " bytes, from there the ring, reduced on the device; messages of at most ",
@@ -93,9 +94,7 @@ void forPieces(int64_t len, int64_t piece, F&& f) {
   for (int64_t off = 0; off < len; off += piece) f(off, std::min(piece, len - off));
 }
 
-double finalScale(const Context& c, int size) {
-  return c.red.divideBySize ? 1.0 / size : 1.0;
-}
+double finalScale(const Context& c, int size) { return c.red.divideBySize ? 1.0 / size : 1.0; }
 
 // PREMUL_SUM: every rank's input times its factor, before anything is summed. In place when the
 // buffer is the op's own result; else a copy, so the caller's input is left as it was.
@@ -124,7 +123,8 @@ void ringReduceScatter(Context& c, const at::Tensor& in, const at::Tensor& out, 
   const int64_t widest = blk.length(0);
   at::Tensor recvTmp[2] = {at::empty({widest}, in.options()), at::empty({widest}, in.options())};
   at::Tensor partial[2];
-  if (!inPlace) partial[0] = at::empty({widest}, in.options()), partial[1] = at::empty({widest}, in.options());
+  if (!inPlace)
+    partial[0] = at::empty({widest}, in.options()), partial[1] = at::empty({widest}, in.options());
 
   // Step s sends block r-s-1 and receives block r-s-2 from the left, which it reduces with its
   // own contribution; what it reduced is what it sends in step s+1, so each piece is forwarded
@@ -147,8 +147,8 @@ void ringReduceScatter(Context& c, const at::Tensor& in, const at::Tensor& out, 
     forPieces(blk.length(b), c.pieceElems, [&](int64_t off, int64_t m) {
       link.wait(receiving[i++]);
       at::Tensor mine = in.narrow(0, blk.offset(b) + off, m);
-      at::Tensor dst = last ? out.narrow(0, off, m)
-                            : (inPlace ? mine : partial[s % 2].narrow(0, off, m));
+      at::Tensor dst =
+          last ? out.narrow(0, off, m) : (inPlace ? mine : partial[s % 2].narrow(0, off, m));
       c.reducer.combine(dst, mine, tmp.narrow(0, off, m), last ? finalScale(c, p) : 1.0);
       if (!last) nextSending.push_back(link.isend(dst, right));
     });
@@ -192,17 +192,15 @@ void ringAllgather(Context& c, const at::Tensor& buf) {
 // Sends all of `t` to `peer` in pieces / receives all of it.
 void sendWhole(Context& c, const at::Tensor& t, int peer) {
   std::vector<size_t> h;
-  forPieces(t.numel(), c.pieceElems, [&](int64_t off, int64_t m) {
-    h.push_back(c.link.isend(t.narrow(0, off, m), peer));
-  });
+  forPieces(t.numel(), c.pieceElems,
+            [&](int64_t off, int64_t m) { h.push_back(c.link.isend(t.narrow(0, off, m), peer)); });
   c.link.waitAll(h);
 }
 
 void recvWhole(Context& c, const at::Tensor& t, int peer) {
   std::vector<size_t> h;
-  forPieces(t.numel(), c.pieceElems, [&](int64_t off, int64_t m) {
-    h.push_back(c.link.irecv(t.narrow(0, off, m), peer));
-  });
+  forPieces(t.numel(), c.pieceElems,
+            [&](int64_t off, int64_t m) { h.push_back(c.link.irecv(t.narrow(0, off, m), peer)); });
   c.link.waitAll(h);
 }
 
@@ -302,10 +300,11 @@ void allgatherAllreduce(Context& c, const at::Tensor& buf) {
   rows = rows.view({p, n});
   // Rank order on every rank: every rank computes the same bits.
   c.reducer.combine(buf, rows[0], rows[1], p == 2 ? finalScale(c, p) : 1.0);
-  for (int k = 2; k < p; ++k) c.reducer.combine(buf, buf, rows[k], k == p - 1 ? finalScale(c, p) : 1.0);
+  for (int k = 2; k < p; ++k)
+    c.reducer.combine(buf, buf, rows[k], k == p - 1 ? finalScale(c, p) : 1.0);
 }
 
-} // namespace
+}  // namespace
 
 void allreduce(Context& c, Algo algo, const at::Tensor& buf) {
   counted(algo);
@@ -358,4 +357,4 @@ void reduce(Context& c, const at::Tensor& buf, int root) {
   c.link.settle();
 }
 
-} // namespace mpigpu::algo
+}  // namespace mpigpu::algo

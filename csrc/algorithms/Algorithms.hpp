@@ -41,8 +41,8 @@ enum class OpKind { Allreduce, ReduceScatter, Reduce };
 // rank count, settings, and whether any member has a GPU, agreed when the group was made), so
 // every rank picks the same algorithm even when their tensors live on different devices. On the
 // per-op path: no strings.
-Algo choose(const Config& config, OpKind kind, int64_t bytes, at::ScalarType dtype,
-            int worldSize, bool groupHasGpu);
+Algo choose(const Config& config, OpKind kind, int64_t bytes, at::ScalarType dtype, int worldSize,
+            bool groupHasGpu);
 // One line for info() and the group's description: the rule `choose` follows, and why.
 std::string describeChoice(const Config& config, bool groupHasGpu);
 
@@ -64,4 +64,4 @@ void reduceScatter(Context& c, const at::Tensor& in, const at::Tensor& out);
 // The root's `buf` gets the reduction; other ranks' `buf` is read only.
 void reduce(Context& c, const at::Tensor& buf, int root);
 
-} // namespace mpigpu::algo
+}  // namespace mpigpu::algo

@@ -69,29 +69,38 @@ class HostReducer final : public Reducer {
     }
     switch (kind_) {
       case c10d::ReduceOp::SUM:
-        if (boolean) at::logical_or_out(out, a, b);
-        else at::add_out(out, a, b);
+        if (boolean)
+          at::logical_or_out(out, a, b);
+        else
+          at::add_out(out, a, b);
         break;
       case c10d::ReduceOp::PRODUCT:
-        if (boolean) at::logical_and_out(out, a, b);
-        else at::mul_out(out, a, b);
+        if (boolean)
+          at::logical_and_out(out, a, b);
+        else
+          at::mul_out(out, a, b);
         break;
       case c10d::ReduceOp::MIN:
-        if (boolean) at::logical_and_out(out, a, b);
-        else at::minimum_out(out, a, b);
+        if (boolean)
+          at::logical_and_out(out, a, b);
+        else
+          at::minimum_out(out, a, b);
         break;
       case c10d::ReduceOp::MAX:
-        if (boolean) at::logical_or_out(out, a, b);
-        else at::maximum_out(out, a, b);
+        if (boolean)
+          at::logical_or_out(out, a, b);
+        else
+          at::maximum_out(out, a, b);
         break;
       case c10d::ReduceOp::BAND: at::bitwise_and_out(out, a, b); break;
       case c10d::ReduceOp::BOR: at::bitwise_or_out(out, a, b); break;
       case c10d::ReduceOp::BXOR:
-        if (boolean) at::logical_xor_out(out, a, b);
-        else at::bitwise_xor_out(out, a, b);
+        if (boolean)
+          at::logical_xor_out(out, a, b);
+        else
+          at::bitwise_xor_out(out, a, b);
         break;
-      default:
-        TORCH_CHECK(false, "mpigpu: host reducer got reduce op ", static_cast<int>(kind_));
+      default: TORCH_CHECK(false, "mpigpu: host reducer got reduce op ", static_cast<int>(kind_));
     }
     if (scale != 1.0) out.mul_(scale);
   }
@@ -99,10 +108,10 @@ class HostReducer final : public Reducer {
   const c10d::ReduceOp::RedOpType kind_;
 };
 
-} // namespace
+}  // namespace
 
 std::unique_ptr<Reducer> makeHostReducer(c10d::ReduceOp::RedOpType kind) {
   return std::make_unique<HostReducer>(kind);
 }
 
-} // namespace mpigpu::algo
+}  // namespace mpigpu::algo

@@ -18,7 +18,7 @@ char* bytes(const at::Tensor& t) { return static_cast<char*>(t.data_ptr()); }
 std::mutex g_graveMutex;
 std::vector<at::Tensor> g_grave;
 
-} // namespace
+}  // namespace
 
 Link::~Link() {
   for (auto& p : pending_) {
@@ -61,7 +61,8 @@ size_t Link::isend(const at::Tensor& piece, int peer) {
   p.mpiBuffer = sendBuffer(piece);
   const MPI_Datatype type = mpi::transportType(piece.scalar_type(), op_, comm_.rank);
   MPIGPU_MPI_CHECK(MPI_Isend(bytes(p.mpiBuffer), static_cast<int>(piece.numel()), type, peer, 0,
-                             comm_.handle, &p.request), op_, comm_.rank);
+                             comm_.handle, &p.request),
+                   op_, comm_.rank);
   pending_.push_back(std::move(p));
   return pending_.size() - 1;
 }
@@ -73,7 +74,8 @@ size_t Link::irecv(const at::Tensor& piece, int peer) {
   p.receive = true;
   const MPI_Datatype type = mpi::transportType(piece.scalar_type(), op_, comm_.rank);
   MPIGPU_MPI_CHECK(MPI_Irecv(bytes(p.mpiBuffer), static_cast<int>(piece.numel()), type, peer, 0,
-                             comm_.handle, &p.request), op_, comm_.rank);
+                             comm_.handle, &p.request),
+                   op_, comm_.rank);
   pending_.push_back(std::move(p));
   return pending_.size() - 1;
 }
@@ -98,4 +100,4 @@ void Link::allgather(const at::Tensor& in, const at::Tensor& out) {
   mpi::allgather(comm_, op_, in, o, /*counted=*/false);
 }
 
-} // namespace mpigpu::algo
+}  // namespace mpigpu::algo

@@ -69,4 +69,4 @@ class Link {
   std::vector<Pending> pending_;
 };
 
-} // namespace mpigpu::algo
+}  // namespace mpigpu::algo

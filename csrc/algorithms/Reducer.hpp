@@ -30,4 +30,4 @@ inline c10d::ReduceOp::RedOpType arithmeticOf(c10d::ReduceOp::RedOpType kind) {
 
 std::unique_ptr<Reducer> makeHostReducer(c10d::ReduceOp::RedOpType kind);
 
-} // namespace mpigpu::algo
+}  // namespace mpigpu::algo

@@ -17,7 +17,6 @@ namespace {
 using paths::Access;
 using paths::PathKind;
 
-
 at::Tensor pinnedEmpty(int64_t numel, at::ScalarType dtype) {
   // torch's caching host allocator: blocks are reused, and not before the copies that used them
   // (recorded by copy_ with non_blocking=true) have finished.
@@ -214,7 +213,7 @@ class CudaOpBuffers final : public paths::OpBuffers {
   std::vector<at::Tensor> deviceFlat_;  // staged elementwise slots: the device side of the pipe
 };
 
-} // namespace
+}  // namespace
 
 // (outside the anonymous namespace: paths/ holds it by its declared name)
 struct GroupStreams {
@@ -242,4 +241,4 @@ std::shared_ptr<paths::OpBuffers> createOpBuffers(PathKind kind, const at::Devic
                                          stagingChunkBytes);
 }
 
-} // namespace mpigpu::cuda
+}  // namespace mpigpu::cuda

@@ -17,4 +17,4 @@ std::shared_ptr<paths::OpBuffers> createOpBuffers(paths::PathKind kind, const at
                                                   const std::shared_ptr<GroupStreams>& groupState,
                                                   int64_t stagingChunkBytes);
 
-} // namespace mpigpu::cuda
+}  // namespace mpigpu::cuda

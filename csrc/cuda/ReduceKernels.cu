@@ -21,27 +21,41 @@ using Acc = std::conditional_t<std::is_same_v<T, double>, double, float>;
 template <typename T, int A>
 __device__ __forceinline__ T apply(T x, T y, Acc<T> scale, bool scaled) {
   if constexpr (std::is_same_v<T, bool>) {
-    if constexpr (A == kSum || A == kMax || A == kOr) return x || y;
-    else if constexpr (A == kXor) return x != y;
-    else return x && y;  // PRODUCT, MIN, BAND
+    if constexpr (A == kSum || A == kMax || A == kOr)
+      return x || y;
+    else if constexpr (A == kXor)
+      return x != y;
+    else
+      return x && y;  // PRODUCT, MIN, BAND
   } else if constexpr (std::is_integral_v<T>) {
     // Unsigned arithmetic at least 32 bits wide: wraps like torch, no undefined behaviour.
     using W = std::conditional_t<(sizeof(T) > 4), uint64_t, uint32_t>;
     using U = std::make_unsigned_t<T>;
-    if constexpr (A == kSum) return static_cast<T>(static_cast<W>(static_cast<U>(x)) + static_cast<W>(static_cast<U>(y)));
-    else if constexpr (A == kProd) return static_cast<T>(static_cast<W>(static_cast<U>(x)) * static_cast<W>(static_cast<U>(y)));
-    else if constexpr (A == kMin) return x < y ? x : y;
-    else if constexpr (A == kMax) return x > y ? x : y;
-    else if constexpr (A == kAnd) return x & y;
-    else if constexpr (A == kOr) return x | y;
-    else return x ^ y;
+    if constexpr (A == kSum)
+      return static_cast<T>(static_cast<W>(static_cast<U>(x)) + static_cast<W>(static_cast<U>(y)));
+    else if constexpr (A == kProd)
+      return static_cast<T>(static_cast<W>(static_cast<U>(x)) * static_cast<W>(static_cast<U>(y)));
+    else if constexpr (A == kMin)
+      return x < y ? x : y;
+    else if constexpr (A == kMax)
+      return x > y ? x : y;
+    else if constexpr (A == kAnd)
+      return x & y;
+    else if constexpr (A == kOr)
+      return x | y;
+    else
+      return x ^ y;
   } else {
     const Acc<T> u = static_cast<Acc<T>>(x), v = static_cast<Acc<T>>(y);
     Acc<T> r;
-    if constexpr (A == kSum) r = u + v;
-    else if constexpr (A == kProd) r = u * v;
-    else if constexpr (A == kMin) r = (u < v || u != u) ? u : v;  // NaN propagates, as in torch
-    else r = (u > v || u != u) ? u : v;
+    if constexpr (A == kSum)
+      r = u + v;
+    else if constexpr (A == kProd)
+      r = u * v;
+    else if constexpr (A == kMin)
+      r = (u < v || u != u) ? u : v;  // NaN propagates, as in torch
+    else
+      r = (u > v || u != u) ? u : v;
     if (scaled) r *= scale;
     return static_cast<T>(r);
   }
@@ -92,13 +106,16 @@ void launch(const at::Tensor& dst, const at::Tensor& a, const at::Tensor& b, dou
   const int threads = 256;
   const int64_t units = vector ? (n + V - 1) / V : n;
   const int sms = multiprocessors(dst.device().index());
-  const int blocks = static_cast<int>(std::max<int64_t>(1, std::min<int64_t>((units + threads - 1) / threads, int64_t{sms} * 8)));
+  const int blocks = static_cast<int>(
+      std::max<int64_t>(1, std::min<int64_t>((units + threads - 1) / threads, int64_t{sms} * 8)));
   auto stream = c10::cuda::getCurrentCUDAStream(dst.device().index()).stream();
   const bool scaled = scale != 1.0;
   if (vector) {
-    combineKernel<T, A, V><<<blocks, threads, 0, stream>>>(d, x, y, n, static_cast<Acc<T>>(scale), scaled);
+    combineKernel<T, A, V>
+        <<<blocks, threads, 0, stream>>>(d, x, y, n, static_cast<Acc<T>>(scale), scaled);
   } else {
-    combineKernel<T, A, 1><<<blocks, threads, 0, stream>>>(d, x, y, n, static_cast<Acc<T>>(scale), scaled);
+    combineKernel<T, A, 1>
+        <<<blocks, threads, 0, stream>>>(d, x, y, n, static_cast<Acc<T>>(scale), scaled);
   }
   C10_CUDA_KERNEL_LAUNCH_CHECK();
 }
@@ -116,7 +133,9 @@ void byArithmetic(int arith, const at::Tensor& dst, const at::Tensor& a, const a
     }
   } else if constexpr (std::is_same_v<T, bool>) {
     switch (arith) {
-      case kSum: case kMax: case kOr: return launch<T, kOr>(dst, a, b, scale);
+      case kSum:
+      case kMax:
+      case kOr: return launch<T, kOr>(dst, a, b, scale);
       case kXor: return launch<T, kXor>(dst, a, b, scale);
       default: return launch<T, kAnd>(dst, a, b, scale);
     }
@@ -159,7 +178,7 @@ class CudaReducer final : public algo::Reducer {
   const c10d::ReduceOp::RedOpType kind_;
 };
 
-} // namespace
+}  // namespace
 
 void combine(const at::Tensor& dst, const at::Tensor& a, const at::Tensor& b,
              c10d::ReduceOp::RedOpType kind, double scale) {
@@ -189,8 +208,7 @@ void combine(const at::Tensor& dst, const at::Tensor& a, const at::Tensor& b,
     case at::kUInt32: return byArithmetic<uint32_t>(arith, dst, a, b, scale);
     case at::kUInt64: return byArithmetic<uint64_t>(arith, dst, a, b, scale);
     case at::kBool: return byArithmetic<bool>(arith, dst, a, b, scale);
-    default:
-      TORCH_CHECK(false, "mpigpu: no CUDA reduction for dtype ", dst.scalar_type());
+    default: TORCH_CHECK(false, "mpigpu: no CUDA reduction for dtype ", dst.scalar_type());
   }
 }
 
@@ -198,4 +216,4 @@ std::unique_ptr<algo::Reducer> makeCudaReducer(c10d::ReduceOp::RedOpType kind) {
   return std::make_unique<CudaReducer>(kind);
 }
 
-} // namespace mpigpu::cuda
+}  // namespace mpigpu::cuda

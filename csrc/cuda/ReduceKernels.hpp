@@ -18,4 +18,4 @@ void combine(const at::Tensor& dst, const at::Tensor& a, const at::Tensor& b,
 
 std::unique_ptr<algo::Reducer> makeCudaReducer(c10d::ReduceOp::RedOpType kind);
 
-} // namespace mpigpu::cuda
+}  // namespace mpigpu::cuda

@@ -30,7 +30,7 @@ std::exception_ptr withOpContext(const WorkMPIGPU& work, std::exception_ptr erro
     return error;
   }
 }
-} // namespace
+}  // namespace
 namespace {
 
 std::mutex g_registryMutex;
@@ -46,7 +46,7 @@ constexpr auto kPollInterval = std::chrono::microseconds(20);
 constexpr auto kSlowAfter = std::chrono::milliseconds(10);
 constexpr auto kSlowPollInterval = std::chrono::microseconds(200);
 
-} // namespace
+}  // namespace
 
 std::shared_ptr<Engine> Engine::create(const std::string& name) {
   std::lock_guard<std::mutex> lock(g_registryMutex);
@@ -81,7 +81,8 @@ void Engine::shutdownAll() {
     if (!e->drain(kDrainTimeout, &busy) && !mpi::isFinalized()) {
       std::cerr << opMessage("exit", mpi::ensureInitialized().worldRank,
                              "the interpreter is exiting but ", busy, " did not finish within ",
-                             kDrainTimeout.count(), " s (another rank never issued it, or left "
+                             kDrainTimeout.count(),
+                             " s (another rank never issued it, or left "
                              "early); ending the job with MPI_Abort instead of hanging in "
                              "MPI_Finalize. Wait for async ops (work.wait()) and call "
                              "dist.destroy_process_group() before exiting.")
@@ -100,10 +101,9 @@ bool Engine::drain(std::chrono::milliseconds timeout, std::string* busy) {
       if (stop_ || (queue_.empty() && !running_ && !inlineBusy_)) return true;
       if (std::chrono::steady_clock::now() >= deadline) {
         if (busy != nullptr) {
-          *busy = queue_.empty()
-                      ? std::string("an op running on group engine ") + name_
-                      : c10::str(queue_.size(), " queued op(s) of ", name_, ", the first ",
-                                 queue_.front().work->opName());
+          *busy = queue_.empty() ? std::string("an op running on group engine ") + name_
+                                 : c10::str(queue_.size(), " queued op(s) of ", name_,
+                                            ", the first ", queue_.front().work->opName());
         }
         return false;
       }
@@ -134,10 +134,11 @@ void Engine::submit(c10::intrusive_ptr<WorkMPIGPU> work, Task task) {
       return;
     }
   }
-  work->markFailed(std::make_exception_ptr(c10::DistBackendError(
-      {__func__, __FILE__, static_cast<uint32_t>(__LINE__)},
-      opMessage(work->opName(), work->groupRank(), "the process group has been shut down (destroyed, or the "
-                                    "interpreter is exiting); create a new one"))));
+  work->markFailed(std::make_exception_ptr(
+      c10::DistBackendError({__func__, __FILE__, static_cast<uint32_t>(__LINE__)},
+                            opMessage(work->opName(), work->groupRank(),
+                                      "the process group has been shut down (destroyed, or the "
+                                      "interpreter is exiting); create a new one"))));
 }
 
 bool Engine::endInline() {
@@ -146,8 +147,7 @@ bool Engine::endInline() {
   return !queue_.empty();  // a thread queued an op meanwhile and the worker skipped it: wake it
 }
 
-bool Engine::tryInline(const c10::intrusive_ptr<WorkMPIGPU>& work, const Task& task,
-                       Inline kind) {
+bool Engine::tryInline(const c10::intrusive_ptr<WorkMPIGPU>& work, const Task& task, Inline kind) {
   const bool post = kind == Inline::Post;
   // Posting while the worker may be testing requests needs MPI_THREAD_MULTIPLE.
   if (post && serialized_) return false;
@@ -188,9 +188,9 @@ void Engine::callerWaiting(bool waiting) {
 
 bool Engine::runAndWait(const char* opName, int rank, std::function<void()> task,
                         std::chrono::milliseconds timeout) {
-  auto work = c10::make_intrusive<WorkMPIGPU>(rank, c10d::OpType::UNKNOWN, opName, 0,
-                                              std::vector<at::Tensor>{}, timeout, nullptr,
-                                              std::nullopt);
+  auto work =
+      c10::make_intrusive<WorkMPIGPU>(rank, c10d::OpType::UNKNOWN, opName, 0,
+                                      std::vector<at::Tensor>{}, timeout, nullptr, std::nullopt);
   submit(work, [task = std::move(task)] {
     task();
     return true;
@@ -248,7 +248,7 @@ void keepThenUntilExit(Engine::Then then) {
   std::lock_guard<std::mutex> lock(mutex);
   kept->push_back(std::move(then));
 }
-} // namespace
+}  // namespace
 
 bool Engine::anyStuckInMpi() { return g_stuckWorkers.load() > 0; }
 
@@ -370,7 +370,8 @@ void Engine::loop() {
     }
     // (a caller's inline collective never overlaps pending requests: they block inline runs;
     // a caller's inline post may, which MPI_THREAD_MULTIPLE allows)
-    if (pendingCount_.load() != 0 && callersWaiting_.load() == 0) progressPending(/*blocking=*/true);
+    if (pendingCount_.load() != 0 && callersWaiting_.load() == 0)
+      progressPending(/*blocking=*/true);
   }
 }
 
@@ -442,4 +443,4 @@ void Engine::progressPending(bool blocking) {
   }
 }
 
-} // namespace mpigpu
+}  // namespace mpigpu

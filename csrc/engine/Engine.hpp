@@ -112,13 +112,13 @@ class Engine : public ProgressDriver {
   std::condition_variable cv_;
   std::deque<Queued> queue_;
   bool stop_ = false;
-  bool running_ = false;       // the worker is inside a task
+  bool running_ = false;                    // the worker is inside a task
   c10::intrusive_ptr<WorkMPIGPU> current_;  // that task's Work (abort() fails it)
-  bool inlineBusy_ = false;    // a caller is running a task inline; the worker must wait
-  bool deepSleep_ = false;     // the worker waits for work with no time limit
-  const bool serialized_;  // MPI_THREAD_SERIALIZED: MPI calls only on the worker
+  bool inlineBusy_ = false;              // a caller is running a task inline; the worker must wait
+  bool deepSleep_ = false;               // the worker waits for work with no time limit
+  const bool serialized_;                // MPI_THREAD_SERIALIZED: MPI calls only on the worker
   std::atomic<size_t> pendingCount_{0};  // pending_.size(), readable without the lock
-  std::atomic<int> callersWaiting_{0};    // callers inside assisted waits: the worker backs off
+  std::atomic<int> callersWaiting_{0};   // callers inside assisted waits: the worker backs off
   // pending_ is tested by the worker and by waiting callers (assistProgress): one pass at a time
   // (two threads must not test the same request).
   std::mutex progressMutex_;
@@ -128,4 +128,4 @@ class Engine : public ProgressDriver {
   std::thread thread_;
 };
 
-} // namespace mpigpu
+}  // namespace mpigpu

@@ -74,12 +74,13 @@ const std::string time_discovered_completed_key = "time_discovered_completed_ns"
 const std::string time_discovered_started_key = "time_discovered_started_ns";
 const std::string timeout_key = "timeout_ms";
 const std::string version_key = "version";
-} // namespace k
+}  // namespace k
 
 namespace {
 
 void describeTensors(const std::vector<at::Tensor>& tensors, c10::SmallVector<int64_t, 8>& sizes,
-                     c10::SmallVector<int64_t, 4>& dims, c10::SmallVector<c10::ScalarType, 4>& types) {
+                     c10::SmallVector<int64_t, 4>& dims,
+                     c10::SmallVector<c10::ScalarType, 4>& types) {
   for (const auto& t : tensors) {
     if (!t.defined()) continue;
     sizes.append(t.sizes().begin(), t.sizes().end());
@@ -120,13 +121,14 @@ c10::IValue optionalTime(const std::optional<c10::time_t>& t) {
   return t ? c10::IValue(static_cast<int64_t>(*t)) : c10::IValue();
 }
 
-} // namespace
+}  // namespace
 
 Recorder::Recorder()
     : capacity_(static_cast<size_t>(std::max(
           0, c10d::getCvarInt({"TORCH_FR_BUFFER_SIZE", "TORCH_NCCL_TRACE_BUFFER_SIZE"}, 2000)))),
-      pythonStacks_(c10d::getCvarBool({"TORCH_MPIGPU_FR_STACKS"},
-                                       std::string_view(setting("TORCH_MPIGPU_FR_STACKS").defaultValue) == "1")),
+      pythonStacks_(c10d::getCvarBool(
+          {"TORCH_MPIGPU_FR_STACKS"},
+          std::string_view(setting("TORCH_MPIGPU_FR_STACKS").defaultValue) == "1")),
       cppStacks_(c10d::getCvarBool({"TORCH_FR_CPP_STACK", "TORCH_NCCL_TRACE_CPP_STACK"}, false)) {}
 
 Recorder::~Recorder() = default;
@@ -163,9 +165,10 @@ uint64_t Recorder::record(const Op& op, const std::vector<at::Tensor>& inputs,
   e.op = op;
   e.created = c10::getTime();
   describeTensors(inputs, e.sizes, e.inputDims, e.inputTypes);
-  const bool inPlace = inputs.size() == outputs.size() &&
-                       std::equal(inputs.begin(), inputs.end(), outputs.begin(),
-                                  [](const at::Tensor& a, const at::Tensor& b) { return a.is_same(b); });
+  const bool inPlace =
+      inputs.size() == outputs.size() &&
+      std::equal(inputs.begin(), inputs.end(), outputs.begin(),
+                 [](const at::Tensor& a, const at::Tensor& b) { return a.is_same(b); });
   if (inPlace) {  // all_reduce and friends: the outputs are the inputs (a coalesced one has many)
     const size_t n = e.sizes.size();
     e.sizes.reserve(2 * n);
@@ -308,8 +311,8 @@ std::string Recorder::dump(bool stackTraces, bool onlyActive) {
     d.insert(k::output_sizes_key, sizesList(e.outputDims, e.sizes, at));
     d.insert(k::output_dtypes_key, typeNames(e.outputTypes));
     d.insert(k::state_key, e.completed ? k::completed_state
-                              : e.started ? k::started_state
-                                          : k::scheduled_state);
+                           : e.started ? k::started_state
+                                       : k::scheduled_state);
     d.insert(k::time_discovered_started_key, optionalTime(e.started));
     d.insert(k::time_discovered_completed_key, optionalTime(e.completed));
     d.insert(k::retired_key, e.completed.has_value());
@@ -339,7 +342,7 @@ template <typename Writer>
 std::string targetOf(Writer&, long) {
   return "torch's DebugInfoWriter (TORCH_FR_DUMP_TEMP_FILE<rank>)";
 }
-} // namespace
+}  // namespace
 
 std::string Recorder::write(int worldRank) {
   auto& writer = c10d::DebugInfoWriter::getWriter(worldRank);
@@ -347,4 +350,4 @@ std::string Recorder::write(int worldRank) {
   return targetOf(writer, 0);
 }
 
-} // namespace mpigpu::fr
+}  // namespace mpigpu::fr

@@ -2,12 +2,13 @@
 // default, 2000; 0 turns it off), each with its group, collective and point-to-point numbers,
 // sizes, dtypes, state (scheduled, started, completed), times, timeout and the issuing thread;
 // with TORCH_MPIGPU_FR_STACKS=1 also the Python stack that issued it (off by default: capturing
-// it costs a few microseconds per op, more than the rest of a small op's overhead). Dumped in torch's flight-recorder format (the pickle torch's analyzer reads), one
-// file per rank through torch's DebugInfoWriter (TORCH_FR_DUMP_TEMP_FILE, default
-// /tmp/nccl_trace_rank_<rank>): on a watchdog timeout, on every rank of the job (the watchdog
-// signals the others through the store), and on demand (torch_mpi_gpu.flight_recorder).
-// torch's own recorder (FlightRecorder<c10::Event>) lives inside libtorch with hidden symbols,
-// so a third-party backend cannot record into it; this one writes the same dump instead.
+// it costs a few microseconds per op, more than the rest of a small op's overhead). Dumped in
+// torch's flight-recorder format (the pickle torch's analyzer reads), one file per rank through
+// torch's DebugInfoWriter (TORCH_FR_DUMP_TEMP_FILE, default /tmp/nccl_trace_rank_<rank>): on a
+// watchdog timeout, on every rank of the job (the watchdog signals the others through the store),
+// and on demand (torch_mpi_gpu.flight_recorder). torch's own recorder (FlightRecorder<c10::Event>)
+// lives inside libtorch with hidden symbols, so a third-party backend cannot record into it; this
+// one writes the same dump instead.
 #pragma once
 
 #include <ATen/core/Tensor.h>
@@ -74,7 +75,7 @@ class Recorder {
     int64_t enqueued = -1, started = -1, completed = -1;
   };
   Entry* find(uint64_t id);  // with mutex_ held; nullptr once overwritten
-  uint64_t threadKey();       // this thread's key into threads_, registering it once
+  uint64_t threadKey();      // this thread's key into threads_, registering it once
 
   const size_t capacity_;
   const bool pythonStacks_, cppStacks_;
@@ -82,8 +83,8 @@ class Recorder {
   std::vector<Entry> entries_;
   size_t next_ = 0;  // where the next entry goes once the buffer is full
   uint64_t nextId_ = 0;
-  std::vector<Group> groups_;  // by id
+  std::vector<Group> groups_;                                        // by id
   std::map<uint64_t, std::pair<std::string, std::string>> threads_;  // key -> (id, name)
 };
 
-} // namespace mpigpu::fr
+}  // namespace mpigpu::fr

@@ -42,7 +42,7 @@ void worker() {
   if (--p.threads == 0) p.drained.notify_all();
 }
 
-} // namespace
+}  // namespace
 
 void completeFutureAsync(std::function<void()> fn) {
   Pool& p = pool();
@@ -68,4 +68,4 @@ void stopFutureCompleter() {
   p.drained.wait_for(lock, std::chrono::seconds(10), [&] { return p.threads == 0; });
 }
 
-} // namespace mpigpu
+}  // namespace mpigpu

@@ -12,4 +12,4 @@ void completeFutureAsync(std::function<void()> fn);
 // Waits for queued completions and stops the threads (at exit, before MPI_Finalize).
 void stopFutureCompleter();
 
-} // namespace mpigpu
+}  // namespace mpigpu

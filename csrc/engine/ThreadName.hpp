@@ -12,4 +12,4 @@ inline void setThreadName(const std::string& name) {
   pthread_setname_np(pthread_self(), name.substr(0, 15).c_str());
 }
 
-} // namespace mpigpu
+}  // namespace mpigpu

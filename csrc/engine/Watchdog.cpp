@@ -224,7 +224,7 @@ void loop() {
   }
 }
 
-} // namespace
+}  // namespace
 
 void Watchdog::addGroup(Progress p) {
   State& st = state();
@@ -267,4 +267,4 @@ void Watchdog::stop() {
   if (st.thread.joinable()) st.thread.join();
 }
 
-} // namespace mpigpu
+}  // namespace mpigpu

@@ -55,4 +55,4 @@ class Watchdog {
   static void stop();
 };
 
-} // namespace mpigpu
+}  // namespace mpigpu

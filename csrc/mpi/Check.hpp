@@ -10,12 +10,12 @@ namespace mpigpu::mpi {
 [[noreturn]] void throwMpiError(int code, const char* call, const char* op, int rank,
                                 const char* file, int line);
 
-} // namespace mpigpu::mpi
+}  // namespace mpigpu::mpi
 
-#define MPIGPU_MPI_CHECK(call, op, rank)                                            \
-  do {                                                                             \
-    int mpigpu_rc_ = (call);                                                       \
-    if (mpigpu_rc_ != MPI_SUCCESS) {                                               \
+#define MPIGPU_MPI_CHECK(call, op, rank)                                             \
+  do {                                                                               \
+    int mpigpu_rc_ = (call);                                                         \
+    if (mpigpu_rc_ != MPI_SUCCESS) {                                                 \
       ::mpigpu::mpi::throwMpiError(mpigpu_rc_, #call, op, rank, __FILE__, __LINE__); \
-    }                                                                              \
+    }                                                                                \
   } while (0)

@@ -56,7 +56,7 @@ bool overlaps(const at::Tensor& a, const at::Tensor& b) {
   return a0 < b0 + b.nbytes() && b0 < a0 + a.nbytes();
 }
 
-} // namespace
+}  // namespace
 
 uint64_t callCount() { return g_calls.load(std::memory_order_relaxed); }
 
@@ -65,8 +65,9 @@ MPI_Comm createGroupComm(const std::vector<int>& worldRanks, int tag, int rankFo
   MPI_Group world = MPI_GROUP_NULL, group = MPI_GROUP_NULL;
   MPI_Comm comm = MPI_COMM_NULL;
   MPIGPU_MPI_CHECK(MPI_Comm_group(MPI_COMM_WORLD, &world), op, rankForErrors);
-  MPIGPU_MPI_CHECK(MPI_Group_incl(world, static_cast<int>(worldRanks.size()), worldRanks.data(),
-                                  &group), op, rankForErrors);
+  MPIGPU_MPI_CHECK(
+      MPI_Group_incl(world, static_cast<int>(worldRanks.size()), worldRanks.data(), &group), op,
+      rankForErrors);
   int rc = MPI_Comm_create_group(MPI_COMM_WORLD, group, tag, &comm);
   MPI_Group_free(&group);
   MPI_Group_free(&world);
@@ -87,15 +88,18 @@ void freeComm(MPI_Comm* comm) {
 
 void allreduceInPlace(const Comm& c, const char* op, at::Tensor& buf, const Reduction& red) {
   if (red.needsPrescale()) {
-    if (red.premulTensor.defined()) buf.mul_(red.premulTensor.to(buf.device(), buf.scalar_type()));
-    else buf.mul_(*red.premulScalar);
+    if (red.premulTensor.defined())
+      buf.mul_(red.premulTensor.to(buf.device(), buf.scalar_type()));
+    else
+      buf.mul_(*red.premulScalar);
     settle(buf);
   }
   const int64_t es = buf.element_size();
   forChunks(buf.numel(), c.maxCount, [&](int64_t off, int n) {
     ++g_calls;
-    MPIGPU_MPI_CHECK(MPI_Allreduce(MPI_IN_PLACE, bytes(buf) + off * es, n, red.type, red.op,
-                                   c.handle), op, c.rank);
+    MPIGPU_MPI_CHECK(
+        MPI_Allreduce(MPI_IN_PLACE, bytes(buf) + off * es, n, red.type, red.op, c.handle), op,
+        c.rank);
   });
   finishAverage(buf, red, c.size);
 }
@@ -119,14 +123,12 @@ void reduce(const Comm& c, const char* op, const at::Tensor& in, at::Tensor& out
     ++g_calls;
     const void* sendPtr = inPlace ? MPI_IN_PLACE : bytes(send) + off * es;
     void* recvPtr = isRoot ? bytes(out) + off * es : nullptr;
-    MPIGPU_MPI_CHECK(MPI_Reduce(sendPtr, recvPtr, n, red.type, red.op, root, c.handle), op,
-                     c.rank);
+    MPIGPU_MPI_CHECK(MPI_Reduce(sendPtr, recvPtr, n, red.type, red.op, root, c.handle), op, c.rank);
   });
   if (isRoot) finishAverage(out, red, c.size);
 }
 
-void allgather(const Comm& c, const char* op, const at::Tensor& in, at::Tensor& out,
-               bool counted) {
+void allgather(const Comm& c, const char* op, const at::Tensor& in, at::Tensor& out, bool counted) {
   const MPI_Datatype type = transportType(in.scalar_type(), op, c.rank);
   const int64_t count = in.numel();
   if (count == 0) return;
@@ -136,7 +138,8 @@ void allgather(const Comm& c, const char* op, const at::Tensor& in, at::Tensor& 
     if (bytes(in) == bytes(out) + c.rank * count * in.element_size() && count <= c.maxCount) {
       if (counted) ++g_calls;
       MPIGPU_MPI_CHECK(MPI_Allgather(MPI_IN_PLACE, 0, MPI_DATATYPE_NULL, bytes(out),
-                                     static_cast<int>(count), type, c.handle), op, c.rank);
+                                     static_cast<int>(count), type, c.handle),
+                       op, c.rank);
       return;
     }
     src = in.clone();
@@ -145,7 +148,8 @@ void allgather(const Comm& c, const char* op, const at::Tensor& in, at::Tensor& 
   if (count <= c.maxCount) {
     if (counted) ++g_calls;
     MPIGPU_MPI_CHECK(MPI_Allgather(bytes(src), static_cast<int>(count), type, bytes(out),
-                                   static_cast<int>(count), type, c.handle), op, c.rank);
+                                   static_cast<int>(count), type, c.handle),
+                     op, c.rank);
     return;
   }
   // Large blocks: gather column slices of every rank's block, then put them in place.
@@ -154,7 +158,8 @@ void allgather(const Comm& c, const char* op, const at::Tensor& in, at::Tensor& 
     at::Tensor tmp = at::empty({c.size, n}, out.options());
     if (counted) ++g_calls;
     MPIGPU_MPI_CHECK(MPI_Allgather(bytes(src) + off * src.element_size(), n, type, bytes(tmp), n,
-                                   type, c.handle), op, c.rank);
+                                   type, c.handle),
+                     op, c.rank);
     outBlocks.narrow(1, off, n).copy_(tmp);
     settle(tmp);
   });
@@ -175,8 +180,9 @@ void gather(const Comm& c, const char* op, const at::Tensor& in, at::Tensor* out
     at::Tensor tmp = (isRoot && !whole) ? at::empty({c.size, n}, in.options()) : at::Tensor();
     void* recv = isRoot ? (whole ? bytes(*out) : bytes(tmp)) : nullptr;
     ++g_calls;
-    MPIGPU_MPI_CHECK(MPI_Gather(bytes(src) + off * src.element_size(), n, type, recv, n, type,
-                                root, c.handle), op, c.rank);
+    MPIGPU_MPI_CHECK(
+        MPI_Gather(bytes(src) + off * src.element_size(), n, type, recv, n, type, root, c.handle),
+        op, c.rank);
     if (isRoot && !whole) {
       out->view({c.size, count}).narrow(1, off, n).copy_(tmp);
       settle(tmp);
@@ -203,8 +209,9 @@ void scatter(const Comm& c, const char* op, const at::Tensor* in, at::Tensor& ou
     }
     const void* send = isRoot ? (whole ? bytes(src) : bytes(tmp)) : nullptr;
     ++g_calls;
-    MPIGPU_MPI_CHECK(MPI_Scatter(send, n, type, bytes(out) + off * out.element_size(), n, type,
-                                 root, c.handle), op, c.rank);
+    MPIGPU_MPI_CHECK(
+        MPI_Scatter(send, n, type, bytes(out) + off * out.element_size(), n, type, root, c.handle),
+        op, c.rank);
   });
 }
 
@@ -222,9 +229,10 @@ void reduceScatter(const Comm& c, const char* op, const at::Tensor& in, at::Tens
     at::Tensor piece = whole ? send : send.view({c.size, count}).narrow(1, off, n).contiguous();
     settle(piece);
     ++g_calls;
-    MPIGPU_MPI_CHECK(MPI_Reduce_scatter_block(bytes(piece),
-                                              bytes(result) + off * result.element_size(), n,
-                                              red.type, red.op, c.handle), op, c.rank);
+    MPIGPU_MPI_CHECK(
+        MPI_Reduce_scatter_block(bytes(piece), bytes(result) + off * result.element_size(), n,
+                                 red.type, red.op, c.handle),
+        op, c.rank);
   });
   if (aliased) out.copy_(result);
   finishAverage(out, red, c.size);
@@ -241,8 +249,8 @@ void alltoallv(const Comm& c, const char* op, const at::Tensor& in,
   }
   // Every rank must agree on whether (and in how many rounds) the exchange is split, and only the
   // largest count and offset anywhere decide that.
-  int64_t localMax = std::max(sendDispl.back() + sendCounts.back(),
-                              recvDispl.back() + recvCounts.back());
+  int64_t localMax =
+      std::max(sendDispl.back() + sendCounts.back(), recvDispl.back() + recvCounts.back());
   int64_t globalMax = localMax;
   if (!uniform) {
     ++g_calls;
@@ -259,7 +267,8 @@ void alltoallv(const Comm& c, const char* op, const at::Tensor& in,
     }
     ++g_calls;
     MPIGPU_MPI_CHECK(MPI_Alltoallv(bytes(in), sc.data(), sd.data(), type, bytes(out), rc.data(),
-                                   rd.data(), type, c.handle), op, c.rank);
+                                   rd.data(), type, c.handle),
+                     op, c.rank);
     return;
   }
   // Rounds of at most `step` elements per peer, packed so every offset fits in an int.
@@ -285,7 +294,8 @@ void alltoallv(const Comm& c, const char* op, const at::Tensor& in,
     settle(sendTmp);
     ++g_calls;
     MPIGPU_MPI_CHECK(MPI_Alltoallv(bytes(sendTmp), sc.data(), sd.data(), type, bytes(recvTmp),
-                                   rc.data(), rd.data(), type, c.handle), op, c.rank);
+                                   rc.data(), rd.data(), type, c.handle),
+                     op, c.rank);
     for (int p = 0; p < c.size; ++p) {
       if (rc[p] > 0) {
         out.narrow(0, recvDispl[p] + r * step, rc[p]).copy_(recvTmp.narrow(0, rd[p], rc[p]));
@@ -342,15 +352,17 @@ std::vector<MPI_Request> postChunks(const at::Tensor& buf, int64_t maxCount, Pos
     reqs.push_back(req);
   };
   try {
-    if (buf.numel() == 0) post(0, 0);  // zero-byte messages still match a receive
-    else forChunks(buf.numel(), maxCount, post);
+    if (buf.numel() == 0)
+      post(0, 0);  // zero-byte messages still match a receive
+    else
+      forChunks(buf.numel(), maxCount, post);
   } catch (...) {
     if (!cancelRequests(reqs)) leakUntilExit(buf);
     throw;
   }
   return reqs;
 }
-} // namespace
+}  // namespace
 
 std::vector<MPI_Request> isend(const Comm& c, const char* op, const at::Tensor& buf, int dst,
                                int tag) {
@@ -374,4 +386,4 @@ std::vector<MPI_Request> irecv(const Comm& c, const char* op, at::Tensor& buf, i
   });
 }
 
-} // namespace mpigpu::mpi
+}  // namespace mpigpu::mpi

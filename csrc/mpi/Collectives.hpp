@@ -62,4 +62,4 @@ bool cancelRequests(std::vector<MPI_Request>& requests);
 // Keeps `buffer` alive until the process ends (the memory of a request freed unfinished).
 void leakUntilExit(const at::Tensor& buffer);
 
-} // namespace mpigpu::mpi
+}  // namespace mpigpu::mpi

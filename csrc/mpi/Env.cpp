@@ -40,7 +40,7 @@ int queryCudaAwareRunTime() {
 #endif
 }
 
-} // namespace
+}  // namespace
 
 void throwMpiError(int code, const char* call, const char* op, int rank, const char* file,
                    int line) {
@@ -95,13 +95,14 @@ const EnvInfo& ensureInitialized() {
   g_info.cudaAwareCompileTime = queryCudaAwareCompileTime();
   g_info.cudaAwareRunTime = queryCudaAwareRunTime();
   if (g_info.threadLevel < MPI_THREAD_SERIALIZED) {
-    C10_THROW_ERROR(DistBackendError,
-                    c10::str("mpigpu: MPI was initialised with thread level ",
-                             threadLevelName(g_info.threadLevel),
-                             " but mpigpu calls MPI from a worker thread and needs at least "
-                             "MPI_THREAD_SERIALIZED (MPI_THREAD_MULTIPLE preferred). Initialise "
-                             "MPI with MPI_Init_thread(MPI_THREAD_MULTIPLE), e.g. leave "
-                             "mpi4py.rc.thread_level at 'multiple', or import torch_mpi_gpu first."));
+    C10_THROW_ERROR(
+        DistBackendError,
+        c10::str("mpigpu: MPI was initialised with thread level ",
+                 threadLevelName(g_info.threadLevel),
+                 " but mpigpu calls MPI from a worker thread and needs at least "
+                 "MPI_THREAD_SERIALIZED (MPI_THREAD_MULTIPLE preferred). Initialise "
+                 "MPI with MPI_Init_thread(MPI_THREAD_MULTIPLE), e.g. leave "
+                 "mpi4py.rc.thread_level at 'multiple', or import torch_mpi_gpu first."));
   }
   registerCustomTypes();
   g_ready = true;
@@ -131,9 +132,7 @@ std::string threadLevelName(int level) {
   }
 }
 
-bool needsSerializedAccess() {
-  return ensureInitialized().threadLevel < MPI_THREAD_MULTIPLE;
-}
+bool needsSerializedAccess() { return ensureInitialized().threadLevel < MPI_THREAD_MULTIPLE; }
 
 Bootstrap bootstrapAddress(const std::string& myHost, int myPort) {
   const auto& env = ensureInitialized();
@@ -143,7 +142,8 @@ Bootstrap bootstrapAddress(const std::string& myHost, int myPort) {
   std::vector<char> mine(kHostLen, 0);
   std::strncpy(mine.data(), myHost.c_str(), kHostLen - 1);
   MPIGPU_MPI_CHECK(MPI_Allgather(mine.data(), kHostLen, MPI_CHAR, all.data(), kHostLen, MPI_CHAR,
-                                 MPI_COMM_WORLD), op, env.worldRank);
+                                 MPI_COMM_WORLD),
+                   op, env.worldRank);
   int port = myPort;
   MPIGPU_MPI_CHECK(MPI_Bcast(&port, 1, MPI_INT, 0, MPI_COMM_WORLD), op, env.worldRank);
   Bootstrap b;
@@ -169,16 +169,17 @@ std::vector<std::string> worldAllgather(const std::string& mine) {
   const char* op = "world_allgather";
   int myLength = static_cast<int>(mine.size());
   std::vector<int> lengths(env.worldSize), offsets(env.worldSize, 0);
-  MPIGPU_MPI_CHECK(MPI_Allgather(&myLength, 1, MPI_INT, lengths.data(), 1, MPI_INT,
-                                 MPI_COMM_WORLD), op, env.worldRank);
+  MPIGPU_MPI_CHECK(MPI_Allgather(&myLength, 1, MPI_INT, lengths.data(), 1, MPI_INT, MPI_COMM_WORLD),
+                   op, env.worldRank);
   for (int r = 1; r < env.worldSize; ++r) offsets[r] = offsets[r - 1] + lengths[r - 1];
   std::vector<char> all(static_cast<size_t>(offsets.back() + lengths.back()) + 1);
   MPIGPU_MPI_CHECK(MPI_Allgatherv(mine.data(), myLength, MPI_CHAR, all.data(), lengths.data(),
-                                  offsets.data(), MPI_CHAR, MPI_COMM_WORLD), op, env.worldRank);
+                                  offsets.data(), MPI_CHAR, MPI_COMM_WORLD),
+                   op, env.worldRank);
   std::vector<std::string> out;
   out.reserve(env.worldSize);
   for (int r = 0; r < env.worldSize; ++r) out.emplace_back(all.data() + offsets[r], lengths[r]);
   return out;
 }
 
-} // namespace mpigpu::mpi
+}  // namespace mpigpu::mpi

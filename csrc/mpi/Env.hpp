@@ -14,10 +14,10 @@ namespace mpigpu::mpi {
 struct EnvInfo {
   std::string libraryVersion;  // MPI_Get_library_version, first line
   int standardMajor = 0, standardMinor = 0;
-  int threadLevel = 0;         // what MPI granted
+  int threadLevel = 0;  // what MPI granted
   bool initializedByUs = false;
   int worldRank = 0, worldSize = 1;
-  int tagUpperBound = 32767;   // MPI_TAG_UB (the standard guarantees at least 32767)
+  int tagUpperBound = 32767;  // MPI_TAG_UB (the standard guarantees at least 32767)
   // Compile-time (mpi-ext.h) and run-time (MPIX_Query_cuda_support / MPIX_GPU_query_support)
   // answers; -1 = the library cannot tell.
   int cudaAwareCompileTime = -1;
@@ -52,4 +52,4 @@ Bootstrap bootstrapAddress(const std::string& myHost, int myPort);
 // launcher's address agreement uses it before any process group exists.
 std::vector<std::string> worldAllgather(const std::string& mine);
 
-} // namespace mpigpu::mpi
+}  // namespace mpigpu::mpi

@@ -23,8 +23,10 @@ enum Arith { kSum = 0, kProd = 1, kMin = 2, kMax = 3 };
 // Open MPI's op/avx component saturates 8- and 16-bit integer SUM (open-mpi/ompi#8045, "wontfix")
 // while torch wraps; these ops wrap, as torch does. Index: [dtype][kSum or kProd].
 enum Narrow { kI8 = 0, kU8 = 1, kI16 = 2, kU16 = 3 };
-MPI_Op g_wrapOps[4][2] = {{MPI_OP_NULL, MPI_OP_NULL}, {MPI_OP_NULL, MPI_OP_NULL},
-                          {MPI_OP_NULL, MPI_OP_NULL}, {MPI_OP_NULL, MPI_OP_NULL}};
+MPI_Op g_wrapOps[4][2] = {{MPI_OP_NULL, MPI_OP_NULL},
+                          {MPI_OP_NULL, MPI_OP_NULL},
+                          {MPI_OP_NULL, MPI_OP_NULL},
+                          {MPI_OP_NULL, MPI_OP_NULL}};
 
 template <typename T, Arith A>
 void wrapInt(void* in, void* inout, int* len, MPI_Datatype*) {
@@ -60,10 +62,14 @@ void reduce16(void* in, void* inout, int* len, MPI_Datatype*) {
   for (int i = 0; i < *len; ++i) {
     float x = static_cast<float>(a[i]), y = static_cast<float>(b[i]);
     float r;
-    if constexpr (A == kSum) r = x + y;
-    else if constexpr (A == kProd) r = x * y;
-    else if constexpr (A == kMin) r = (x < y || x != x) ? x : y;  // NaN propagates like torch
-    else r = (x > y || x != x) ? x : y;
+    if constexpr (A == kSum)
+      r = x + y;
+    else if constexpr (A == kProd)
+      r = x * y;
+    else if constexpr (A == kMin)
+      r = (x < y || x != x) ? x : y;  // NaN propagates like torch
+    else
+      r = (x > y || x != x) ? x : y;
     b[i] = static_cast<T>(r);
   }
 }
@@ -101,12 +107,12 @@ MPI_Datatype arithmeticType(at::ScalarType dtype) {
 
 [[noreturn]] void unsupported(c10d::ReduceOp::RedOpType kind, at::ScalarType dtype, const char* op,
                               int rank, const char* hint) {
-  C10_THROW_ERROR(TypeError, opMessage(op, rank, "ReduceOp.", reduceOpName(kind),
-                                       " is not supported for dtype ", c10::toString(dtype), "; ",
-                                       hint));
+  C10_THROW_ERROR(TypeError,
+                  opMessage(op, rank, "ReduceOp.", reduceOpName(kind),
+                            " is not supported for dtype ", c10::toString(dtype), "; ", hint));
 }
 
-} // namespace
+}  // namespace
 
 void registerCustomTypes() {
   MPI_Type_contiguous(2, MPI_BYTE, &g_half);
@@ -218,7 +224,10 @@ Reduction resolveReduction(const c10d::ReduceOp& reduceOp, at::ScalarType dtype,
     }
     case c10d::ReduceOp::PRODUCT:
       if (complex) unsupported(r.kind, dtype, op, rank, "complex products are not supported");
-      r.op = boolean ? MPI_LAND : is16 ? ops16[kProd] : narrow >= 0 ? g_wrapOps[narrow][1] : MPI_PROD;
+      r.op = boolean       ? MPI_LAND
+             : is16        ? ops16[kProd]
+             : narrow >= 0 ? g_wrapOps[narrow][1]
+                           : MPI_PROD;
       break;
     case c10d::ReduceOp::MIN:
       if (complex) unsupported(r.kind, dtype, op, rank, "complex numbers are not ordered");
@@ -235,19 +244,18 @@ Reduction resolveReduction(const c10d::ReduceOp& reduceOp, at::ScalarType dtype,
         unsupported(r.kind, dtype, op, rank, "bitwise ops need an integer or bool dtype");
       }
       if (boolean) {
-        r.op = r.kind == c10d::ReduceOp::BAND ? MPI_LAND
-             : r.kind == c10d::ReduceOp::BOR  ? MPI_LOR
-                                              : MPI_LXOR;
+        r.op = r.kind == c10d::ReduceOp::BAND  ? MPI_LAND
+               : r.kind == c10d::ReduceOp::BOR ? MPI_LOR
+                                               : MPI_LXOR;
       } else {
-        r.op = r.kind == c10d::ReduceOp::BAND ? MPI_BAND
-             : r.kind == c10d::ReduceOp::BOR  ? MPI_BOR
-                                              : MPI_BXOR;
+        r.op = r.kind == c10d::ReduceOp::BAND  ? MPI_BAND
+               : r.kind == c10d::ReduceOp::BOR ? MPI_BOR
+                                               : MPI_BXOR;
       }
       break;
-    default:
-      unsupported(r.kind, dtype, op, rank, "unknown reduce op");
+    default: unsupported(r.kind, dtype, op, rank, "unknown reduce op");
   }
   return r;
 }
 
-} // namespace mpigpu::mpi
+}  // namespace mpigpu::mpi

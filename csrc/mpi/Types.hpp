@@ -37,4 +37,4 @@ const char* reduceOpName(c10d::ReduceOp::RedOpType kind);
 void registerCustomTypes();
 void releaseCustomTypes();
 
-} // namespace mpigpu::mpi
+}  // namespace mpigpu::mpi

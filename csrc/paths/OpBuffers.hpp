@@ -31,7 +31,7 @@
 
 namespace mpigpu::cuda {
 struct GroupStreams;  // cuda/CudaPaths.cpp: a group's comm stream per device
-} // namespace mpigpu::cuda
+}  // namespace mpigpu::cuda
 
 namespace mpigpu::paths {
 
@@ -156,8 +156,9 @@ class PathFactory {
   PathKind cudaPath_, cudaReducePath_;
   std::string cudaReason_, cudaReduceReason_;
   std::shared_ptr<cuda::GroupStreams> cudaState_;  // the group's comm stream per device
-  std::shared_ptr<HostScratch> hostScratch_;  // reused host fusion buffer: used by the thread running the
-                                              // op (worker, or an inline caller), one op at a time
+  std::shared_ptr<HostScratch>
+      hostScratch_;  // reused host fusion buffer: used by the thread running the
+                     // op (worker, or an inline caller), one op at a time
 };
 
 // How CUDA tensors travel with this build, this MPI and this setting (no group needed).
@@ -165,4 +166,4 @@ std::pair<PathKind, std::string> chooseCudaPath(const Config& config);
 // The same for reductions, given the path of the other ops.
 std::pair<PathKind, std::string> chooseCudaReducePath(const Config& config, PathKind cudaPath);
 
-} // namespace mpigpu::paths
+}  // namespace mpigpu::paths
