@@ -25,6 +25,22 @@ def timed(fn, iters):
     return bench_timed(fn, iters, 1, lambda: None, None)[0]
 
 
+def time_variants(ts, big, iters):
+    """Seconds per op of: one all_reduce per tensor, one coalesced call, one all_reduce of a
+    tensor as big as all of them; and the MPI calls the coalesced call made."""
+    def separate():
+        for t in ts:
+            dist.all_reduce(t)
+
+    before = torch_mpi_gpu._C.mpi_call_count()
+    dist.all_reduce_coalesced(ts)
+    calls = torch_mpi_gpu._C.mpi_call_count() - before
+    sep = timed(separate, iters)
+    coal = timed(lambda: dist.all_reduce_coalesced(ts), iters)
+    one = timed(lambda: dist.all_reduce(big), iters)
+    return sep, coal, one, calls
+
+
 def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--n", default="10,100,1000")
@@ -64,17 +80,7 @@ def main():
                 t.zero_()
             big.zero_()
             iters = 20 if total <= 4 << 20 else 5 if total <= 64 << 20 else 3
-
-            def separate():
-                for t in ts:
-                    dist.all_reduce(t)
-
-            before = torch_mpi_gpu._C.mpi_call_count()
-            dist.all_reduce_coalesced(ts)
-            calls = torch_mpi_gpu._C.mpi_call_count() - before
-            sep = timed(separate, iters)
-            coal = timed(lambda: dist.all_reduce_coalesced(ts), iters)
-            one = timed(lambda: dist.all_reduce(big), iters)
+            sep, coal, one, calls = time_variants(ts, big, iters)
             row = {"n": n, "bytes_each": size, "total_bytes": total, "separate_ms": sep * 1e3,
                    "coalesced_ms": coal * 1e3, "one_big_ms": one * 1e3, "mpi_calls": calls,
                    "coalesced_vs_big": coal / one, "separate_vs_coalesced": sep / coal}

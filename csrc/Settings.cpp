@@ -2,85 +2,93 @@
 
 #include <c10/util/Exception.h>
 
+#include <iterator>
+
 namespace mpigpu {
 
+namespace {
+
+const SettingSpec kSettings[] = {
+    {"TORCH_MPIGPU_TIMEOUT", "", "the group's timeout (30 min)", ReadAt::GroupCreation,
+     "seconds before `Work.wait()` gives up on an op"},
+    {"TORCH_MPIGPU_TIMEOUT_ACTION", "abort", "", ReadAt::GroupCreation,
+     "a collective past its timeout is reported; `abort`: then end the job (MPI_Abort), "
+     "`report`: only report"},
+    {"TORCH_MPIGPU_INLINE_BYTES", "1099511627776", "`1099511627776` (no limit)",
+     ReadAt::GroupCreation,
+     "blocking host ops up to this size run on the calling thread when the group is idle, and "
+     "host send/recv up to this size are posted there and tested by `wait()`; `0`: always on the "
+     "worker"},
+    {"TORCH_MPIGPU_DEBUG", "0", "", ReadAt::GroupCreation,
+     "`1`: log each group's setup (MPI library, thread level, paths) and every op queued"},
+    {"TORCH_MPIGPU_DESYNC_CHECK", "0", "", ReadAt::GroupCreation,
+     "`1`: before every collective one small allgather compares (op, dtype, element count, root) "
+     "across the group; ranks that disagree all get a `DistBackendError` listing each rank's "
+     "call instead of a hang"},
+    {"TORCH_MPIGPU_FR_STACKS", "0", "", ReadAt::FirstOp,
+     "`1`: the flight recorder also keeps the Python stack that issued each op, so torch's "
+     "analyzer names the line; about 0.7 us per op. The recorder itself follows torch's "
+     "`TORCH_FR_BUFFER_SIZE` (default 2000 ops, `0`: off)"},
+    {"TORCH_MPIGPU_MAX_ELEMENTS_PER_CALL", "2147483647", "", ReadAt::GroupCreation,
+     "largest element count per MPI call; larger messages are split (lower it only to test "
+     "splitting)"},
+    {"TORCH_MPIGPU_CUDA_AWARE", "auto", "", ReadAt::GroupCreation,
+     "CUDA tensors: `auto` asks the MPI library; `1` device pointers (cuda-direct); `0` staged "
+     "through pinned host memory"},
+    {"TORCH_MPIGPU_CUDA_REDUCE", "auto", "", ReadAt::GroupCreation,
+     "how reductions on CUDA tensors travel when the other ops go direct. MPI's own collectives: "
+     "`auto` staged on Open MPI (it reduces device buffers on the host anyway), direct "
+     "elsewhere. Our algorithms (the GPU reduces either way): `auto` device pointers for ops "
+     "from `TORCH_MPIGPU_CUDA_DIRECT_BYTES`, pinned staging below; `direct`; `staged`"},
+    {"TORCH_MPIGPU_ALGO", "auto", "", ReadAt::GroupCreation,
+     "reduction algorithm: `auto`, `mpi`, `ring`, `rhd`, `allgather` (the last two for "
+     "all_reduce; reduce_scatter and reduce use the ring). Every rank must use the same value"},
+    {"TORCH_MPIGPU_ALGO_MIN_BYTES", "2097152", "", ReadAt::GroupCreation,
+     "auto, groups with a GPU: reductions below this use MPI's own collectives, from here the "
+     "ring"},
+    {"TORCH_MPIGPU_ALGO_PIECE_BYTES", "33554432", "", ReadAt::GroupCreation,
+     "largest message of our algorithms (pieces pipeline against the reduction)"},
+    {"TORCH_MPIGPU_CUDA_DIRECT_BYTES", "1048576", "", ReadAt::GroupCreation,
+     "our algorithms on a CUDA-aware MPI with `CUDA_REDUCE=auto`: ops from this size send device "
+     "pointers"},
+    {"TORCH_MPIGPU_HOST_HALF_RING_BYTES", "65536", "", ReadAt::GroupCreation,
+     "auto, groups without a GPU: fp16/bf16 all_reduce and reduce_scatter from this size use the "
+     "ring"},
+    {"TORCH_MPIGPU_HOST_RS_RING_BYTES", "1048576", "", ReadAt::GroupCreation,
+     "auto, groups without a GPU: reduce_scatter from this size uses the ring"},
+    {"TORCH_MPIGPU_STAGING_CHUNK_BYTES", "4194304", "", ReadAt::GroupCreation,
+     "cuda-staged: piece size of the copy/MPI pipeline"},
+    {"TORCH_MPIGPU_FUSION_BYTES", "67108864", "", ReadAt::GroupCreation,
+     "most bytes packed into one MPI call when an op carries many tensors; `0`: every tensor "
+     "alone"},
+    {"TORCH_MPIGPU_FUSE_BELOW_BYTES", "262144", "", ReadAt::GroupCreation,
+     "host tensors this big or bigger are not packed (the copy costs more than the call saved); "
+     "device tensors are always packed"},
+    {"TORCH_MPIGPU_MPI_YIELD", "0", "", ReadAt::Import,
+     "Open MPI: a rank waiting inside MPI yields its core (`mpi_yield_when_idle`); `auto` when "
+     "the rank has fewer than 2 cores and `OMPI_MCA_mpi_yield_when_idle` is unset; `1` always; "
+     "`0` leaves Open MPI's default. Off by default: on 2 cores yielding made small-message "
+     "medians jump to 10-30 us, and its gain in training was within noise. Where ranks share "
+     "cores with other hosts' work (two simulated hosts on one 2-core VM, "
+     "`benchmarks/results/two_hosts/`) `1` made DDP training up to 1.4x faster"},
+    {"TORCH_MPIGPU_ABORT_ON_EXCEPTION", "1", "", ReadAt::UncaughtException,
+     "a rank leaving on an uncaught exception prints its traceback and ends the job "
+     "(`MPI_Abort`); `0`: off"},
+    {"TORCH_MPIGPU_SET_DEVICE", "1", "", ReadAt::Rendezvous,
+     "make `cuda:(local rank mod devices)` current before MPI starts; `0`: leave it"},
+    {"TORCH_MPIGPU_AUTO_ENV", "1", "", ReadAt::Rendezvous,
+     "under an MPI launcher, fill `RANK`, `WORLD_SIZE`, `LOCAL_RANK`, `MASTER_ADDR`, "
+     "`MASTER_PORT` when unset; `0`: off"},
+    {"TORCH_MPIGPU_MASTER_PORT", "", "a free port", ReadAt::Rendezvous,
+     "port of the TCP store when mpigpu picks the address"},
+    {"TORCH_MPIGPU_WITH_CUDA", "auto", "", ReadAt::Build, "compile the CUDA sources"},
+    {"MPI_HOME", "/opt/openmpi-cuda", "", ReadAt::Build, "the MPI to build against"},
+};
+
+}  // namespace
+
 const std::vector<SettingSpec>& settings() {
-  static const std::vector<SettingSpec> table = {
-      {"TORCH_MPIGPU_TIMEOUT", "", "the group's timeout (30 min)", ReadAt::GroupCreation,
-       "seconds before `Work.wait()` gives up on an op"},
-      {"TORCH_MPIGPU_TIMEOUT_ACTION", "abort", "", ReadAt::GroupCreation,
-       "a collective past its timeout is reported; `abort`: then end the job (MPI_Abort), "
-       "`report`: only report"},
-      {"TORCH_MPIGPU_INLINE_BYTES", "1099511627776", "`1099511627776` (no limit)",
-       ReadAt::GroupCreation,
-       "blocking host ops up to this size run on the calling thread when the group is idle, and "
-       "host send/recv up to this size are posted there and tested by `wait()`; `0`: always on the "
-       "worker"},
-      {"TORCH_MPIGPU_DEBUG", "0", "", ReadAt::GroupCreation,
-       "`1`: log each group's setup (MPI library, thread level, paths) and every op queued"},
-      {"TORCH_MPIGPU_DESYNC_CHECK", "0", "", ReadAt::GroupCreation,
-       "`1`: before every collective one small allgather compares (op, dtype, element count, root) "
-       "across the group; ranks that disagree all get a `DistBackendError` listing each rank's "
-       "call instead of a hang"},
-      {"TORCH_MPIGPU_FR_STACKS", "0", "", ReadAt::FirstOp,
-       "`1`: the flight recorder also keeps the Python stack that issued each op, so torch's "
-       "analyzer names the line; about 0.7 us per op. The recorder itself follows torch's "
-       "`TORCH_FR_BUFFER_SIZE` (default 2000 ops, `0`: off)"},
-      {"TORCH_MPIGPU_MAX_ELEMENTS_PER_CALL", "2147483647", "", ReadAt::GroupCreation,
-       "largest element count per MPI call; larger messages are split (lower it only to test "
-       "splitting)"},
-      {"TORCH_MPIGPU_CUDA_AWARE", "auto", "", ReadAt::GroupCreation,
-       "CUDA tensors: `auto` asks the MPI library; `1` device pointers (cuda-direct); `0` staged "
-       "through pinned host memory"},
-      {"TORCH_MPIGPU_CUDA_REDUCE", "auto", "", ReadAt::GroupCreation,
-       "how reductions on CUDA tensors travel when the other ops go direct. MPI's own collectives: "
-       "`auto` staged on Open MPI (it reduces device buffers on the host anyway), direct "
-       "elsewhere. Our algorithms (the GPU reduces either way): `auto` device pointers for ops "
-       "from `TORCH_MPIGPU_CUDA_DIRECT_BYTES`, pinned staging below; `direct`; `staged`"},
-      {"TORCH_MPIGPU_ALGO", "auto", "", ReadAt::GroupCreation,
-       "reduction algorithm: `auto`, `mpi`, `ring`, `rhd`, `allgather` (the last two for "
-       "all_reduce; reduce_scatter and reduce use the ring). Every rank must use the same value"},
-      {"TORCH_MPIGPU_ALGO_MIN_BYTES", "2097152", "", ReadAt::GroupCreation,
-       "auto, groups with a GPU: reductions below this use MPI's own collectives, from here the "
-       "ring"},
-      {"TORCH_MPIGPU_ALGO_PIECE_BYTES", "33554432", "", ReadAt::GroupCreation,
-       "largest message of our algorithms (pieces pipeline against the reduction)"},
-      {"TORCH_MPIGPU_CUDA_DIRECT_BYTES", "1048576", "", ReadAt::GroupCreation,
-       "our algorithms on a CUDA-aware MPI with `CUDA_REDUCE=auto`: ops from this size send device "
-       "pointers"},
-      {"TORCH_MPIGPU_HOST_HALF_RING_BYTES", "65536", "", ReadAt::GroupCreation,
-       "auto, groups without a GPU: fp16/bf16 all_reduce and reduce_scatter from this size use the "
-       "ring"},
-      {"TORCH_MPIGPU_HOST_RS_RING_BYTES", "1048576", "", ReadAt::GroupCreation,
-       "auto, groups without a GPU: reduce_scatter from this size uses the ring"},
-      {"TORCH_MPIGPU_STAGING_CHUNK_BYTES", "4194304", "", ReadAt::GroupCreation,
-       "cuda-staged: piece size of the copy/MPI pipeline"},
-      {"TORCH_MPIGPU_FUSION_BYTES", "67108864", "", ReadAt::GroupCreation,
-       "most bytes packed into one MPI call when an op carries many tensors; `0`: every tensor "
-       "alone"},
-      {"TORCH_MPIGPU_FUSE_BELOW_BYTES", "262144", "", ReadAt::GroupCreation,
-       "host tensors this big or bigger are not packed (the copy costs more than the call saved); "
-       "device tensors are always packed"},
-      {"TORCH_MPIGPU_MPI_YIELD", "0", "", ReadAt::Import,
-       "Open MPI: a rank waiting inside MPI yields its core (`mpi_yield_when_idle`); `auto` when "
-       "the rank has fewer than 2 cores and `OMPI_MCA_mpi_yield_when_idle` is unset; `1` always; "
-       "`0` leaves Open MPI's default. Off by default: on 2 cores yielding made small-message "
-       "medians jump to 10-30 us, and its gain in training was within noise. Where ranks share "
-       "cores with other hosts' work (two simulated hosts on one 2-core VM, "
-       "`benchmarks/results/two_hosts/`) `1` made DDP training up to 1.4x faster"},
-      {"TORCH_MPIGPU_ABORT_ON_EXCEPTION", "1", "", ReadAt::UncaughtException,
-       "a rank leaving on an uncaught exception prints its traceback and ends the job "
-       "(`MPI_Abort`); `0`: off"},
-      {"TORCH_MPIGPU_SET_DEVICE", "1", "", ReadAt::Rendezvous,
-       "make `cuda:(local rank mod devices)` current before MPI starts; `0`: leave it"},
-      {"TORCH_MPIGPU_AUTO_ENV", "1", "", ReadAt::Rendezvous,
-       "under an MPI launcher, fill `RANK`, `WORLD_SIZE`, `LOCAL_RANK`, `MASTER_ADDR`, "
-       "`MASTER_PORT` when unset; `0`: off"},
-      {"TORCH_MPIGPU_MASTER_PORT", "", "a free port", ReadAt::Rendezvous,
-       "port of the TCP store when mpigpu picks the address"},
-      {"TORCH_MPIGPU_WITH_CUDA", "auto", "", ReadAt::Build, "compile the CUDA sources"},
-      {"MPI_HOME", "/opt/openmpi-cuda", "", ReadAt::Build, "the MPI to build against"},
-  };
+  static const std::vector<SettingSpec> table(std::begin(kSettings), std::end(kSettings));
   return table;
 }
 

@@ -155,8 +155,31 @@ void bindLifecycle(py::module_& m) {
       "MPI_Abort(MPI_COMM_WORLD, code) when MPI is running: the launcher ends every rank.");
 }
 
-// Introspection and unit-test hooks: data paths, algorithms, fusion, call counts.
-void bindPathsAndAlgorithms(py::module_& m) {
+void reduceStep(const at::Tensor& dst, const at::Tensor& a, const at::Tensor& b,
+                const std::string& opName, double scale) {
+  using R = c10d::ReduceOp;
+  static const std::pair<const char*, R::RedOpType> names[] = {
+      {"SUM", R::SUM}, {"AVG", R::AVG},   {"PRODUCT", R::PRODUCT},
+      {"MIN", R::MIN}, {"MAX", R::MAX},   {"BAND", R::BAND},
+      {"BOR", R::BOR}, {"BXOR", R::BXOR}, {"PREMUL_SUM", R::PREMUL_SUM}};
+  R::RedOpType kind = R::UNUSED;
+  for (const auto& [name, k] : names) {
+    if (opName == name) kind = k;
+  }
+  if (kind == R::UNUSED) throw py::value_error("reduce_step: unknown reduce op " + opName);
+  py::gil_scoped_release noGil;
+#if MPIGPU_WITH_CUDA
+  if (dst.is_cuda()) {
+    mpigpu::cuda::combine(dst, a, b, kind, scale);
+    return;
+  }
+#endif
+  if (!dst.is_cpu()) throw py::type_error("reduce_step: CPU tensors (or CUDA in a CUDA build)");
+  mpigpu::algo::makeHostReducer(kind)->combine(dst, a, b, scale);
+}
+
+// Which data path CUDA tensors and reductions take here, and why.
+void bindPaths(py::module_& m) {
   m.def("with_cuda", [] { return MPIGPU_WITH_CUDA != 0; });
   m.def(
       "cuda_path",
@@ -176,6 +199,10 @@ void bindPathsAndAlgorithms(py::module_& m) {
       },
       "The path reductions (all_reduce, reduce, reduce_scatter) on CUDA tensors take, and why "
       "(TORCH_MPIGPU_CUDA_REDUCE).");
+}
+
+// Unit-test hooks and counters of the algorithms and fusion layers.
+void bindAlgorithms(py::module_& m) {
   m.def("_fusion_buckets", &mpigpu::fusionBuckets, py::arg("tensors"), py::arg("limit_bytes"),
         py::arg("alone_bytes"),
         "Fusion policy (unit tests): indices of `tensors` per MPI call, grouped by dtype in "
@@ -199,34 +226,10 @@ void bindPathsAndAlgorithms(py::module_& m) {
         return d;
       },
       "How many reductions each of our algorithms has run in this process.");
-  m.def(
-      "reduce_step",
-      [](const at::Tensor& dst, const at::Tensor& a, const at::Tensor& b, const std::string& opName,
-         double scale) {
-        using R = c10d::ReduceOp;
-        static const std::pair<const char*, R::RedOpType> names[] = {
-            {"SUM", R::SUM}, {"AVG", R::AVG},   {"PRODUCT", R::PRODUCT},
-            {"MIN", R::MIN}, {"MAX", R::MAX},   {"BAND", R::BAND},
-            {"BOR", R::BOR}, {"BXOR", R::BXOR}, {"PREMUL_SUM", R::PREMUL_SUM}};
-        R::RedOpType kind = R::UNUSED;
-        for (const auto& [name, k] : names) {
-          if (opName == name) kind = k;
-        }
-        if (kind == R::UNUSED) throw py::value_error("reduce_step: unknown reduce op " + opName);
-        py::gil_scoped_release noGil;
-#if MPIGPU_WITH_CUDA
-        if (dst.is_cuda()) {
-          mpigpu::cuda::combine(dst, a, b, kind, scale);
-          return;
-        }
-#endif
-        if (!dst.is_cpu())
-          throw py::type_error("reduce_step: CPU tensors (or CUDA in a CUDA build)");
-        mpigpu::algo::makeHostReducer(kind)->combine(dst, a, b, scale);
-      },
-      py::arg("dst"), py::arg("a"), py::arg("b"), py::arg("op"), py::arg("scale") = 1.0,
-      "One local reduction step of our algorithms, dst = (a op b) * scale, with the reducer of "
-      "dst's device (the host's, or the CUDA kernels); for tests against torch's own ops.");
+  m.def("reduce_step", &reduceStep, py::arg("dst"), py::arg("a"), py::arg("b"), py::arg("op"),
+        py::arg("scale") = 1.0,
+        "One local reduction step of our algorithms, dst = (a op b) * scale, with the reducer of "
+        "dst's device (the host's, or the CUDA kernels); for tests against torch's own ops.");
 }
 
 void bindFlightRecorder(py::module_& m) {
@@ -252,6 +255,7 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   bindSettings(m);
   bindMpi(m);
   bindLifecycle(m);
-  bindPathsAndAlgorithms(m);
+  bindPaths(m);
+  bindAlgorithms(m);
   bindFlightRecorder(m);
 }

@@ -3,6 +3,7 @@
 # multi-rank jobs under mpirun at 1-4 ranks included, then does it again with the CUDA build
 # (torch's CUDA wheel, every CUDA source compiled with nvcc) so a CUDA compile break or a
 # CUDA-build-only failure fails too. GPU tests run where a GPU is visible and skip elsewhere.
+# The CPU leg starts with scripts/lint.sh (clang-format, function length, ruff).
 # Extra arguments go to pytest. Settings:
 #   MPIGPU_TEST_BUILDS          "cpu mpich slurm hosts cuda" (default), or any of them
 #                               (mpich: the CPU build against PyPI's MPICH, multi-rank suite and
@@ -44,6 +45,8 @@ LAUNCHER_TESTS="launcher or uncaught or clean or killed or stalled or ddp or fsd
 or (collectives and not algorithm and not split)"
 if [[ " $builds " == *" cpu "* ]]; then
   setup_cpu
+  echo "=== lint ==="
+  "$ROOT/scripts/lint.sh" "$CPU_VENV"
   run_suite "$CPU_VENV" "CPU build" "$@"
 fi
 if [[ " $builds " == *" mpich "* ]]; then

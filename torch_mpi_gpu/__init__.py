@@ -15,7 +15,7 @@ from pathlib import Path
 import torch
 import torch.distributed as dist
 
-from . import _C, config, flight_recorder
+from . import _C, config, flight_recorder  # noqa: F401  (torch_mpi_gpu.flight_recorder.dump())
 from .launcher import (choose_mpi_yield, detect_launcher, install_env_rendezvous_hook,
                        select_cuda_device, setup_env)
 

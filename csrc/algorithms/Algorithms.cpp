@@ -225,6 +225,19 @@ void exchangeReduce(Context& c, const at::Tensor& sendRange, const at::Tensor& r
   c.link.waitAll(sending);
 }
 
+// Sends `mine` to `partner` and receives its range into `theirs`, piece by piece.
+void swapRanges(Context& c, const at::Tensor& mine, const at::Tensor& theirs, int partner) {
+  c.link.settle();
+  std::vector<size_t> h;
+  forPieces(theirs.numel(), c.pieceElems, [&](int64_t off, int64_t m) {
+    h.push_back(c.link.irecv(theirs.narrow(0, off, m), partner));
+  });
+  forPieces(mine.numel(), c.pieceElems, [&](int64_t off, int64_t m) {
+    h.push_back(c.link.isend(mine.narrow(0, off, m), partner));
+  });
+  c.link.waitAll(h);
+}
+
 void rhdAllreduce(Context& c, const at::Tensor& buf) {
   Link& link = c.link;
   const int p = link.comm().size, r = link.comm().rank;
@@ -273,16 +286,7 @@ void rhdAllreduce(Context& c, const at::Tensor& buf) {
     const int width = hi - lo;
     const bool lower = (me & mask) == 0;
     const int theirLo = lower ? hi : lo - width;
-    link.settle();
-    std::vector<size_t> h;
-    at::Tensor theirs = span(theirLo, theirLo + width), mine = span(lo, hi);
-    forPieces(theirs.numel(), c.pieceElems, [&](int64_t off, int64_t m) {
-      h.push_back(link.irecv(theirs.narrow(0, off, m), partner));
-    });
-    forPieces(mine.numel(), c.pieceElems, [&](int64_t off, int64_t m) {
-      h.push_back(link.isend(mine.narrow(0, off, m), partner));
-    });
-    link.waitAll(h);
+    swapRanges(c, span(lo, hi), span(theirLo, theirLo + width), partner);
     lo = std::min(lo, theirLo);
     hi = lo + 2 * width;
   }

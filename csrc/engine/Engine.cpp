@@ -319,68 +319,75 @@ void Engine::loop() {
   prctl(PR_SET_TIMERSLACK, 1UL, 0UL, 0UL, 0UL);
   while (true) {
     Queued item;
-    {
-      std::unique_lock<std::mutex> lock(mutex_);
-      auto ready = [&] { return stop_ || (!queue_.empty() && !inlineBusy_); };
-      const auto idle = std::chrono::steady_clock::now() -
-                        std::chrono::steady_clock::time_point(
-                            std::chrono::steady_clock::duration(lastProgress_.load()));
-      if (pendingCount_.load() == 0 && idle >= kSlowAfter) {
-        deepSleep_ = true;  // requests posted by callers now must wake it (addPending)
-        cv_.wait(lock, [&] { return ready() || pendingCount_.load() != 0; });
-        deepSleep_ = false;
-      } else if (pendingCount_.load() == 0 || callersWaiting_.load() > 0) {
-        // Point-to-point traffic lately, or a caller testing its own requests: stay ready
-        // without being woken for every post (each wake-up is a context switch).
-        cv_.wait_for(lock, kSlowPollInterval, ready);
-      } else {
-        cv_.wait_for(lock, idle < kSlowAfter ? kPollInterval : kSlowPollInterval, ready);
-      }
-      // On stop, queued ops and outstanding requests are failed by shutdown() or abort(): the
-      // peers may never post their side.
-      if (stop_) break;
-      if (!queue_.empty() && !inlineBusy_) {
-        item = std::move(queue_.front());
-        queue_.pop_front();
-        running_ = true;
-        current_ = item.work;
-      }
-    }
-    if (item.work) {
-      item.work->markStarted();
-      bool done = false;
-      std::exception_ptr error;
-      try {
-        done = item.task();
-      } catch (...) {
-        error = std::current_exception();
-      }
-      {
-        // Not running before the Work completes: the caller it wakes may issue its next
-        // blocking op at once, and must find the engine idle to run it inline.
-        std::lock_guard<std::mutex> lock(mutex_);
-        running_ = false;
-        current_.reset();
-      }
-      if (error) {
-        item.work->markFailed(withOpContext(*item.work, error));
-      } else if (done) {
-        item.work->markCompleted();
-      }
-    }
+    // On stop, queued ops and outstanding requests are failed by shutdown() or abort(): the
+    // peers may never post their side.
+    if (!waitForWork(item)) break;
+    if (item.work) runQueued(item);
     // (a caller's inline collective never overlaps pending requests: they block inline runs;
     // a caller's inline post may, which MPI_THREAD_MULTIPLE allows)
-    if (pendingCount_.load() != 0 && callersWaiting_.load() == 0)
+    if (pendingCount_.load() != 0 && callersWaiting_.load() == 0) {
       progressPending(/*blocking=*/true);
+    }
   }
 }
 
+bool Engine::waitForWork(Queued& item) {
+  std::unique_lock<std::mutex> lock(mutex_);
+  auto ready = [&] { return stop_ || (!queue_.empty() && !inlineBusy_); };
+  const auto idle = std::chrono::steady_clock::now() -
+                    std::chrono::steady_clock::time_point(
+                        std::chrono::steady_clock::duration(lastProgress_.load()));
+  if (pendingCount_.load() == 0 && idle >= kSlowAfter) {
+    deepSleep_ = true;  // requests posted by callers now must wake it (addPending)
+    cv_.wait(lock, [&] { return ready() || pendingCount_.load() != 0; });
+    deepSleep_ = false;
+  } else if (pendingCount_.load() == 0 || callersWaiting_.load() > 0) {
+    // Point-to-point traffic lately, or a caller testing its own requests: stay ready
+    // without being woken for every post (each wake-up is a context switch).
+    cv_.wait_for(lock, kSlowPollInterval, ready);
+  } else {
+    cv_.wait_for(lock, idle < kSlowAfter ? kPollInterval : kSlowPollInterval, ready);
+  }
+  if (stop_) return false;
+  if (!queue_.empty() && !inlineBusy_) {
+    item = std::move(queue_.front());
+    queue_.pop_front();
+    running_ = true;
+    current_ = item.work;
+  }
+  return true;
+}
+
+void Engine::runQueued(Queued& item) {
+  item.work->markStarted();
+  bool done = false;
+  std::exception_ptr error;
+  try {
+    done = item.task();
+  } catch (...) {
+    error = std::current_exception();
+  }
+  {
+    // Not running before the Work completes: the caller it wakes may issue its next
+    // blocking op at once, and must find the engine idle to run it inline.
+    std::lock_guard<std::mutex> lock(mutex_);
+    running_ = false;
+    current_.reset();
+  }
+  if (error) {
+    item.work->markFailed(withOpContext(*item.work, error));
+  } else if (done) {
+    item.work->markCompleted();
+  }
+}
+
+struct Engine::Finished {
+  Pending pending;
+  int rc;
+  std::vector<MPI_Status> statuses;
+};
+
 void Engine::progressPending(bool blocking) {
-  struct Finished {
-    Pending pending;
-    int rc;
-    std::vector<MPI_Status> statuses;
-  };
   std::vector<Finished> finished;
   {
     std::unique_lock<std::mutex> lock(progressMutex_, std::defer_lock);
@@ -408,39 +415,41 @@ void Engine::progressPending(bool blocking) {
     }
   }
   // Completion runs callbacks that may issue new ops (and so add pending requests): unlocked.
-  for (auto& f : finished) {
-    Pending& p = f.pending;
-    int rc = f.rc;
-    const auto& statuses = f.statuses;
-    {
-      try {
-        if (rc != MPI_SUCCESS) {
-          if (rc == MPI_ERR_IN_STATUS) {  // the request's own error says what went wrong
-            for (const auto& st : statuses) {
-              if (st.MPI_ERROR != MPI_SUCCESS && st.MPI_ERROR != MPI_ERR_PENDING) rc = st.MPI_ERROR;
-            }
-          }
-          char text[MPI_MAX_ERROR_STRING] = {0};
-          int len = 0;
-          MPI_Error_string(rc, text, &len);
-          // The requests still active are cancelled; the op's buffers are released (not
-          // copied back) by its completion, told of the error through the status.
-          if (mpi::cancelRequests(p.requests) && p.then) {
-            MPI_Status failed = statuses[0];
-            failed.MPI_ERROR = rc;
-            p.then(failed);
-          }
-          MPIGPU_THROW_BACKEND(p.work->opName(), p.work->groupRank(), p.work->describe(),
-                               ": MPI_Testall failed: ", text,
-                               " (a receive smaller than the message sent, or a peer that failed)");
-        }
-        if (p.then) p.then(statuses[0]);
-        p.work->markCompleted();
-      } catch (...) {
-        p.work->markFailed(std::current_exception());
-      }
+  for (auto& f : finished) completePending(f);
+}
+
+void Engine::completePending(Finished& f) {
+  Pending& p = f.pending;
+  try {
+    if (f.rc != MPI_SUCCESS) failPending(f);
+    if (p.then) p.then(f.statuses[0]);
+    p.work->markCompleted();
+  } catch (...) {
+    p.work->markFailed(std::current_exception());
+  }
+}
+
+void Engine::failPending(Finished& f) {
+  Pending& p = f.pending;
+  int rc = f.rc;
+  if (rc == MPI_ERR_IN_STATUS) {  // the request's own error says what went wrong
+    for (const auto& st : f.statuses) {
+      if (st.MPI_ERROR != MPI_SUCCESS && st.MPI_ERROR != MPI_ERR_PENDING) rc = st.MPI_ERROR;
     }
   }
+  char text[MPI_MAX_ERROR_STRING] = {0};
+  int len = 0;
+  MPI_Error_string(rc, text, &len);
+  // The requests still active are cancelled; the op's buffers are released (not copied back)
+  // by its completion, told of the error through the status.
+  if (mpi::cancelRequests(p.requests) && p.then) {
+    MPI_Status failed = f.statuses[0];
+    failed.MPI_ERROR = rc;
+    p.then(failed);
+  }
+  MPIGPU_THROW_BACKEND(p.work->opName(), p.work->groupRank(), p.work->describe(),
+                       ": MPI_Testall failed: ", text,
+                       " (a receive smaller than the message sent, or a peer that failed)");
 }
 
 }  // namespace mpigpu

@@ -96,7 +96,13 @@ class Engine : public ProgressDriver {
     Then then;
   };
 
+  struct Finished;  // a pending request set MPI_Testall finished (or failed)
+
   void loop();
+  // Waits for a queued op (taken into `item`, if one is ready) or a pending request to test;
+  // false once the engine stops.
+  bool waitForWork(Queued& item);
+  void runQueued(Queued& item);
   // Lets what is queued run (in issue order, on the worker) and waits until the engine is idle
   // or `timeout` passed; false: still busy, `busy` then says with what.
   bool drain(std::chrono::milliseconds timeout, std::string* busy);
@@ -104,6 +110,10 @@ class Engine : public ProgressDriver {
   // Tests every pending request set; completes the finished ones outside the lock. `blocking`:
   // wait for another thread's pass instead of skipping.
   void progressPending(bool blocking);
+  void completePending(Finished& f);
+  // A failed MPI_Testall: cancels what is still active, tells the op's completion, and throws
+  // the error naming the op.
+  [[noreturn]] void failPending(Finished& f);
   // Fails every queued op and pending request with `why` (after stop_ is set).
   void failOutstanding(const std::string& why);
 

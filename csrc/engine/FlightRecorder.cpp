@@ -227,20 +227,26 @@ void Recorder::finished(uint64_t id, float durationMs) {
   }
 }
 
-std::string Recorder::dump(bool stackTraces, bool onlyActive) {
-  std::vector<Entry> entries;
+struct Recorder::Snapshot {
+  std::vector<Entry> entries;  // oldest first
   std::vector<Group> groups;
   std::map<uint64_t, std::pair<std::string, std::string>> threads;
-  {
-    std::lock_guard<std::mutex> lock(mutex_);
-    // Oldest first: from next_ to the end, then the start.
-    entries.insert(entries.end(), entries_.begin() + static_cast<std::ptrdiff_t>(next_),
-                   entries_.end());
-    entries.insert(entries.end(), entries_.begin(),
-                   entries_.begin() + static_cast<std::ptrdiff_t>(next_));
-    groups = groups_;
-    threads = threads_;
-  }
+};
+
+Recorder::Snapshot Recorder::snapshot() {
+  Snapshot s;
+  std::lock_guard<std::mutex> lock(mutex_);
+  // Oldest first: from next_ to the end, then the start.
+  const auto split = entries_.begin() + static_cast<std::ptrdiff_t>(next_);
+  s.entries.insert(s.entries.end(), split, entries_.end());
+  s.entries.insert(s.entries.end(), entries_.begin(), split);
+  s.groups = groups_;
+  s.threads = threads_;
+  return s;
+}
+
+// torch's pg_config (name, desc, ranks by group name) and pg_status (by group id).
+std::pair<c10::IValue, c10::IValue> Recorder::groupTables(const std::vector<Group>& groups) {
   auto pgConfig = c10d::new_dict();
   auto pgStatus = c10d::new_dict();
   for (size_t id = 0; id < groups.size(); ++id) {
@@ -256,73 +262,91 @@ std::string Recorder::dump(bool stackTraces, bool onlyActive) {
     status.insert("last_completed_collective", g.completed);
     pgStatus.insert(std::to_string(id), status);
   }
-  // Symbolizing takes the GIL for Python frames: outside our lock.
-  torch::SymbolizedTracebacks symbolized;
-  std::vector<c10::IValue> frames;
+  return {pgConfig, pgStatus};
+}
+
+// Each entry's Python stack as a list of frame dicts (empty where none was recorded).
+// Symbolizing takes the GIL for Python frames: call it outside our lock.
+std::vector<c10::IValue> Recorder::symbolizedStacks(const std::vector<Entry>& entries) {
+  std::vector<torch::CapturedTraceback*> tracebacks;
   std::vector<size_t> stackOf(entries.size(), SIZE_MAX);
-  if (stackTraces) {
-    std::vector<torch::CapturedTraceback*> tracebacks;
-    for (size_t i = 0; i < entries.size(); ++i) {
-      if (!entries[i].traceback) continue;
-      stackOf[i] = tracebacks.size();
-      tracebacks.push_back(entries[i].traceback.get());
-    }
-    if (!tracebacks.empty()) symbolized = torch::symbolize(tracebacks);
-    for (const auto& f : symbolized.all_frames) {
-      auto d = c10d::new_dict();
-      d.insert(k::name_key, f.funcname);
-      d.insert(k::filename_key, f.filename);
-      d.insert(k::line_key, static_cast<int64_t>(f.lineno));
-      frames.emplace_back(std::move(d));
-    }
-  }
-  auto list = c10d::new_list();
   for (size_t i = 0; i < entries.size(); ++i) {
-    const Entry& e = entries[i];
-    if (onlyActive && e.completed) continue;
-    const Group& g = groups.at(e.op.groupId);
-    auto d = c10d::new_dict();
-    if (stackTraces) {
-      auto stack = c10d::new_list();
-      if (stackOf[i] != SIZE_MAX) {
-        for (auto f : symbolized.tracebacks.at(stackOf[i])) stack.push_back(frames.at(f));
-      }
-      d.insert(k::frames_key, stack);
-    }
-    std::string name = e.op.title;
-    // torchfrtrace's point-to-point form, in group ranks: "send 0->1", "recv 1<-0".
-    if (e.op.p2p) {
-      name += e.op.send ? c10::str(" ", e.op.self, "->", e.op.peer)
-                        : c10::str(" ", e.op.self, "<-", e.op.peer);
-    }
-    d.insert(k::record_id_key, static_cast<int64_t>(e.id));
-    d.insert(k::pg_id_key, static_cast<int64_t>(e.op.groupId));
-    d.insert(k::pg_name_key, std::make_tuple(g.name, g.desc));
-    d.insert(k::collective_seq_id_key, static_cast<int64_t>(e.op.collectiveSeq));
-    d.insert(k::p2p_seq_id_key, static_cast<int64_t>(e.op.p2pSeq));
-    // Each op is one logical op here (no fused NCCL-style groups): numbered in issue order.
-    d.insert(k::op_id_key, static_cast<int64_t>(e.op.collectiveSeq + e.op.p2pSeq));
-    d.insert(k::profiling_name_key, name);
-    d.insert(k::time_created_key, static_cast<int64_t>(e.created));
-    if (e.durationMs) d.insert(k::duration_key, static_cast<double>(*e.durationMs));
-    size_t at = 0;
-    d.insert(k::input_sizes_key, sizesList(e.inputDims, e.sizes, at));
-    d.insert(k::input_dtypes_key, typeNames(e.inputTypes));
-    d.insert(k::output_sizes_key, sizesList(e.outputDims, e.sizes, at));
-    d.insert(k::output_dtypes_key, typeNames(e.outputTypes));
-    d.insert(k::state_key, e.completed ? k::completed_state
-                           : e.started ? k::started_state
-                                       : k::scheduled_state);
-    d.insert(k::time_discovered_started_key, optionalTime(e.started));
-    d.insert(k::time_discovered_completed_key, optionalTime(e.completed));
-    d.insert(k::retired_key, e.completed.has_value());
-    d.insert(k::timeout_key, static_cast<int64_t>(e.op.timeout.count()));
-    d.insert(k::is_p2p_key, e.op.p2p);
-    const auto thread = threads.find(e.thread);
-    d.insert(k::thread_id_key, thread == threads.end() ? "" : thread->second.first);
-    d.insert(k::thread_name_key, thread == threads.end() ? "" : thread->second.second);
-    list.push_back(d);
+    if (!entries[i].traceback) continue;
+    stackOf[i] = tracebacks.size();
+    tracebacks.push_back(entries[i].traceback.get());
   }
+  torch::SymbolizedTracebacks symbolized;
+  if (!tracebacks.empty()) symbolized = torch::symbolize(tracebacks);
+  std::vector<c10::IValue> frames;
+  for (const auto& f : symbolized.all_frames) {
+    auto d = c10d::new_dict();
+    d.insert(k::name_key, f.funcname);
+    d.insert(k::filename_key, f.filename);
+    d.insert(k::line_key, static_cast<int64_t>(f.lineno));
+    frames.emplace_back(std::move(d));
+  }
+  std::vector<c10::IValue> stacks;
+  for (size_t i = 0; i < entries.size(); ++i) {
+    auto stack = c10d::new_list();
+    if (stackOf[i] != SIZE_MAX) {
+      for (auto f : symbolized.tracebacks.at(stackOf[i])) stack.push_back(frames.at(f));
+    }
+    stacks.emplace_back(std::move(stack));
+  }
+  return stacks;
+}
+
+// One entry in torch's format (c10d's FlightRecorder keys).
+c10::IValue Recorder::entryDict(const Entry& e, const Snapshot& s) {
+  const Group& g = s.groups.at(e.op.groupId);
+  auto d = c10d::new_dict();
+  std::string name = e.op.title;
+  // torchfrtrace's point-to-point form, in group ranks: "send 0->1", "recv 1<-0".
+  if (e.op.p2p) {
+    name += e.op.send ? c10::str(" ", e.op.self, "->", e.op.peer)
+                      : c10::str(" ", e.op.self, "<-", e.op.peer);
+  }
+  d.insert(k::record_id_key, static_cast<int64_t>(e.id));
+  d.insert(k::pg_id_key, static_cast<int64_t>(e.op.groupId));
+  d.insert(k::pg_name_key, std::make_tuple(g.name, g.desc));
+  d.insert(k::collective_seq_id_key, static_cast<int64_t>(e.op.collectiveSeq));
+  d.insert(k::p2p_seq_id_key, static_cast<int64_t>(e.op.p2pSeq));
+  // Each op is one logical op here (no fused NCCL-style groups): numbered in issue order.
+  d.insert(k::op_id_key, static_cast<int64_t>(e.op.collectiveSeq + e.op.p2pSeq));
+  d.insert(k::profiling_name_key, name);
+  d.insert(k::time_created_key, static_cast<int64_t>(e.created));
+  if (e.durationMs) d.insert(k::duration_key, static_cast<double>(*e.durationMs));
+  size_t at = 0;
+  d.insert(k::input_sizes_key, sizesList(e.inputDims, e.sizes, at));
+  d.insert(k::input_dtypes_key, typeNames(e.inputTypes));
+  d.insert(k::output_sizes_key, sizesList(e.outputDims, e.sizes, at));
+  d.insert(k::output_dtypes_key, typeNames(e.outputTypes));
+  d.insert(k::state_key, e.completed ? k::completed_state
+                         : e.started ? k::started_state
+                                     : k::scheduled_state);
+  d.insert(k::time_discovered_started_key, optionalTime(e.started));
+  d.insert(k::time_discovered_completed_key, optionalTime(e.completed));
+  d.insert(k::retired_key, e.completed.has_value());
+  d.insert(k::timeout_key, static_cast<int64_t>(e.op.timeout.count()));
+  d.insert(k::is_p2p_key, e.op.p2p);
+  const auto thread = s.threads.find(e.thread);
+  d.insert(k::thread_id_key, thread == s.threads.end() ? "" : thread->second.first);
+  d.insert(k::thread_name_key, thread == s.threads.end() ? "" : thread->second.second);
+  return d;
+}
+
+std::string Recorder::dump(bool stackTraces, bool onlyActive) {
+  const Snapshot s = snapshot();
+  const std::vector<c10::IValue> stacks =
+      stackTraces ? symbolizedStacks(s.entries) : std::vector<c10::IValue>{};
+  auto list = c10d::new_list();
+  for (size_t i = 0; i < s.entries.size(); ++i) {
+    if (onlyActive && s.entries[i].completed) continue;
+    c10::IValue entry = entryDict(s.entries[i], s);
+    if (stackTraces) entry.toGenericDict().insert(k::frames_key, stacks[i]);
+    list.push_back(entry);
+  }
+  auto [pgConfig, pgStatus] = groupTables(s.groups);
   auto result = c10d::new_dict();
   result.insert(k::version_key, c10d::version_val_str);
   result.insert(k::comm_lib_version_key, mpi::ensureInitialized().libraryVersion);

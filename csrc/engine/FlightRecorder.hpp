@@ -12,6 +12,7 @@
 #pragma once
 
 #include <ATen/core/Tensor.h>
+#include <ATen/core/ivalue.h>
 #include <c10/util/ApproximateClock.h>
 
 #include <chrono>
@@ -74,6 +75,11 @@ class Recorder {
     // torch's ProcessGroupStatus: the last collective enqueued, started and completed
     int64_t enqueued = -1, started = -1, completed = -1;
   };
+  struct Snapshot;  // a copy of the entries, groups and thread names, for dump()
+  Snapshot snapshot();
+  static std::pair<c10::IValue, c10::IValue> groupTables(const std::vector<Group>& groups);
+  static std::vector<c10::IValue> symbolizedStacks(const std::vector<Entry>& entries);
+  static c10::IValue entryDict(const Entry& e, const Snapshot& s);
   Entry* find(uint64_t id);  // with mutex_ held; nullptr once overwritten
   uint64_t threadKey();      // this thread's key into threads_, registering it once
 

@@ -238,6 +238,50 @@ void reduceScatter(const Comm& c, const char* op, const at::Tensor& in, at::Tens
   finishAverage(out, red, c.size);
 }
 
+namespace {
+
+// MPI_Alltoallv where some count or offset exceeds an int: rounds of at most `step` elements per
+// peer, packed so every offset fits.
+void alltoallvInRounds(const Comm& c, const char* op, MPI_Datatype type, const at::Tensor& in,
+                       const std::vector<int64_t>& sendCounts,
+                       const std::vector<int64_t>& sendDispl, at::Tensor& out,
+                       const std::vector<int64_t>& recvCounts,
+                       const std::vector<int64_t>& recvDispl, int64_t globalMax) {
+  const int64_t step = std::max<int64_t>(1, c.maxCount / c.size);
+  const int64_t rounds = (globalMax + step - 1) / step;
+  std::vector<int> sc(c.size), sd(c.size), rc(c.size), rd(c.size);
+  at::Tensor sendTmp = at::empty({c.size * step}, in.options());
+  at::Tensor recvTmp = at::empty({c.size * step}, out.options());
+  for (int64_t r = 0; r < rounds; ++r) {
+    int sOff = 0, rOff = 0;
+    for (int p = 0; p < c.size; ++p) {
+      const int64_t base = r * step;
+      sc[p] = static_cast<int>(std::clamp<int64_t>(sendCounts[p] - base, 0, step));
+      rc[p] = static_cast<int>(std::clamp<int64_t>(recvCounts[p] - base, 0, step));
+      sd[p] = sOff;
+      rd[p] = rOff;
+      if (sc[p] > 0) {
+        sendTmp.narrow(0, sOff, sc[p]).copy_(in.narrow(0, sendDispl[p] + base, sc[p]));
+      }
+      sOff += sc[p];
+      rOff += rc[p];
+    }
+    settle(sendTmp);
+    ++g_calls;
+    MPIGPU_MPI_CHECK(MPI_Alltoallv(bytes(sendTmp), sc.data(), sd.data(), type, bytes(recvTmp),
+                                   rc.data(), rd.data(), type, c.handle),
+                     op, c.rank);
+    for (int p = 0; p < c.size; ++p) {
+      if (rc[p] > 0) {
+        out.narrow(0, recvDispl[p] + r * step, rc[p]).copy_(recvTmp.narrow(0, rd[p], rc[p]));
+      }
+    }
+    settle(recvTmp);
+  }
+}
+
+}  // namespace
+
 void alltoallv(const Comm& c, const char* op, const at::Tensor& in,
                const std::vector<int64_t>& sendCounts, at::Tensor& out,
                const std::vector<int64_t>& recvCounts, bool uniform) {
@@ -271,38 +315,7 @@ void alltoallv(const Comm& c, const char* op, const at::Tensor& in,
                      op, c.rank);
     return;
   }
-  // Rounds of at most `step` elements per peer, packed so every offset fits in an int.
-  const int64_t step = std::max<int64_t>(1, c.maxCount / c.size);
-  const int64_t rounds = (globalMax + step - 1) / step;
-  std::vector<int> sc(c.size), sd(c.size), rc(c.size), rd(c.size);
-  at::Tensor sendTmp = at::empty({c.size * step}, in.options());
-  at::Tensor recvTmp = at::empty({c.size * step}, out.options());
-  for (int64_t r = 0; r < rounds; ++r) {
-    int sOff = 0, rOff = 0;
-    for (int p = 0; p < c.size; ++p) {
-      const int64_t base = r * step;
-      sc[p] = static_cast<int>(std::clamp<int64_t>(sendCounts[p] - base, 0, step));
-      rc[p] = static_cast<int>(std::clamp<int64_t>(recvCounts[p] - base, 0, step));
-      sd[p] = sOff;
-      rd[p] = rOff;
-      if (sc[p] > 0) {
-        sendTmp.narrow(0, sOff, sc[p]).copy_(in.narrow(0, sendDispl[p] + base, sc[p]));
-      }
-      sOff += sc[p];
-      rOff += rc[p];
-    }
-    settle(sendTmp);
-    ++g_calls;
-    MPIGPU_MPI_CHECK(MPI_Alltoallv(bytes(sendTmp), sc.data(), sd.data(), type, bytes(recvTmp),
-                                   rc.data(), rd.data(), type, c.handle),
-                     op, c.rank);
-    for (int p = 0; p < c.size; ++p) {
-      if (rc[p] > 0) {
-        out.narrow(0, recvDispl[p] + r * step, rc[p]).copy_(recvTmp.narrow(0, rd[p], rc[p]));
-      }
-    }
-    settle(recvTmp);
-  }
+  alltoallvInRounds(c, op, type, in, sendCounts, sendDispl, out, recvCounts, recvDispl, globalMax);
 }
 
 void barrier(const Comm& c, const char* op) {

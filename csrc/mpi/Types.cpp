@@ -173,17 +173,49 @@ MPI_Datatype transportType(at::ScalarType dtype, const char* op, int rank) {
   }
 }
 
+namespace {
+
+[[noreturn]] void notReducible(c10d::ReduceOp::RedOpType kind, at::ScalarType dtype, const char* op,
+                               int rank) {
+  C10_THROW_ERROR(TypeError, opMessage(op, rank, "dtype ", c10::toString(dtype),
+                                       " cannot be reduced (ReduceOp.", reduceOpName(kind),
+                                       "); supported: float16, bfloat16, float32, float64, "
+                                       "int8/16/32/64, uint8/16/32/64, bool, complex"));
+}
+
+// PREMUL_SUM's factor, a tensor (read on the device at reduction time) or a double.
+void takePremulFactor(Reduction& r, const c10d::ReduceOp& reduceOp, at::ScalarType dtype,
+                      const char* op, int rank) {
+  if (!(at::isFloatingType(dtype) || at::isComplexType(dtype))) {
+    unsupported(r.kind, dtype, op, rank, "PREMUL_SUM needs a floating-point dtype");
+  }
+  // NCCLPreMulSumSupplement: the name torch < 2.13 knows; later torch keeps it as an alias
+  auto* supplement = dynamic_cast<c10d::NCCLPreMulSumSupplement*>(reduceOp.supplement_.get());
+  MPIGPU_CHECK_VALUE(supplement != nullptr, op, rank,
+                     "PREMUL_SUM without a factor; create it with "
+                     "torch.distributed._make_nccl_premul_sum(factor)");
+  if (supplement->tensor_factor.defined()) {
+    r.premulTensor = supplement->tensor_factor;
+  } else {
+    r.premulScalar = supplement->double_factor;
+  }
+}
+
+// BAND/BOR/BXOR: logical ops on bool, bitwise ops on integers.
+MPI_Op bitwiseOp(c10d::ReduceOp::RedOpType kind, bool boolean) {
+  if (kind == c10d::ReduceOp::BAND) return boolean ? MPI_LAND : MPI_BAND;
+  if (kind == c10d::ReduceOp::BOR) return boolean ? MPI_LOR : MPI_BOR;
+  return boolean ? MPI_LXOR : MPI_BXOR;
+}
+
+}  // namespace
+
 Reduction resolveReduction(const c10d::ReduceOp& reduceOp, at::ScalarType dtype, const char* op,
                            int rank) {
   Reduction r;
   r.kind = reduceOp.op_;
   r.type = arithmeticType(dtype);
-  if (r.type == MPI_DATATYPE_NULL) {
-    C10_THROW_ERROR(TypeError, opMessage(op, rank, "dtype ", c10::toString(dtype),
-                                         " cannot be reduced (ReduceOp.", reduceOpName(r.kind),
-                                         "); supported: float16, bfloat16, float32, float64, "
-                                         "int8/16/32/64, uint8/16/32/64, bool, complex"));
-  }
+  if (r.type == MPI_DATATYPE_NULL) notReducible(r.kind, dtype, op, rank);
   const bool floating = at::isFloatingType(dtype);
   const bool complex = at::isComplexType(dtype);
   const bool integral = isIntegral(dtype);
@@ -205,23 +237,10 @@ Reduction resolveReduction(const c10d::ReduceOp& reduceOp, at::ScalarType dtype,
       r.op = is16 ? ops16[kSum] : MPI_SUM;
       r.divideBySize = true;
       break;
-    case c10d::ReduceOp::PREMUL_SUM: {
-      if (!(floating || complex)) {
-        unsupported(r.kind, dtype, op, rank, "PREMUL_SUM needs a floating-point dtype");
-      }
+    case c10d::ReduceOp::PREMUL_SUM:
       r.op = is16 ? ops16[kSum] : MPI_SUM;
-      // NCCLPreMulSumSupplement: the name torch < 2.13 knows; later torch keeps it as an alias
-      auto* supplement = dynamic_cast<c10d::NCCLPreMulSumSupplement*>(reduceOp.supplement_.get());
-      MPIGPU_CHECK_VALUE(supplement != nullptr, op, rank,
-                         "PREMUL_SUM without a factor; create it with "
-                         "torch.distributed._make_nccl_premul_sum(factor)");
-      if (supplement->tensor_factor.defined()) {
-        r.premulTensor = supplement->tensor_factor;
-      } else {
-        r.premulScalar = supplement->double_factor;
-      }
+      takePremulFactor(r, reduceOp, dtype, op, rank);
       break;
-    }
     case c10d::ReduceOp::PRODUCT:
       if (complex) unsupported(r.kind, dtype, op, rank, "complex products are not supported");
       r.op = boolean       ? MPI_LAND
@@ -243,15 +262,7 @@ Reduction resolveReduction(const c10d::ReduceOp& reduceOp, at::ScalarType dtype,
       if (!(integral || boolean)) {
         unsupported(r.kind, dtype, op, rank, "bitwise ops need an integer or bool dtype");
       }
-      if (boolean) {
-        r.op = r.kind == c10d::ReduceOp::BAND  ? MPI_LAND
-               : r.kind == c10d::ReduceOp::BOR ? MPI_LOR
-                                               : MPI_LXOR;
-      } else {
-        r.op = r.kind == c10d::ReduceOp::BAND  ? MPI_BAND
-               : r.kind == c10d::ReduceOp::BOR ? MPI_BOR
-                                               : MPI_BXOR;
-      }
+      r.op = bitwiseOp(r.kind, boolean);
       break;
     default: unsupported(r.kind, dtype, op, rank, "unknown reduce op");
   }

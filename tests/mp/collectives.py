@@ -8,7 +8,7 @@ import torch.distributed as dist
 
 import torch_mpi_gpu
 
-from common import (ALL_DTYPES, FLOAT_DTYPES, INT_DTYPES, Checker, make_input,
+from common import (ALL_DTYPES, FLOAT_DTYPES, Checker, make_input,
                     reference_reduce, run, use_test_device)
 
 # a forced algorithm of ours (not MPI's own collectives)

@@ -2,7 +2,6 @@
 Each rank computes the single-process reference itself (no communication), so the comparison does
 not trust the backend. Run under mpirun at 1-4 ranks."""
 
-import copy
 
 import torch
 import torch.distributed as dist

@@ -3,7 +3,6 @@ single-process training on the whole batch (computed on each rank, no communicat
 same FSDP2 run over gloo; with bf16 mixed precision (bf16 all-gather, bf16 reduce-scatter) it stays
 close to the fp32 curve. Also DTensor ops on a DeviceMesh routed to mpigpu. 2-4 ranks."""
 
-import copy
 
 import torch
 import torch.distributed as dist
