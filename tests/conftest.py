@@ -12,6 +12,7 @@ MPIGPU_TEST_LAUNCHER picks the launcher (scripts/test.sh runs the multi-rank sui
 
 import functools
 import os
+import re
 import shutil
 import subprocess
 import sys
@@ -129,3 +130,46 @@ def run_mpi(script, np, env=None, timeout=300, args=()):
     if proc.returncode != 0:
         pytest.fail(f"{script} at {np} ranks ({LAUNCHER}) failed (exit {proc.returncode}):\n{output[-6000:]}")
     return output
+
+
+# What each rank of a tests/mp script prints (tests/mp/common.py, Checker.finish). Non-greedy and
+# without "[": some launchers (Open MPI 4.1) run two ranks' lines together.
+_SUMMARY = re.compile(r"\[rank (\d+)/(\d+)\] [^\[\n]*?: (\d+) checks passed, (\d+) failed")
+_BEHAVIOUR = re.compile(r'\[rank (\d+)/\d+\] behaviour "(.*?)": (\d+) passed, (\d+) failed')
+_FAIL = re.compile(r"\[rank (\d+)\] FAIL [^\n]*?: \[(.*?)\] ([^\n]*)")
+
+
+def passed_counts(output, np, behaviours=None):
+    """Reads every rank's report of a tests/mp script and fails, per behaviour and per rank, when
+    a rank reported nothing, a check failed, a behaviour ran no check, or (given `behaviours`,
+    the names the script's sections must report) a behaviour is missing or unexpected. Returns
+    the fewest checks any rank passed."""
+    __tracebackhide__ = True
+    summaries = {int(r): (int(p), int(f)) for r, _, p, f in _SUMMARY.findall(output)}
+    tail = output[-3000:]
+    missing_ranks = sorted(set(range(np)) - set(summaries))
+    assert not missing_ranks, f"no report from rank(s) {missing_ranks} of {np}:\n{tail}"
+    reported = {}  # behaviour -> {rank: (passed, failed)}
+    for rank, name, passed, failed in _BEHAVIOUR.findall(output):
+        reported.setdefault(name, {})[int(rank)] = (int(passed), int(failed))
+    problems = []
+    if behaviours is not None:
+        for name in sorted(set(behaviours) - set(reported)):
+            problems.append(f"behaviour {name!r}: did not run on any rank")
+        for name in sorted(set(reported) - set(behaviours)):
+            problems.append(f"behaviour {name!r}: ran but is not expected (add it to the test)")
+    fail_lines = _FAIL.findall(output)
+    for name, by_rank in sorted(reported.items()):
+        for rank in range(np):
+            passed, failed = by_rank.get(rank, (0, 0))
+            if rank not in by_rank:
+                problems.append(f"behaviour {name!r}, rank {rank}: did not run")
+            elif failed:
+                first = [f"{case}" for r, b, case in fail_lines if int(r) == rank and b == name]
+                problems.append(f"behaviour {name!r}, rank {rank}: {failed} failed, e.g. "
+                                + "; ".join(first[:3]))
+    for rank, (_, failed) in sorted(summaries.items()):
+        if failed and not reported:  # a script without sections
+            problems.append(f"rank {rank}: {failed} checks failed")
+    assert not problems, "\n".join(problems) + f"\n--- output tail ---\n{tail}"
+    return min(p for p, _ in summaries.values())

@@ -8,7 +8,7 @@ import subprocess
 import sys
 
 from conftest import MP_DIR
-from test_multirank import passed_counts
+from conftest import passed_counts
 from test_reliability import launch
 from conftest import run_mpi
 

@@ -9,7 +9,7 @@ import time
 import pytest
 
 from conftest import LAUNCHER, MP_DIR, launch_command, launch_env, run_mpi
-from test_multirank import passed_counts
+from conftest import passed_counts
 
 
 def launch(mode, np, env, script="stall.py", timeout=120, args=()):

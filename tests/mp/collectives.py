@@ -45,6 +45,7 @@ def main():
     seed = 1
     ops = list(RED_OPS) + ["premul_sum"]
 
+    c.section("reductions: every op x dtype x size")
     # all_reduce / reduce / reduce_scatter_tensor / reduce_scatter, every op x dtype x size
     for op in ops:
         for dtype in ALL_DTYPES:
@@ -98,6 +99,7 @@ def main():
                 c.close(f"reduce_scatter {op} {dtype} n={n}", out,
                         full[rank * n:(rank + 1) * n], dtype, world)
 
+    c.section("premul_sum with a tensor factor, 2-D tensors")
     # PREMUL_SUM with a tensor factor, and on 2-D tensors
     for dtype in FLOAT_DTYPES:
         seed += 1
@@ -108,6 +110,7 @@ def main():
         c.close(f"all_reduce premul_sum tensor-factor {dtype}", t,
                 reference_reduce("premul_sum", inputs, dtype, 0.25), dtype, world)
 
+    c.section("complex tensors")
     # complex tensors (torch passes SUM/AVG as view_as_real)
     for dtype in (torch.complex64, torch.complex128):
         seed += 1
@@ -123,6 +126,7 @@ def main():
         dist.broadcast(t, src=0)
         c.close(f"broadcast {dtype}", torch.view_as_real(t), torch.view_as_real(inputs[0]))
 
+    c.section("many tensors in one call, coalescing manager")
     # many tensors in one call, mixed dtypes (grouped by dtype, one MPI call per dtype)
     seed += 1
     mixed = [make_input(seed, 0, 3, torch.float32), make_input(seed, 0, 4, torch.int64),
@@ -154,6 +158,7 @@ def main():
     c.close("coalescing manager all_reduce 0", parts[0], reference_reduce("sum", fl[0], torch.float32), torch.float32, world)
     c.close("coalescing manager all_reduce 1", parts[1], reference_reduce("sum", fl[1], torch.float32), torch.float32, world)
 
+    c.section("data movement: every op x dtype x size")
     # data movement, every dtype x size (+ complex via torch)
     for dtype in ALL_DTYPES + [torch.complex64]:
         for n in sizes:
@@ -219,6 +224,7 @@ def main():
             c.close(f"all_to_all_single uneven {tag}", un_out.flatten(),
                     torch.cat([block(s, rank, out_splits[s] * rows) for s in range(world)]))
 
+    c.section("coalesced all_gather_into_tensor / reduce_scatter_tensor")
     # coalesced all_gather_into_tensor / reduce_scatter_tensor (FSDP's calls)
     seed += 1
     ins = [make_input(seed, rank, 6, torch.float32), make_input(seed, rank, 3, torch.bfloat16)]
@@ -237,7 +243,7 @@ def main():
     c.close("coalesced reduce_scatter_tensor avg", out,
             reference_reduce("avg", big, torch.float32)[rank * 4:(rank + 1) * 4], torch.float32, world)
 
-    # objects and barrier
+    c.section("objects and barrier")
     objs = [None] * world
     dist.all_gather_object(objs, {"rank": rank, "payload": "x" * rank})
     c.true("all_gather_object", objs == [{"rank": r, "payload": "x" * r} for r in range(world)], str(objs))
@@ -246,6 +252,7 @@ def main():
     c.true("broadcast_object_list", lst == ["from 0", 3], str(lst))
     dist.barrier()
     if OUR_ALGO:
+        c.section("the forced algorithm ran")
         runs = torch_mpi_gpu._C.algorithm_runs()
         c.true(f"TORCH_MPIGPU_ALGO={OUR_ALGO} ran", runs.get(OUR_ALGO, 0) > 0, str(runs))
     return c.finish()

@@ -108,6 +108,34 @@ class Checker:
         self.passed = 0
         self.failures = []
         self.rank = dist.get_rank() if dist.is_initialized() else 0
+        # behaviour -> [passed, failed]; checks before the first section() count as `name`
+        self.current = "main"
+        self.behaviours = {}
+
+    def section(self, behaviour):
+        """Name the behaviour the checks from here on test. The driver compares the behaviours
+        each rank reports with the set it expects, so a section that stops running (or runs no
+        check) fails by name instead of lowering a count."""
+        self.current = behaviour
+        self.behaviours.setdefault(behaviour, [0, 0])
+
+    def _tally(self, ok, failure=None):
+        counts = self.behaviours.setdefault(self.current, [0, 0])
+        if ok:
+            self.passed += 1
+            counts[0] += 1
+        else:
+            self.failures.append(f"[{self.current}] {failure}")
+            counts[1] += 1
+
+    def absorb(self, other):
+        """Adds another Checker's results (one per thread) to this one's."""
+        self.passed += other.passed
+        self.failures += other.failures
+        for behaviour, (passed, failed) in other.behaviours.items():
+            counts = self.behaviours.setdefault(behaviour, [0, 0])
+            counts[0] += passed
+            counts[1] += failed
 
     def close(self, case, got, expected, dtype=None, world=1):
         dtype = dtype or got.dtype
@@ -129,15 +157,15 @@ class Checker:
                     raise AssertionError(f"{diff} of {got.numel()} elements differ: "
                                          f"got {got.flatten()[:8].tolist()} expected "
                                          f"{expected.flatten()[:8].tolist()}")
-            self.passed += 1
+            self._tally(True)
         except AssertionError as e:
-            self.failures.append(f"{case}: {e}")
+            self._tally(False, f"{case}: {e}")
 
     def true(self, case, cond, detail=""):
         if cond:
-            self.passed += 1
+            self._tally(True)
         else:
-            self.failures.append(f"{case}: {detail}")
+            self._tally(False, f"{case}: {detail}")
 
     def raises(self, case, exc_type, fn, must_contain=()):
         try:
@@ -146,20 +174,27 @@ class Checker:
             msg = str(e)
             missing = [s for s in must_contain if s not in msg]
             if missing:
-                self.failures.append(f"{case}: message lacks {missing}: {msg[:300]}")
+                self._tally(False, f"{case}: message lacks {missing}: {msg[:300]}")
             else:
-                self.passed += 1
+                self._tally(True)
             return
         except Exception as e:  # noqa: BLE001
-            self.failures.append(f"{case}: raised {type(e).__name__} instead of "
-                                 f"{exc_type.__name__}: {str(e)[:300]}")
+            self._tally(False, f"{case}: raised {type(e).__name__} instead of "
+                               f"{exc_type.__name__}: {str(e)[:300]}")
             return
-        self.failures.append(f"{case}: did not raise {exc_type.__name__}")
+        self._tally(False, f"{case}: did not raise {exc_type.__name__}")
 
     def finish(self):
         world = dist.get_world_size() if dist.is_initialized() else 1
         for f in self.failures[:50]:
             print(f"[rank {self.rank}] FAIL {self.name}: {f}", flush=True)
+        # one line per behaviour, read by tests/conftest.py (passed_counts)
+        # (a section that made no check is left out: the driver then reports it as not run)
+        for behaviour, (passed, failed) in self.behaviours.items():
+            if passed + failed == 0:
+                continue
+            print(f'[rank {self.rank}/{world}] behaviour "{behaviour}": {passed} passed, '
+                  f'{failed} failed', flush=True)
         print(f"[rank {self.rank}/{world}] {self.name}: {self.passed} checks passed, "
               f"{len(self.failures)} failed", flush=True)
         return 1 if self.failures else 0

@@ -29,6 +29,7 @@ def main():
     c = Checker(f"fusion(np={world})")
     pg = dist.distributed_c10d._get_default_group()
 
+    c.section("100 fp32 tensors of odd sizes in one allreduce")
     # 100 fp32 tensors of odd sizes in one allreduce: one MPI call
     sizes = [1 + (i * 37) % 300 for i in range(100)]
     per_rank = [[make_input(10 + i, r, n, torch.float32) for i, n in enumerate(sizes)]
@@ -41,6 +42,7 @@ def main():
                 reference_reduce("sum", [per_rank[r][i] for r in range(world)], torch.float32),
                 torch.float32, world)
 
+    c.section("mixed dtypes")
     # mixed dtypes: grouped, one call per dtype (3 here)
     dts = [torch.float32, torch.int64, torch.bfloat16] * 10
     per_rank = [[make_input(200 + i, r, 5 + i, dt) for i, dt in enumerate(dts)] for r in range(world)]
@@ -52,6 +54,7 @@ def main():
                 reference_reduce("sum", [per_rank[r][i] for r in range(world)], dts[i]),
                 dts[i], world)
 
+    c.section("the coalescing manager")
     # the coalescing manager (what torch's _coalescing_manager / DTensor use): one call
     parts = [make_input(300 + i, rank, 64, torch.float32) for i in range(50)]
     def coalesced():
@@ -65,6 +68,7 @@ def main():
             reference_reduce("sum", [make_input(349, r, 64, torch.float32) for r in range(world)],
                              torch.float32), torch.float32, world)
 
+    c.section("coalesced all_gather_into_tensor / reduce_scatter_tensor")
     # coalesced all_gather_into_tensor / reduce_scatter_tensor (FSDP's calls): one call each
     ins = [make_input(400 + i, rank, 3 + i, torch.float32) for i in range(10)]
     outs = [torch.empty(world * (3 + i)) for i in range(10)]
@@ -93,6 +97,7 @@ def main():
         c.close(f"coalesced reduce_scatter_tensor avg {i}", outs[i], full[rank * m:(rank + 1) * m],
                 torch.float32, world)
 
+    c.section("TORCH_MPIGPU_FUSION_BYTES caps a bucket")
     # TORCH_MPIGPU_FUSION_BYTES caps a bucket (read when a group is created)
     os.environ["TORCH_MPIGPU_FUSION_BYTES"] = "4096"
     small = dist.new_group(list(range(world)))
@@ -107,6 +112,7 @@ def main():
     c.true("FUSION_BYTES=0: one call per tensor", n == 10, f"{n} calls")
     del os.environ["TORCH_MPIGPU_FUSION_BYTES"]
 
+    c.section("batch_isend_irecv")
     # batch_isend_irecv: a ring, all posted together, completed together
     if world > 1:
         send = torch.full((1000,), float(rank))

@@ -204,12 +204,10 @@ def main():
     rank, world = dist.get_rank(), dist.get_world_size()
     device = use_test_device()
     c = Checker(f"p2p_groups(np={world}, device={device})")
-    p2p(c, rank, world)
-    async_semantics(c, rank, world)
-    groups(c, rank, world)
-    threads(c, rank, world)
-    device_mesh(c, rank, world)
-    # destroy and re-initialise in the same process
+    for behaviour in (p2p, async_semantics, groups, threads, device_mesh):
+        c.section(behaviour.__name__)
+        behaviour(c, rank, world)
+    c.section("destroy and re-initialise in the same process")
     dist.destroy_process_group()
     dist.init_process_group("mpigpu")
     t = torch.tensor([1.0])

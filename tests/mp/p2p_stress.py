@@ -72,9 +72,12 @@ def main():
     rank, world = dist.get_rank(), dist.get_world_size()
     c = Checker(f"p2p_stress(np={world})")
     if world == 1:
+        c.section("single rank")
         c.true("single rank group", dist.get_world_size() == 1)
         return c.finish()
+    c.section("ring rounds, one thread")
     ring_rounds(c, None, rank, world, 60, 1000, 0, 0, seed=rank)
+    c.section("16 MiB message left in flight")
     big_in_flight(c, rank, world)
 
     # Several threads at once: two on the default group (distinct tags: one engine, concurrent
@@ -84,11 +87,12 @@ def main():
 
     def worker(thread, group, tag):
         tc = Checker(f"thread {thread}")
+        tc.section(f"ring rounds, thread {thread} of 4 ({'default group' if group is None else 'own group'})")
         try:
             ring_rounds(tc, group, rank, world, 80, 257, tag, thread, seed=rank * 100 + thread,
                         ways=4 if group is not None else 3)
         except Exception as e:  # noqa: BLE001
-            tc.failures.append(f"thread {thread} raised {type(e).__name__}: {e}")
+            tc.true(f"thread {thread} ran", False, f"raised {type(e).__name__}: {e}")
         results.append(tc)
 
     threads = [threading.Thread(target=worker, args=(0, None, 10)),
@@ -99,10 +103,10 @@ def main():
         t.start()
     for t in threads:
         t.join(timeout=240)
+    c.section("threads finish")
     c.true("every thread finished", not any(t.is_alive() for t in threads) and len(results) == 4)
     for tc in results:
-        c.passed += tc.passed
-        c.failures += tc.failures
+        c.absorb(tc)
     dist.barrier()
     for g in groups:
         dist.destroy_process_group(g)
