@@ -2,7 +2,7 @@
 // description, timeout, and its end (shutdown, abort, destruction).
 #include "ProcessGroupMPIGPU.hpp"
 
-#include <iostream>
+#include <c10/util/Logging.h>
 #include <numeric>
 #include <sstream>
 
@@ -98,7 +98,13 @@ ProcessGroupMPIGPU::ProcessGroupMPIGPU(c10::intrusive_ptr<c10d::Store> store, in
     groupHasGpu_ = anyGpu != 0;
   });
   if (config_.debug) {
-    std::cerr << opMessage("init", rank_, describe()) << std::endl;
+    // c10 logging: INFO lines show with TORCH_CPP_LOG_LEVEL=INFO, as torch's own backends' do
+    if (FLAGS_caffe2_log_level > c10::GLOG_INFO) {
+      LOG(WARNING) << logPrefix()
+                   << "TORCH_MPIGPU_DEBUG=1 logs at INFO level: set TORCH_CPP_LOG_LEVEL=INFO "
+                      "to see the group's setup and every op queued";
+    }
+    LOG(INFO) << logPrefix() << "created: " << describe();
   }
   if (store_) Watchdog::addGroup({groupName_, rank_, size_, store_, collectives_});
   flightRecorderId_ = fr::Recorder::get().addGroup(groupName_, worldRanks_);
@@ -149,12 +155,9 @@ void ProcessGroupMPIGPU::shutdown() {
         },
         timeout());
     if (!done) {
-      std::cerr << opMessage("destroy_process_group", rank_, "group '", groupName_,
-                             "': the ops ahead of it did not finish within the timeout (",
-                             timeout().count(),
-                             " ms); aborting the group instead (its "
-                             "outstanding ops fail)")
-                << std::endl;
+      LOG(WARNING) << logPrefix() << "destroy_process_group: the ops ahead of it did not finish "
+                   << "within the timeout (" << timeout().count()
+                   << " ms); aborting the group instead (its outstanding ops fail)";
       abort();
       return;
     }
@@ -174,6 +177,11 @@ void ProcessGroupMPIGPU::abort() {
   // Not freed: MPI_Comm_free is collective in spirit, and an op stuck in MPI still uses them.
   const bool stopped = engine->abort("was aborted (the process group's abort())");
   if (!stopped) keepAliveUntilExit(std::move(engine));
+}
+
+std::string ProcessGroupMPIGPU::logPrefix() const {
+  return c10::str("[mpigpu group '", groupName_, "' rank ", rank_, "/", size_, ", world rank ",
+                  worldRanks_[rank_], "] ");
 }
 
 std::string ProcessGroupMPIGPU::describe() const {

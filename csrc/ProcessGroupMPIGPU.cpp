@@ -1,5 +1,6 @@
 #include "ProcessGroupMPIGPU.hpp"
 
+#include <c10/util/Logging.h>
 #include <algorithm>
 #include <functional>
 #include <limits>
@@ -77,9 +78,8 @@ std::pair<c10::intrusive_ptr<WorkMPIGPU>, bool> ProcessGroupMPIGPU::newWork(
   work->setContext(groupName_, worldRanks_[rank_]);
   work->setFlightRecord(flightRecord);
   if (config_.debug) {
-    std::cerr << opMessage(op, rank_, p2p ? "p2p op #" : "collective #", seq, " queued (",
-                           paths::pathName(bufs->kind()), " path)")
-              << std::endl;
+    LOG(INFO) << logPrefix() << op << ": " << (p2p ? "p2p op #" : "collective #") << seq
+              << " queued (" << paths::pathName(bufs->kind()) << " path)";
   }
   std::lock_guard<std::mutex> lock(coalesceMutex_);
   if (coalescing_) coalesced_.push_back(work);

@@ -99,6 +99,9 @@ class ProcessGroupMPIGPU : public c10d::Backend {
 
   // One line per setting and path, for torch_mpi_gpu.info() and debug logs.
   std::string describe() const;
+  // What starts each of this group's log lines (c10 logging): "[mpigpu group 'NAME' rank R/N,
+  // world rank W] ", as NCCL's createLogPrefix names its group and rank.
+  std::string logPrefix() const;
 
  private:
   // The MPI part of an op; runs on the engine between bufs.stageIn() and bufs.stageOut().

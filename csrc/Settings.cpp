@@ -20,7 +20,9 @@ const SettingSpec kSettings[] = {
      "host send/recv up to this size are posted there and tested by `wait()`; `0`: always on the "
      "worker"},
     {"TORCH_MPIGPU_DEBUG", "0", "", ReadAt::GroupCreation,
-     "`1`: log each group's setup (MPI library, thread level, paths) and every op queued"},
+     "`1`: log each group's setup (MPI library, thread level, paths) and every op queued, through "
+     "c10 logging at INFO level (shown with `TORCH_CPP_LOG_LEVEL=INFO`; each line starts with the "
+     "group's name, rank and world rank)"},
     {"TORCH_MPIGPU_DESYNC_CHECK", "0", "", ReadAt::GroupCreation,
      "`1`: before every collective one small allgather compares (op, dtype, element count, root) "
      "across the group; ranks that disagree all get a `DistBackendError` listing each rank's "

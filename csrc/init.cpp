@@ -1,8 +1,7 @@
 // Python bindings: the backend factory used by torch_mpi_gpu's registration, plus introspection.
+#include <c10/util/Logging.h>
 #include <torch/csrc/distributed/c10d/ProcessGroup.hpp>
 #include <torch/csrc/utils/pybind.h>
-
-#include <iostream>
 
 #include <pybind11/chrono.h>
 #include <pybind11/stl.h>
@@ -118,12 +117,11 @@ void bindLifecycle(py::module_& m) {
         mpigpu::stopFutureCompleter();
         if (mpigpu::Engine::anyStuckInMpi() && !mpigpu::mpi::isFinalized()) {
           // MPI_Finalize would wait for the op forever: end the job instead, and say why.
-          std::cerr << mpigpu::opMessage(
-                           "exit", mpigpu::mpi::ensureInitialized().worldRank,
-                           "an aborted process group left an op inside MPI that its "
-                           "peers never joined; ending the job with MPI_Abort instead "
-                           "of hanging in MPI_Finalize")
-                    << std::endl;
+          LOG(ERROR) << mpigpu::opMessage(
+              "exit", mpigpu::mpi::ensureInitialized().worldRank,
+              "an aborted process group left an op inside MPI that its "
+              "peers never joined; ending the job with MPI_Abort instead "
+              "of hanging in MPI_Finalize");
           MPI_Abort(MPI_COMM_WORLD, 1);
         }
         mpigpu::mpi::finalizeIfOwned();

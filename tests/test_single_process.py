@@ -233,6 +233,22 @@ def test_settings_table_is_the_one_the_code_reads_and_the_readme_shows():
     assert f'DEFAULT_MPI_PREFIX = "{defaults["MPI_HOME"]}"' in setup
 
 
+def test_debug_log_goes_through_c10_logging_with_the_group_prefix():
+    code = ("import torch, torch.distributed as dist, torch_mpi_gpu\n"
+            "dist.init_process_group('mpigpu', store=dist.HashStore(), rank=0, world_size=1)\n"
+            "t = torch.ones(2); dist.all_reduce(t)\n"
+            "dist.destroy_process_group()\n")
+    prefix = "[mpigpu group '0' rank 0/1, world rank 0] "
+    rc, out = python(code, env={"TORCH_MPIGPU_DEBUG": "1", "TORCH_CPP_LOG_LEVEL": "INFO"})
+    assert rc == 0, out
+    assert prefix + "created: group '0' rank 0/1" in out, out
+    assert prefix + "allreduce: collective #1 queued (cpu path)" in out, out
+    # at torch's default log level the INFO lines are hidden: one warning says how to see them
+    rc, out = python(code, env={"TORCH_MPIGPU_DEBUG": "1"})
+    assert rc == 0 and "collective #1 queued" not in out, out
+    assert prefix + "TORCH_MPIGPU_DEBUG=1 logs at INFO level: set TORCH_CPP_LOG_LEVEL=INFO" in out, out
+
+
 def test_settings_defaults_parse_and_bad_values_name_the_variable():
     # every default in the table parses (a group is created with all of them), and a bad value
     # is a ValueError naming the variable and the accepted values

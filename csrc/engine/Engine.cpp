@@ -1,9 +1,9 @@
 #include "engine/Engine.hpp"
 #include "engine/ThreadName.hpp"
 
+#include <c10/util/Logging.h>
 #include <c10/util/StringUtil.h>
 
-#include <iostream>
 #include <thread>
 
 #include <ATen/core/grad_mode.h>
@@ -79,14 +79,13 @@ void Engine::shutdownAll() {
   for (auto& e : alive) {
     std::string busy;
     if (!e->drain(kDrainTimeout, &busy) && !mpi::isFinalized()) {
-      std::cerr << opMessage("exit", mpi::ensureInitialized().worldRank,
-                             "the interpreter is exiting but ", busy, " did not finish within ",
-                             kDrainTimeout.count(),
-                             " s (another rank never issued it, or left "
-                             "early); ending the job with MPI_Abort instead of hanging in "
-                             "MPI_Finalize. Wait for async ops (work.wait()) and call "
-                             "dist.destroy_process_group() before exiting.")
-                << std::endl;
+      LOG(ERROR) << opMessage("exit", mpi::ensureInitialized().worldRank,
+                              "the interpreter is exiting but ", busy, " did not finish within ",
+                              kDrainTimeout.count(),
+                              " s (another rank never issued it, or left "
+                              "early); ending the job with MPI_Abort instead of hanging in "
+                              "MPI_Finalize. Wait for async ops (work.wait()) and call "
+                              "dist.destroy_process_group() before exiting.");
       MPI_Abort(MPI_COMM_WORLD, 1);
     }
   }

@@ -4,12 +4,12 @@
 #include "engine/ThreadName.hpp"
 #include "mpi/Env.hpp"
 
+#include <c10/util/Logging.h>
 #include <mpi.h>
 
 #include <algorithm>
 #include <atomic>
 #include <condition_variable>
-#include <iostream>
 #include <map>
 #include <mutex>
 #include <sstream>
@@ -134,10 +134,9 @@ void dumpOnce(const Groups& groups, const std::string& why) {
   if (g_dumped.exchange(true)) return;
   const int worldRank = mpi::ensureInitialized().worldRank;
   const std::string where = fr::Recorder::get().write(worldRank);
-  std::cerr << "mpigpu flight recorder [world rank " << worldRank << "]: " << why
-            << "; this rank's record is in " << where
-            << " (read every rank's with: python -m torch_mpi_gpu.frtrace <that folder>)"
-            << std::endl;
+  LOG(WARNING) << "mpigpu flight recorder [world rank " << worldRank << "]: " << why
+               << "; this rank's record is in " << where
+               << " (read every rank's with: python -m torch_mpi_gpu.frtrace <that folder>)";
   for (const auto& g : groups) {
     try {
       g->progress.store->add(kDumped, 1);
@@ -213,7 +212,7 @@ void loop() {
     for (const auto& p : toPublish) publish(*p);
     if (!toPublish.empty()) dumpIfAsked(toPublish);
     for (const auto& e : due) {
-      std::cerr << report(groups, e, now) << std::endl;
+      LOG(ERROR) << report(groups, e, now);
       dumpJob(groups, e.op);
       if (e.op.abortOnTimeout) {
         int finalized = 1;
