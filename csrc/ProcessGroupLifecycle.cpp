@@ -7,6 +7,7 @@
 #include <sstream>
 
 #include "Errors.hpp"
+#include "KeepUntilExit.hpp"
 #include "engine/FlightRecorder.hpp"
 #include "engine/Watchdog.hpp"
 #include "mpi/Check.hpp"
@@ -110,16 +111,6 @@ ProcessGroupMPIGPU::ProcessGroupMPIGPU(c10::intrusive_ptr<c10d::Store> store, in
   flightRecorderId_ = fr::Recorder::get().addGroup(groupName_, worldRanks_);
 }
 
-namespace {
-// Engines whose worker is stuck inside MPI after abort(): the thread still uses them.
-void keepAliveUntilExit(std::shared_ptr<Engine> engine) {
-  static std::mutex mutex;
-  static auto* kept = new std::vector<std::shared_ptr<Engine>>();
-  std::lock_guard<std::mutex> lock(mutex);
-  kept->push_back(std::move(engine));
-}
-}  // namespace
-
 ProcessGroupMPIGPU::~ProcessGroupMPIGPU() {
   try {
     shutdown();
@@ -176,7 +167,8 @@ void ProcessGroupMPIGPU::abort() {
   Watchdog::removeGroup(groupName_, rank_);
   // Not freed: MPI_Comm_free is collective in spirit, and an op stuck in MPI still uses them.
   const bool stopped = engine->abort("was aborted (the process group's abort())");
-  if (!stopped) keepAliveUntilExit(std::move(engine));
+  // a worker stuck inside MPI after abort() still uses its engine
+  if (!stopped) keepUntilExit(std::move(engine));
 }
 
 std::string ProcessGroupMPIGPU::logPrefix() const {

@@ -1,11 +1,9 @@
 #include "algorithms/Link.hpp"
 
-#include <chrono>
-#include <mutex>
-#include <thread>
-
 #include "Errors.hpp"
+#include "KeepUntilExit.hpp"
 #include "mpi/Check.hpp"
+#include "mpi/Collectives.hpp"
 #include "mpi/Types.hpp"
 
 namespace mpigpu::algo {
@@ -13,33 +11,20 @@ namespace {
 
 char* bytes(const at::Tensor& t) { return static_cast<char*>(t.data_ptr()); }
 
-// Memory of requests MPI could not let go of after an error: freeing it could let MPI write into
-// memory that someone else owns by then. Rare, small, and only after a failed op.
-std::mutex g_graveMutex;
-std::vector<at::Tensor> g_grave;
-
 }  // namespace
 
 Link::~Link() {
+  // Requests still out when an op failed midway: cancelled; the buffers of any MPI could not let
+  // go of stay alive.
+  std::vector<MPI_Request> active;
+  std::vector<at::Tensor> buffers;
   for (auto& p : pending_) {
     if (p.request == MPI_REQUEST_NULL) continue;
-    int finalized = 0;
-    MPI_Finalized(&finalized);
-    if (finalized) return;
-    MPI_Cancel(&p.request);
-    // A cancelled receive completes at once; give a matched one a moment to finish.
-    int done = 0;
-    const auto deadline = std::chrono::steady_clock::now() + std::chrono::milliseconds(200);
-    while (!done && std::chrono::steady_clock::now() < deadline) {
-      MPI_Test(&p.request, &done, MPI_STATUS_IGNORE);
-      if (!done) std::this_thread::sleep_for(std::chrono::microseconds(100));
-    }
-    if (!done) {
-      MPI_Request_free(&p.request);
-      std::lock_guard<std::mutex> lock(g_graveMutex);
-      g_grave.push_back(p.mpiBuffer);
-    }
+    active.push_back(p.request);
+    buffers.push_back(p.mpiBuffer);
   }
+  if (active.empty() || mpi::cancelRequests(active)) return;
+  for (auto& b : buffers) keepUntilExit(std::move(b));
 }
 
 at::Tensor Link::sendBuffer(const at::Tensor& piece) {

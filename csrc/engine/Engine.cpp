@@ -11,6 +11,7 @@
 #include <sys/prctl.h>
 
 #include "Errors.hpp"
+#include "KeepUntilExit.hpp"
 #include "mpi/Collectives.hpp"
 #include "mpi/Env.hpp"
 
@@ -239,14 +240,6 @@ void Engine::shutdown() {
 namespace {
 std::atomic<int> g_stuckWorkers{0};
 
-// Completions of requests freed unfinished: they own buffers MPI may still write. Kept until
-// exit; groups may fail their outstanding ops from several threads at once, hence the lock.
-void keepThenUntilExit(Engine::Then then) {
-  static std::mutex mutex;
-  static auto* kept = new std::vector<Engine::Then>();
-  std::lock_guard<std::mutex> lock(mutex);
-  kept->push_back(std::move(then));
-}
 }  // namespace
 
 bool Engine::anyStuckInMpi() { return g_stuckWorkers.load() > 0; }
@@ -303,8 +296,8 @@ void Engine::failOutstanding(const std::string& why) {
   for (auto& p : abandoned) {
     // A receive left posted would let MPI write into a tensor the user owns again.
     if (!mpi::cancelRequests(p.requests)) {
-      for (const auto& t : p.work->result()) mpi::leakUntilExit(t);
-      keepThenUntilExit(std::move(p.then));  // holds the op's staging buffers
+      for (const auto& t : p.work->result()) keepUntilExit(t);
+      keepUntilExit(std::move(p.then));  // holds the op's staging buffers
     }
     fail(p.work);
   }

@@ -8,6 +8,7 @@
 #include <thread>
 
 #include "Errors.hpp"
+#include "KeepUntilExit.hpp"
 #include "mpi/Check.hpp"
 
 namespace mpigpu::mpi {
@@ -323,13 +324,6 @@ void barrier(const Comm& c, const char* op) {
   MPIGPU_MPI_CHECK(MPI_Barrier(c.handle), op, c.rank);
 }
 
-void leakUntilExit(const at::Tensor& buffer) {
-  static std::mutex mutex;
-  static auto* grave = new std::vector<at::Tensor>();  // never freed: MPI may still write
-  std::lock_guard<std::mutex> lock(mutex);
-  grave->push_back(buffer);
-}
-
 bool cancelRequests(std::vector<MPI_Request>& requests) {
   int finalized = 0;
   MPI_Finalized(&finalized);
@@ -370,7 +364,7 @@ std::vector<MPI_Request> postChunks(const at::Tensor& buf, int64_t maxCount, Pos
     else
       forChunks(buf.numel(), maxCount, post);
   } catch (...) {
-    if (!cancelRequests(reqs)) leakUntilExit(buf);
+    if (!cancelRequests(reqs)) keepUntilExit(buf);
     throw;
   }
   return reqs;

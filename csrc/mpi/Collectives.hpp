@@ -57,9 +57,7 @@ std::vector<MPI_Request> isend(const Comm& c, const char* op, const at::Tensor& 
 std::vector<MPI_Request> irecv(const Comm& c, const char* op, at::Tensor& buf, int src, int tag);
 // Cancels the requests still active and waits a moment (200 ms) for them to complete; frees what
 // is left. False when some were freed unfinished: MPI may still use their buffers, which the
-// caller must then keep alive for the rest of the process.
+// caller must then keep alive for the rest of the process (keepUntilExit).
 bool cancelRequests(std::vector<MPI_Request>& requests);
-// Keeps `buffer` alive until the process ends (the memory of a request freed unfinished).
-void leakUntilExit(const at::Tensor& buffer);
 
 }  // namespace mpigpu::mpi
