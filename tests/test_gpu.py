@@ -17,7 +17,7 @@ import torch
 
 from conftest import run_mpi
 from conftest import passed_counts
-from test_multirank import COLLECTIVES, FORCED_ALGORITHM, p2p_groups_behaviours
+from test_multirank import COLLECTIVES, DDP, FORCED_ALGORITHM, p2p_groups_behaviours
 from test_reliability import check_ending_a_group_with_a_stuck_op
 
 pytestmark = [pytest.mark.gpu,
@@ -171,7 +171,7 @@ def test_mixed_cuda_and_cpu_ranks(np):
 @pytest.mark.parametrize("path", ["direct", "staged", "hybrid"])
 def test_ddp_cuda(path):
     out = run_mpi("ddp.py", 2, env={"MPIGPU_TEST_DEVICE": "cuda", **path_env(path)})
-    assert passed_counts(out, 2) >= 60
+    assert passed_counts(out, 2, DDP) >= 60
 
 
 @pytest.mark.parametrize("mode", ["destroy", "abort"])

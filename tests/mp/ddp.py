@@ -76,7 +76,8 @@ def main():
     ref = reference(world, accumulate=False)
     ref_acc = reference(world, accumulate=True)
 
-    def compare(name, params, expected, tol=1e-5):
+    def compare(name, params, expected, tol=1e-5, behaviour=None):
+        c.section(behaviour or name)
         for i, (p, e) in enumerate(zip(params, expected)):
             err = (p.double() - e).abs().max().item()
             c.true(f"{name} param {i}", err < tol, f"max abs error {err:.3g} >= {tol}")
@@ -93,11 +94,12 @@ def main():
     real_bf16 = torch.version.cuda is not None and dist.is_nccl_available()
     compare("bf16_compress_hook" if real_bf16 else "bf16 compress hook (ungated copy)",
             train(rank, world, hook=default_hooks.bf16_compress_hook if real_bf16 else bf16_compress),
-            ref, 3e-2)
+            ref, 3e-2, behaviour="bf16_compress_hook")
     # PowerSGD is lossy by design: check it trains, stays identical on every rank and stays close
     state = powerSGD_hook.PowerSGDState(process_group=None, matrix_approximation_rank=1,
                                         start_powerSGD_iter=2, min_compression_rate=0.5)
     psgd = train(rank, world, hook=powerSGD_hook.powerSGD_hook, state=state)
+    c.section("powerSGD_hook")
     for i, p in enumerate(psgd):
         gathered = [torch.empty_like(p) for _ in range(world)]
         dist.all_gather(gathered, p.contiguous())

@@ -98,27 +98,32 @@ def main():
     c = Checker(f"fsdp(np={world})")
     ref = reference(world)
     mesh = init_device_mesh("cpu", (world,))
+    c.section("device mesh on mpigpu")
     c.true("mesh uses mpigpu", dist.get_backend(mesh.get_group()) == "mpigpu",
            dist.get_backend(mesh.get_group()))
 
+    c.section("FSDP2 fp32 matches one process")
     got = fsdp_losses(rank, world, mesh)
     worst = max(abs(a - b) for a, b in zip(got, ref))
     c.true("FSDP2 fp32 loss curve matches single-process", worst < 1e-4,
            f"max |diff| {worst:.3g}: {got} vs {ref}")
     c.true("FSDP2 trains", got[-1] < got[0], str(got))
 
+    c.section("FSDP2 mpigpu matches gloo")
     gloo = dist.new_group(backend="gloo")
     gloo_mesh = DeviceMesh.from_group(gloo, "cpu")
     with_gloo = fsdp_losses(rank, world, gloo_mesh)
     worst = max(abs(a - b) for a, b in zip(got, with_gloo))
     c.true("FSDP2 loss curve: mpigpu matches gloo", worst < 1e-4, f"max |diff| {worst:.3g}")
 
+    c.section("FSDP2 bf16 mixed precision")
     bf16 = MixedPrecisionPolicy(param_dtype=torch.bfloat16, reduce_dtype=torch.bfloat16)
     mixed = fsdp_losses(rank, world, mesh, bf16)
     worst = max(abs(a - b) for a, b in zip(mixed, ref))
     c.true("FSDP2 bf16 mixed precision (bf16 reduce-scatter) stays near fp32", worst < 5e-2,
            f"max |diff| {worst:.3g}: {mixed} vs {ref}")
 
+    c.section("DTensor redistribute and reductions")
     # DTensor: sharded -> replicated redistributes with mpigpu collectives
     full = torch.arange(world * 4 * 3, dtype=torch.float32).reshape(world * 4, 3)
     d = distribute_tensor(full, mesh, [Shard(0)])
