@@ -25,6 +25,11 @@ FSDP = {"device mesh on mpigpu", "FSDP2 fp32 matches one process", "FSDP2 mpigpu
         "FSDP2 bf16 mixed precision", "DTensor redistribute and reductions"}
 
 
+ERRORS = {"reduce op x dtype refused", "sizes, roots and lists refused", "tensor kinds refused",
+          "point-to-point peers and tags refused", "the backend's own checks",
+          "use after destroy refused", "the group works after the errors"}
+
+
 def p2p_groups_behaviours(np):
     every = {"async_semantics", "groups", "threads", "device_mesh",
              "destroy and re-initialise in the same process"}
@@ -114,7 +119,7 @@ def test_p2p_stress_threads_and_timings(np):
 
 @pytest.mark.parametrize("np", RANKS)
 def test_bad_arguments(np):
-    assert passed_counts(run_mpi("errors.py", np), np) >= 17
+    assert passed_counts(run_mpi("errors.py", np), np, ERRORS) >= 17
 
 
 def test_mpi_error_inside_a_collective_names_the_op_and_group():

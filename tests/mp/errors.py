@@ -15,6 +15,7 @@ def main():
     who = f"[rank {rank}]"
     f, i = torch.ones(4), torch.ones(4, dtype=torch.int32)
 
+    c.section("reduce op x dtype refused")
     c.raises("BXOR on float", TypeError, lambda: dist.all_reduce(f.clone(), op=dist.ReduceOp.BXOR),
              ("mpigpu allreduce", who, "BXOR", "Float"))
     c.raises("AVG on int", TypeError, lambda: dist.all_reduce(i.clone(), op=dist.ReduceOp.AVG),
@@ -30,6 +31,7 @@ def main():
                                                 torch.ones(2 * world, dtype=torch.bfloat16),
                                                 op=dist.ReduceOp.BOR),
              ("reduce_scatter_tensor", who, "BOR"))
+    c.section("sizes, roots and lists refused")
     bo = dist.BroadcastOptions()
     bo.rootRank = world + 3
     c.raises("broadcast root out of range", ValueError, lambda: pg.broadcast([f.clone()], bo),
@@ -53,18 +55,22 @@ def main():
     c.raises("all_to_all_single uneven without splits", ValueError,
              lambda: dist.all_to_all_single(torch.empty(world + 1), torch.ones(world + 1)),
              ("all_to_all_single", who, "divide evenly")) if world > 1 else None
+    c.section("tensor kinds refused")
     c.raises("sparse tensor", TypeError,
              lambda: dist.all_reduce(torch.eye(3).to_sparse()), ("allreduce", who, "dense"))
+    c.section("point-to-point peers and tags refused")
     c.raises("send to self", ValueError, lambda: pg.send([f], rank, 0), ("send", who, "yourself"))
     c.raises("send to out-of-range peer", ValueError, lambda: pg.send([f], world + 1, 0),
              ("send", who, "out of range"))
     c.raises("negative tag", ValueError, lambda: pg.recv([f], (rank + 1) % world, -3) if world > 1
              else pg.recv([f], 1, -3), ("recv", who))
+    c.section("sizes, roots and lists refused")
     c.raises("gather list on non-root", ValueError,
              lambda: pg.gather([[torch.empty(4) for _ in range(world)]], [f], _gather_opts((rank + 1) % world))
              if world > 1 else pg.gather([[torch.empty(4)]], [f], _gather_opts(5)),
              ("gather", who))
 
+    c.section("the backend's own checks")
     be = pg._get_backend(torch.device("cpu"))  # our backend itself: no torch-side checks in front
     c.raises("meta tensor", TypeError, lambda: be.allreduce([torch.empty(3, device="meta")]),
              ("allreduce", who, "meta"))
@@ -77,6 +83,7 @@ def main():
     c.raises("empty tensor list", ValueError, lambda: be.allreduce([]), ("allreduce", who))
     c.raises("non-zero rootTensor", ValueError,
              lambda: be.broadcast([f.clone()], _bcast_opts(0, 1)), ("broadcast", who, "rootTensor"))
+    c.section("use after destroy refused")
     # use after destroy: the backend object of a destroyed group refuses, it does not crash
     g = dist.new_group(list(range(world)))
     gb = g._get_backend(torch.device("cpu"))
@@ -84,7 +91,7 @@ def main():
     c.raises("use after destroy_process_group", ValueError, lambda: gb.allreduce([f.clone()]),
              ("allreduce", who, "destroyed"))
 
-    # the group still works after all that
+    c.section("the group works after the errors")
     t = torch.full((3,), float(rank))
     dist.all_reduce(t)
     c.close("works after errors", t, torch.full((3,), float(sum(range(world)))))
