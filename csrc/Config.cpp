@@ -23,9 +23,15 @@ const char* valueOf(const char* name) {
   return *fallback != '\0' ? fallback : nullptr;
 }
 
-int64_t parseInt(const char* name, int64_t lo, int64_t hi) {
+// valueOf for settings that always have a value (their table row gives a default).
+const char* requiredValueOf(const char* name) {
   const char* v = valueOf(name);
   TORCH_INTERNAL_ASSERT(v != nullptr, "mpigpu: ", name, " has no default in csrc/Settings.cpp");
+  return v;
+}
+
+int64_t parseInt(const char* name, int64_t lo, int64_t hi) {
+  const char* v = requiredValueOf(name);
   char* end = nullptr;
   long long x = std::strtoll(v, &end, 10);
   if (end == v || *end != '\0' || x < lo || x > hi) {
@@ -41,8 +47,7 @@ bool parseFlag(const char* name) { return parseInt(name, 0, 1) != 0; }
 // anything else is a ValueError listing the words.
 template <typename T>
 T parseChoice(const char* name, std::initializer_list<std::pair<const char*, T>> choices) {
-  const char* v = valueOf(name);
-  TORCH_INTERNAL_ASSERT(v != nullptr, "mpigpu: ", name, " has no default in csrc/Settings.cpp");
+  const char* v = requiredValueOf(name);
   std::string words;
   for (const auto& [word, value] : choices) {
     if (std::string(v) == word) return value;
