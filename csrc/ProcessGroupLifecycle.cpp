@@ -84,7 +84,7 @@ ProcessGroupMPIGPU::ProcessGroupMPIGPU(c10::intrusive_ptr<c10d::Store> store, in
   paths_ = std::make_unique<paths::PathFactory>(config_);
   engine_ = Engine::create("mpigpu-" + groupName_);
   const int hasGpu = at::hasCUDA() ? 1 : 0;
-  engine_->runAndWait("new_group", rank, [this, hasGpu] {
+  engine_->runAndWait("new_group", groupName_, rank, [this, hasGpu] {
     comm_.handle = mpi::createGroupComm(worldRanks_, tagFor(groupName_), rank_);
     int commRank = -1;
     MPI_Comm_rank(comm_.handle, &commRank);
@@ -139,7 +139,7 @@ void ProcessGroupMPIGPU::shutdown() {
     // the communicators are freed. Bounded by the group's timeout: an op whose peers never come
     // would otherwise hold destroy_process_group() forever.
     const bool done = engine->runAndWait(
-        "destroy_process_group", rank_,
+        "destroy_process_group", groupName_, rank_,
         [this] {
           mpi::freeComm(&algoComm_.handle);
           mpi::freeComm(&comm_.handle);
@@ -166,7 +166,8 @@ void ProcessGroupMPIGPU::abort() {
   if (!engine) return;
   Watchdog::removeGroup(groupName_, rank_);
   // Not freed: MPI_Comm_free is collective in spirit, and an op stuck in MPI still uses them.
-  const bool stopped = engine->abort("was aborted (the process group's abort())");
+  // (a shared engine goes on serving the other groups, unless this group's op blocks MPI)
+  const bool stopped = engine->abortGroup(groupName_, "was aborted (the process group's abort())");
   // a worker stuck inside MPI after abort() still uses its engine
   if (!stopped) keepUntilExit(std::move(engine));
 }

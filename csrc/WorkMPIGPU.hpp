@@ -55,6 +55,7 @@ class WorkMPIGPU : public c10d::Work {
     group_ = std::move(group);
     worldRank_ = worldRank;
   }
+  const std::string& group() const { return group_; }
   // One line for messages: "collective #5 of group '0' (group rank 1, world rank 3; 1024
   // elements of Float; timeout 1800000 ms)".
   std::string describe() const;

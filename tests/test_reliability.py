@@ -91,6 +91,45 @@ def test_ending_a_group_with_an_op_that_never_finishes(mode):
     check_ending_a_group_with_a_stuck_op(mode, "cpu")
 
 
+def test_shared_mpi_thread_abort_of_one_group_leaves_the_others_working():
+    # Below MPI_THREAD_MULTIPLE every group shares one engine; abort() of one group used to stop
+    # it, failing every other group's ops.
+    rc, out, took = launch("others-go-on", 2, {"TORCH_MPIGPU_TIMEOUT": "30",
+                                               "TORCH_MPIGPU_TIMEOUT_ACTION": "report"},
+                           script="shared_engine.py", timeout=90)
+    assert out.count("MPI_THREAD_SERIALIZED, groups") == 2, out[-3000:]
+    returned = re.search(r"rank 0: abort returned after ([\d.]+) s", out)
+    assert returned and float(returned.group(1)) < 1, out[-3000:]
+    for op in ("A's queued collective", "A's pending receive"):
+        assert re.search(rf"{op} failed: mpigpu \w+ \[rank 0\]: .* of group '1' .*"
+                         r"was aborted \(the process group's abort\(\)\)", out), out[-3000:]
+    assert "COMPLETED" not in out, out[-3000:]
+    # B's collective running at the abort, and the one after it: 1+1, and 3+3
+    assert "B's running collective gave 2" in out and "B's next collective gave 6" in out, \
+        out[-3000:]
+    assert rc == 0 and out.count("clean end") == 2, out[-3000:]
+    assert took < 60, f"the job took {took:.0f} s to end"
+
+
+def test_shared_mpi_thread_abort_while_the_group_is_inside_mpi_fails_the_others_saying_why():
+    rc, out, took = launch("blocked", 2, {"TORCH_MPIGPU_TIMEOUT": "30",
+                                          "TORCH_MPIGPU_TIMEOUT_ACTION": "report"},
+                           script="shared_engine.py", timeout=90)
+    returned = re.search(r"rank 0: abort returned after ([\d.]+) s", out)
+    assert returned and float(returned.group(1)) < 1, out[-3000:]
+    assert re.search(r"A's stuck collective failed: .* was aborted .* while inside MPI", out), \
+        out[-3000:]
+    # queued before the abort: told which op blocks the shared MPI thread; issued after: refused
+    assert re.search(r"B's queued collective failed: .* of group '2' .* failed: the one thread "
+                     r"that may call MPI here .* is blocked inside collective #1 of group '1'",
+                     out), out[-3000:]
+    assert re.search(r"B's next collective failed: .* MPI is blocked inside an aborted op of "
+                     r"group '1'", out), out[-3000:]
+    assert "COMPLETED" not in out, out[-3000:]
+    assert rc != 0 and "instead of hanging in MPI_Finalize" in out, out[-3000:]
+    assert took < 60, f"the job took {took:.0f} s to end"
+
+
 def check_ending_a_group_with_a_stuck_op(mode, device):
     """shutdown.py's checks, shared with test_gpu.py (device "cuda")."""
     rc, out, took = launch(mode, 2, {"TORCH_MPIGPU_TIMEOUT": "3",

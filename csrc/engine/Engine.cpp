@@ -31,6 +31,17 @@ std::exception_ptr withOpContext(const WorkMPIGPU& work, std::exception_ptr erro
     return error;
   }
 }
+
+std::exception_ptr failedWith(const WorkMPIGPU& work, const std::string& why) {
+  return std::make_exception_ptr(
+      c10::DistBackendError({__func__, __FILE__, static_cast<uint32_t>(__LINE__)},
+                            opMessage(work.opName(), work.groupRank(), work.describe(), " ", why)));
+}
+
+constexpr const char* kShutDown =
+    "the process group has been shut down (destroyed, or the interpreter is exiting); create a "
+    "new one";
+constexpr const char* kAborted = "the process group was aborted (its abort()); create a new one";
 }  // namespace
 namespace {
 
@@ -53,12 +64,12 @@ std::shared_ptr<Engine> Engine::create(const std::string& name) {
   std::lock_guard<std::mutex> lock(g_registryMutex);
   if (mpi::needsSerializedAccess()) {
     if (auto shared = g_shared.lock()) return shared;
-    auto engine = std::make_shared<Engine>("mpigpu-shared");
+    auto engine = std::make_shared<Engine>("mpigpu-shared", /*shared=*/true);
     g_shared = engine;
     g_engines.push_back(engine);
     return engine;
   }
-  auto engine = std::make_shared<Engine>(name);
+  auto engine = std::make_shared<Engine>(name, /*shared=*/false);
   g_engines.push_back(engine);
   return engine;
 }
@@ -113,8 +124,9 @@ bool Engine::drain(std::chrono::milliseconds timeout, std::string* busy) {
   }
 }
 
-Engine::Engine(std::string name)
+Engine::Engine(std::string name, bool shared)
     : name_(std::move(name)),
+      shared_(shared),
       serialized_(mpi::needsSerializedAccess()),
       thread_([this] { loop(); }) {}
 
@@ -126,6 +138,7 @@ bool Engine::stopped() const {
 }
 
 void Engine::submit(c10::intrusive_ptr<WorkMPIGPU> work, Task task) {
+  std::string refused;
   {
     std::lock_guard<std::mutex> lock(mutex_);
     if (!stop_) {
@@ -133,17 +146,17 @@ void Engine::submit(c10::intrusive_ptr<WorkMPIGPU> work, Task task) {
       cv_.notify_one();
       return;
     }
+    refused = stopReason_;
   }
   work->markFailed(std::make_exception_ptr(
       c10::DistBackendError({__func__, __FILE__, static_cast<uint32_t>(__LINE__)},
-                            opMessage(work->opName(), work->groupRank(),
-                                      "the process group has been shut down (destroyed, or the "
-                                      "interpreter is exiting); create a new one"))));
+                            opMessage(work->opName(), work->groupRank(), refused))));
 }
 
 bool Engine::endInline() {
   std::lock_guard<std::mutex> lock(mutex_);
   inlineBusy_ = false;
+  inlineWork_.reset();
   return !queue_.empty();  // a thread queued an op meanwhile and the worker skipped it: wake it
 }
 
@@ -157,6 +170,7 @@ bool Engine::tryInline(const c10::intrusive_ptr<WorkMPIGPU>& work, const Task& t
     // A collective also waits for pending requests: the worker would test them meanwhile.
     if (!post && pendingCount_.load() != 0) return false;
     inlineBusy_ = true;  // the worker starts nothing queued meanwhile: issue order holds
+    inlineWork_ = work;
   }
   work->markStarted();
   try {
@@ -186,11 +200,12 @@ void Engine::callerWaiting(bool waiting) {
   --callersWaiting_;  // the worker resumes polling at its next look (within kSlowPollInterval)
 }
 
-bool Engine::runAndWait(const char* opName, int rank, std::function<void()> task,
-                        std::chrono::milliseconds timeout) {
+bool Engine::runAndWait(const char* opName, const std::string& group, int rank,
+                        std::function<void()> task, std::chrono::milliseconds timeout) {
   auto work =
       c10::make_intrusive<WorkMPIGPU>(rank, c10d::OpType::UNKNOWN, opName, 0,
                                       std::vector<at::Tensor>{}, timeout, nullptr, std::nullopt);
+  work->setContext(group, /*worldRank=*/-1);  // abortGroup() finds the group's ops by name
   submit(work, [task = std::move(task)] {
     task();
     return true;
@@ -231,10 +246,13 @@ void Engine::shutdown() {
     std::lock_guard<std::mutex> lock(mutex_);
     if (stop_) return;
     stop_ = true;
+    stopReason_ = kShutDown;
     cv_.notify_all();
   }
   if (thread_.joinable()) thread_.join();
-  failOutstanding("was still outstanding when the process group was shut down");
+  failOutstanding([](const WorkMPIGPU&) {
+    return "was still outstanding when the process group was shut down";
+  });
 }
 
 namespace {
@@ -245,21 +263,29 @@ std::atomic<int> g_stuckWorkers{0};
 bool Engine::anyStuckInMpi() { return g_stuckWorkers.load() > 0; }
 
 bool Engine::abort(const std::string& why) {
+  return abortAll([why](const WorkMPIGPU&) { return why; }, kAborted);
+}
+
+bool Engine::abortAll(const WhyFor& why, const std::string& stopReason) {
   bool insideTask;
+  bool inlineRunning;
   c10::intrusive_ptr<WorkMPIGPU> running;
   {
     std::lock_guard<std::mutex> lock(mutex_);
     if (stop_ && !thread_.joinable()) return true;
     stop_ = true;
+    stopReason_ = stopReason;
     insideTask = running_;
-    running = current_;
+    inlineRunning = inlineBusy_;
+    running = current_ ? current_ : inlineWork_;
     cv_.notify_all();
   }
-  failOutstanding(why);
+  // Below MPI_THREAD_MULTIPLE no thread may call MPI (cancel) while another is inside it.
+  failOutstanding(why, /*mayCallMpi=*/!(serialized_ && (insideTask || inlineRunning)));
   if (running) {
     running->markFailed(std::make_exception_ptr(c10::DistBackendError(
         {__func__, __FILE__, static_cast<uint32_t>(__LINE__)},
-        opMessage(running->opName(), running->groupRank(), running->describe(), " ", why,
+        opMessage(running->opName(), running->groupRank(), running->describe(), " ", why(*running),
                   " while inside MPI (the call itself cannot be interrupted)"))));
   }
   if (thread_.joinable() && !onWorkerThread()) {
@@ -275,7 +301,46 @@ bool Engine::abort(const std::string& why) {
   return true;
 }
 
-void Engine::failOutstanding(const std::string& why) {
+bool Engine::abortGroup(const std::string& group, const std::string& why) {
+  if (!shared_) return abort(why);
+  auto ofGroup = [&](const c10::intrusive_ptr<WorkMPIGPU>& w) { return w && w->group() == group; };
+  std::deque<Queued> dropped;
+  c10::intrusive_ptr<WorkMPIGPU> blocking;  // the group's op inside MPI, if any
+  bool stopped;
+  {
+    std::lock_guard<std::mutex> lock(mutex_);
+    stopped = stop_;
+    if (running_ && ofGroup(current_)) blocking = current_;
+    if (inlineBusy_ && ofGroup(inlineWork_)) blocking = inlineWork_;
+    if (!stopped && !blocking) {
+      std::deque<Queued> kept;
+      for (auto& q : queue_) (ofGroup(q.work) ? dropped : kept).push_back(std::move(q));
+      queue_.swap(kept);
+    }
+  }
+  if (stopped || blocking) {
+    const std::string blocker = blocking ? blocking->describe() : std::string("an op");
+    const std::string others = c10::str(
+        "failed: the one thread that may call MPI here (MPI grants less than "
+        "MPI_THREAD_MULTIPLE, so every group shares it) is blocked inside ",
+        blocker, ", which was aborted and cannot be interrupted; no other op can run");
+    return abortAll(
+        [=](const WorkMPIGPU& w) { return w.group() == group ? why : others; },
+        c10::str("MPI is blocked inside an aborted op of group '", group,
+                 "' (every group shares one MPI thread here); no op can run in this process"));
+  }
+  for (auto& q : dropped) q.work->markFailed(failedWith(*q.work, why));
+  {
+    std::lock_guard<std::mutex> lock(progressMutex_);
+    for (auto& p : pending_) {
+      if (ofGroup(p.work)) p.abortedWhy = why;  // cancelled and failed by the worker
+    }
+  }
+  cv_.notify_all();
+  return true;
+}
+
+void Engine::failOutstanding(const WhyFor& why, bool mayCallMpi) {
   std::deque<Queued> orphans;
   {
     std::lock_guard<std::mutex> lock(mutex_);
@@ -287,20 +352,32 @@ void Engine::failOutstanding(const std::string& why) {
     abandoned.swap(pending_);
     pendingCount_ = 0;
   }
-  auto fail = [&](const c10::intrusive_ptr<WorkMPIGPU>& work) {
-    work->markFailed(std::make_exception_ptr(c10::DistBackendError(
-        {__func__, __FILE__, static_cast<uint32_t>(__LINE__)},
-        opMessage(work->opName(), work->groupRank(), work->describe(), " ", why))));
-  };
-  for (auto& q : orphans) fail(q.work);
+  for (auto& q : orphans) q.work->markFailed(failedWith(*q.work, why(*q.work)));
   for (auto& p : abandoned) {
     // A receive left posted would let MPI write into a tensor the user owns again.
-    if (!mpi::cancelRequests(p.requests)) {
+    if (!mayCallMpi || !mpi::cancelRequests(p.requests)) {
       for (const auto& t : p.work->result()) keepUntilExit(t);
       keepUntilExit(std::move(p.then));  // holds the op's staging buffers
     }
-    fail(p.work);
+    p.work->markFailed(failedWith(*p.work, p.abortedWhy.empty() ? why(*p.work) : p.abortedWhy));
   }
+}
+
+void Engine::cancelMarkedPending(std::vector<Pending>& failed) {
+  for (size_t i = 0; i < pending_.size();) {
+    Pending& p = pending_[i];
+    if (p.abortedWhy.empty()) {
+      ++i;
+      continue;
+    }
+    if (!mpi::cancelRequests(p.requests)) {  // MPI may still write into them: keep them
+      for (const auto& t : p.work->result()) keepUntilExit(t);
+      keepUntilExit(std::move(p.then));
+    }
+    failed.push_back(std::move(p));
+    pending_.erase(pending_.begin() + static_cast<std::ptrdiff_t>(i));
+  }
+  if (!failed.empty()) pendingCount_ = pending_.size();
 }
 
 void Engine::loop() {
@@ -381,6 +458,7 @@ struct Engine::Finished {
 
 void Engine::progressPending(bool blocking) {
   std::vector<Finished> finished;
+  std::vector<Pending> aborted;  // by abortGroup()
   {
     std::unique_lock<std::mutex> lock(progressMutex_, std::defer_lock);
     if (blocking) {
@@ -388,6 +466,7 @@ void Engine::progressPending(bool blocking) {
     } else if (!lock.try_lock()) {
       return;
     }
+    cancelMarkedPending(aborted);
     for (size_t i = 0; i < pending_.size();) {
       Pending& p = pending_[i];
       int done = 0;
@@ -407,6 +486,7 @@ void Engine::progressPending(bool blocking) {
     }
   }
   // Completion runs callbacks that may issue new ops (and so add pending requests): unlocked.
+  for (auto& p : aborted) p.work->markFailed(failedWith(*p.work, p.abortedWhy));
   for (auto& f : finished) completePending(f);
 }
 

@@ -14,8 +14,10 @@
 // - One engine per group, or one for all groups with less than MPI_THREAD_MULTIPLE (then only
 //   its worker, or one inline caller at a time, is inside MPI).
 // - End: shutdown() joins the worker, then fails what is queued or pending; abort() fails it all
-//   at once and leaves a worker blocked inside MPI behind (see abort()). At interpreter exit
-//   shutdownAll() first drains the queues in issue order (bounded), then stops every engine.
+//   at once and leaves a worker blocked inside MPI behind (see abort()). abortGroup() on a shared
+//   engine fails one group's ops and keeps serving the others, unless that group's op is the one
+//   inside MPI. At interpreter exit shutdownAll() first drains the queues in issue order
+//   (bounded), then stops every engine.
 #pragma once
 
 #include <mpi.h>
@@ -49,7 +51,7 @@ class Engine : public ProgressDriver {
   // Stops every engine (fails what is still queued); called at exit before MPI_Finalize.
   static void shutdownAll();
 
-  explicit Engine(std::string name);
+  Engine(std::string name, bool shared);
   ~Engine();
   Engine(const Engine&) = delete;
   Engine& operator=(const Engine&) = delete;
@@ -70,7 +72,8 @@ class Engine : public ProgressDriver {
   void callerWaiting(bool waiting) override;
   // Runs `task` on the worker and waits for it (communicator creation and release) up to
   // `timeout`; false when it did not finish by then (it stays queued: abort() drops it).
-  bool runAndWait(const char* opName, int rank, std::function<void()> task,
+  bool runAndWait(const char* opName, const std::string& group, int rank,
+                  std::function<void()> task,
                   std::chrono::milliseconds timeout = std::chrono::hours(24 * 365));
   void addPending(std::vector<MPI_Request> requests, c10::intrusive_ptr<WorkMPIGPU> work,
                   Then then);
@@ -80,6 +83,14 @@ class Engine : public ProgressDriver {
   // into their buffers later). Returns false when the worker is inside a blocking MPI call, which
   // nothing can interrupt: it is then left running, and the engine must be kept alive.
   bool abort(const std::string& why);
+  // c10d's abort() for one group (`group`: its name, as its Works carry it). An engine of the
+  // group's own is aborted whole. A shared engine is aborted whole only when that group's op is
+  // the one inside MPI (on the worker or inline): no other thread may enter MPI while it is
+  // blocked there, so the other groups' ops could never run; they fail, saying why. Otherwise
+  // only the group's queued ops fail (at once) and its pending requests are cancelled and fail
+  // (on the worker, which alone may call MPI), and the engine goes on serving the other groups.
+  // Returns false when a thread is left inside MPI, as abort() does.
+  bool abortGroup(const std::string& group, const std::string& why);
   bool stopped() const;
   // An aborted engine's worker still inside MPI: MPI cannot be finalised in this process.
   static bool anyStuckInMpi();
@@ -94,7 +105,10 @@ class Engine : public ProgressDriver {
     std::vector<MPI_Request> requests;
     c10::intrusive_ptr<WorkMPIGPU> work;
     Then then;
+    std::string abortedWhy;  // set by abortGroup(): the worker cancels the requests, fails the op
   };
+  // Why an outstanding op fails when the engine stops (abort() names the blocking op to others).
+  using WhyFor = std::function<std::string(const WorkMPIGPU&)>;
 
   struct Finished;  // a pending request set MPI_Testall finished (or failed)
 
@@ -114,16 +128,25 @@ class Engine : public ProgressDriver {
   // A failed MPI_Testall: cancels what is still active, tells the op's completion, and throws
   // the error naming the op.
   [[noreturn]] void failPending(Finished& f);
-  // Fails every queued op and pending request with `why` (after stop_ is set).
-  void failOutstanding(const std::string& why);
+  // Fails every queued op and pending request with `why` (after stop_ is set). `mayCallMpi`:
+  // false while another thread is inside MPI and the MPI grants less than THREAD_MULTIPLE; then
+  // requests are not cancelled but their buffers are kept until exit.
+  void failOutstanding(const WhyFor& why, bool mayCallMpi = true);
+  // abort() with a message per op (abortGroup() tells the other groups' ops what blocked them).
+  bool abortAll(const WhyFor& why, const std::string& stopReason);
+  // Pending requests abortGroup() marked: cancels them (worker only) and moves them to `failed`.
+  void cancelMarkedPending(std::vector<Pending>& failed);
 
   const std::string name_;
+  const bool shared_;  // serves every group (MPI grants less than THREAD_MULTIPLE)
   mutable std::mutex mutex_;
   std::condition_variable cv_;
   std::deque<Queued> queue_;
   bool stop_ = false;
-  bool running_ = false;                    // the worker is inside a task
-  c10::intrusive_ptr<WorkMPIGPU> current_;  // that task's Work (abort() fails it)
+  bool running_ = false;                       // the worker is inside a task
+  c10::intrusive_ptr<WorkMPIGPU> current_;     // that task's Work (abort() fails it)
+  c10::intrusive_ptr<WorkMPIGPU> inlineWork_;  // the op a caller runs inline (inlineBusy_)
+  std::string stopReason_;                     // why ops submitted after the stop are refused
   bool inlineBusy_ = false;              // a caller is running a task inline; the worker must wait
   bool deepSleep_ = false;               // the worker waits for work with no time limit
   const bool serialized_;                // MPI_THREAD_SERIALIZED: MPI calls only on the worker
