@@ -16,6 +16,7 @@
 #include "engine/Watchdog.hpp"
 #include "mpi/Collectives.hpp"
 #include "mpi/Env.hpp"
+#include "mpi/Types.hpp"
 #include "paths/OpBuffers.hpp"
 #include "algorithms/Algorithms.hpp"
 #if MPIGPU_WITH_CUDA
@@ -153,18 +154,24 @@ void bindLifecycle(py::module_& m) {
       "MPI_Abort(MPI_COMM_WORLD, code) when MPI is running: the launcher ends every rank.");
 }
 
-void reduceStep(const at::Tensor& dst, const at::Tensor& a, const at::Tensor& b,
-                const std::string& opName, double scale) {
+// A ReduceOp's name (SUM, AVG, ...) as the test hooks take it.
+c10d::ReduceOp::RedOpType reduceOpKind(const std::string& opName) {
   using R = c10d::ReduceOp;
   static const std::pair<const char*, R::RedOpType> names[] = {
       {"SUM", R::SUM}, {"AVG", R::AVG},   {"PRODUCT", R::PRODUCT},
       {"MIN", R::MIN}, {"MAX", R::MAX},   {"BAND", R::BAND},
       {"BOR", R::BOR}, {"BXOR", R::BXOR}, {"PREMUL_SUM", R::PREMUL_SUM}};
-  R::RedOpType kind = R::UNUSED;
   for (const auto& [name, k] : names) {
-    if (opName == name) kind = k;
+    if (opName == name) return k;
   }
-  if (kind == R::UNUSED) throw py::value_error("reduce_step: unknown reduce op " + opName);
+  throw py::value_error("unknown reduce op " + opName +
+                        "; one of SUM, AVG, PRODUCT, MIN, MAX, "
+                        "BAND, BOR, BXOR, PREMUL_SUM");
+}
+
+void reduceStep(const at::Tensor& dst, const at::Tensor& a, const at::Tensor& b,
+                const std::string& opName, double scale) {
+  const auto kind = reduceOpKind(opName);
   py::gil_scoped_release noGil;
 #if MPIGPU_WITH_CUDA
   if (dst.is_cuda()) {
@@ -224,6 +231,24 @@ void bindAlgorithms(py::module_& m) {
         return d;
       },
       "How many reductions each of our algorithms has run in this process.");
+  m.def(
+      "_resolve_reduction",
+      [](const std::string& reduceOp, const at::Tensor& sample, std::optional<double> premul) {
+        mpigpu::mpi::ensureInitialized();  // our fp16/bf16 types and ops exist from then on
+        c10d::ReduceOp rop;  // (torch's constructors refuse PREMUL_SUM without its factor)
+        rop.op_ = reduceOpKind(reduceOp);
+        if (premul) rop.supplement_ = c10::make_intrusive<c10d::NCCLPreMulSumSupplement>(*premul);
+        const auto r = mpigpu::mpi::resolveReduction(rop, sample.scalar_type(), "allreduce", 0);
+        py::dict d;
+        d["type"] = mpigpu::mpi::typeName(r.type);
+        d["op"] = mpigpu::mpi::opName(r.op);
+        d["divide_by_size"] = r.divideBySize;
+        d["premul"] = r.premulScalar ? py::cast(*r.premulScalar) : py::none();
+        return d;
+      },
+      py::arg("reduce_op"), py::arg("sample"), py::arg("premul") = py::none(),
+      "Reduction resolution (unit tests): the MPI datatype and op, and the steps around the MPI "
+      "call, for ReduceOp `reduce_op` (its name: SUM, AVG, ...) on tensors of sample's dtype.");
   m.def("reduce_step", &reduceStep, py::arg("dst"), py::arg("a"), py::arg("b"), py::arg("op"),
         py::arg("scale") = 1.0,
         "One local reduction step of our algorithms, dst = (a op b) * scale, with the reducer of "

@@ -78,12 +78,10 @@ def torch_reference(op, a, b, scale):
     return out * scale if scale != 1 else out
 
 
-def test_reduce_kernels_match_torch():
-    # One process: our CUDA kernels for every reduce op x dtype against torch's ops, at sizes
-    # around the 16-byte vector width, misaligned views (the scalar kernel) and a large one.
-    import torch_mpi_gpu
+def reduce_step_cases():
+    """(op, dtype, n, shift, a, b, scale, expected) for every reduce op x dtype, at sizes around
+    the 16-byte vector width, misaligned views (`shift`: the scalar kernel) and a large one."""
     gen = torch.Generator().manual_seed(0)
-    failures = []
     for dtype in KERNEL_DTYPES:
         for op in REDUCE_OPS:
             floating = dtype.is_floating_point
@@ -101,24 +99,39 @@ def test_reduce_kernels_match_torch():
                     hi = 100 if dtype in (torch.uint8, torch.int8) else 1 << 20
                     return torch.randint(0, hi, (n + shift,), generator=gen).to(dtype)
                 a, b = draw()[shift:], draw()[shift:]
-                expect = torch_reference(op, a, b, scale)
-                da, db = a.cuda(), b.cuda()
-                dst = torch.empty(n + shift, dtype=dtype, device="cuda")[shift:]
-                torch_mpi_gpu._C.reduce_step(dst, da, db, op, scale)
-                got = dst.cpu()
-                if floating:
-                    ok = torch.allclose(got.double(), expect.double(), rtol=1e-2 if dtype in (
-                        torch.float16, torch.bfloat16) else 1e-6, equal_nan=True)
-                else:
-                    ok = torch.equal(got.to(torch.int64), expect.to(torch.int64))
-                if not ok:
-                    failures.append(f"{op} {dtype} n={n} shift={shift}: {got[:6]} vs {expect[:6]}")
-                # the host reducer must agree with the same reference
-                host = torch.empty(n, dtype=dtype)
-                torch_mpi_gpu._C.reduce_step(host, a.contiguous(), b.contiguous(), op, scale)
-                if not (torch.allclose(host.double(), expect.double(), rtol=1e-2) if floating
-                        else torch.equal(host.to(torch.int64), expect.to(torch.int64))):
-                    failures.append(f"host {op} {dtype} n={n}: {host[:6]} vs {expect[:6]}")
+                yield op, dtype, n, shift, a, b, scale, torch_reference(op, a, b, scale)
+
+
+def same_result(got, expect, tight=True):
+    if got.dtype.is_floating_point:
+        loose = not tight or got.dtype in (torch.float16, torch.bfloat16)
+        return torch.allclose(got.double(), expect.double(), rtol=1e-2 if loose else 1e-6,
+                              equal_nan=True)
+    return torch.equal(got.to(torch.int64), expect.to(torch.int64))
+
+
+def host_reducer_failures(op, dtype, n, a, b, scale, expect):
+    """Our host reducer (the CPU step of our algorithms) against the reference."""
+    import torch_mpi_gpu
+    host = torch.empty(n, dtype=dtype)
+    torch_mpi_gpu._C.reduce_step(host, a.contiguous(), b.contiguous(), op, scale)
+    return [] if same_result(host, expect, tight=False) else [
+        f"host {op} {dtype} n={n}: {host[:6]} vs {expect[:6]}"]
+
+
+def test_reduce_kernels_match_torch():
+    # One process: our CUDA kernels for every reduce op x dtype against torch's ops.
+    import torch_mpi_gpu
+    failures = []
+    for op, dtype, n, shift, a, b, scale, expect in reduce_step_cases():
+        da, db = a.cuda(), b.cuda()
+        dst = torch.empty(n + shift, dtype=dtype, device="cuda")[shift:]
+        torch_mpi_gpu._C.reduce_step(dst, da, db, op, scale)
+        got = dst.cpu()
+        if not same_result(got, expect):
+            failures.append(f"{op} {dtype} n={n} shift={shift}: {got[:6]} vs {expect[:6]}")
+        # the host reducer must agree with the same reference
+        failures += host_reducer_failures(op, dtype, n, a, b, scale, expect)
     assert not failures, "\n".join(failures[:40])
 
 
@@ -158,7 +171,13 @@ def test_p2p_groups_cuda(path, np):
 @pytest.mark.parametrize("np", [2, 3])
 def test_stream_ordering(path, np):
     out = run_mpi("cuda_streams.py", np, env={"MPIGPU_TEST_DEVICE": "cuda", **path_env(path)})
-    assert passed_counts(out, np) >= 7
+    assert passed_counts(out, np, cuda_streams_behaviours(np)) >= 7
+
+
+def cuda_streams_behaviours(np):
+    every = {"collectives issued while the producer runs", "Work.wait() orders another stream",
+             "the future orders another stream", "8 async ops in flight from a busy stream"}
+    return every | ({"send/recv from a busy stream"} if np > 1 else set())
 
 
 @pytest.mark.parametrize("np", [2, 3])

@@ -1,6 +1,7 @@
 """Single-process tests: registration, launcher detection, settings, build-time MPI discovery,
 the info CLI, and the errors a user gets when the launch is wrong."""
 
+import ast
 import json
 import os
 import re
@@ -334,6 +335,88 @@ def test_fusion_buckets_group_by_dtype_and_cut_at_the_limit():
     # alone_bytes: anything of at least 16 bytes travels alone, empty tensors still fuse
     got = _C._fusion_buckets([f32(4), f32(1), f32(1), f32(0)], 1 << 20, 16)
     assert got == [[0], [1, 2, 3]], got
+
+
+# (ReduceOp, dtype, premul factor) -> (MPI datatype, MPI op, divide by size) or the error's
+# class and words. Written from MPI's and torch's semantics, not from the code: bool reduces
+# with logical ops; 8/16-bit integer SUM/PRODUCT wrap as torch does (Open MPI's saturate);
+# fp16/bf16 need ops of ours; AVG is SUM then a division; PREMUL_SUM scales first.
+REDUCTIONS = [
+    ("SUM", "float32", None, ("MPI_FLOAT", "MPI_SUM", False)),
+    ("SUM", "float64", None, ("MPI_DOUBLE", "MPI_SUM", False)),
+    ("SUM", "int32", None, ("MPI_INT32_T", "MPI_SUM", False)),
+    ("SUM", "uint64", None, ("MPI_UINT64_T", "MPI_SUM", False)),
+    ("SUM", "int8", None, ("MPI_INT8_T", "mpigpu_wrapping_int8_sum", False)),
+    ("SUM", "uint16", None, ("MPI_UINT16_T", "mpigpu_wrapping_uint16_sum", False)),
+    ("PRODUCT", "uint8", None, ("MPI_UINT8_T", "mpigpu_wrapping_uint8_prod", False)),
+    ("PRODUCT", "int16", None, ("MPI_INT16_T", "mpigpu_wrapping_int16_prod", False)),
+    ("PRODUCT", "int64", None, ("MPI_INT64_T", "MPI_PROD", False)),
+    ("SUM", "bool", None, ("MPI_C_BOOL", "MPI_LOR", False)),
+    ("PRODUCT", "bool", None, ("MPI_C_BOOL", "MPI_LAND", False)),
+    ("MIN", "bool", None, ("MPI_C_BOOL", "MPI_LAND", False)),
+    ("MAX", "bool", None, ("MPI_C_BOOL", "MPI_LOR", False)),
+    ("BXOR", "bool", None, ("MPI_C_BOOL", "MPI_LXOR", False)),
+    ("BAND", "int64", None, ("MPI_INT64_T", "MPI_BAND", False)),
+    ("BOR", "uint8", None, ("MPI_UINT8_T", "MPI_BOR", False)),
+    ("MIN", "float16", None, ("mpigpu_float16", "mpigpu_float16_min", False)),
+    ("MAX", "bfloat16", None, ("mpigpu_bfloat16", "mpigpu_bfloat16_max", False)),
+    ("AVG", "bfloat16", None, ("mpigpu_bfloat16", "mpigpu_bfloat16_sum", True)),
+    ("AVG", "float64", None, ("MPI_DOUBLE", "MPI_SUM", True)),
+    ("SUM", "complex64", None, ("MPI_C_COMPLEX", "MPI_SUM", False)),
+    ("AVG", "complex128", None, ("MPI_C_DOUBLE_COMPLEX", "MPI_SUM", True)),
+    ("PREMUL_SUM", "float32", 0.5, ("MPI_FLOAT", "MPI_SUM", False)),
+    ("PREMUL_SUM", "float16", 0.25, ("mpigpu_float16", "mpigpu_float16_sum", False)),
+    ("AVG", "int64", None, ("TypeError", "AVG is defined for floating-point")),
+    ("BOR", "float32", None, ("TypeError", "bitwise ops need an integer or bool dtype")),
+    ("PRODUCT", "complex64", None, ("TypeError", "complex products are not supported")),
+    ("MIN", "complex128", None, ("TypeError", "complex numbers are not ordered")),
+    ("PREMUL_SUM", "int32", 2.0, ("TypeError", "PREMUL_SUM needs a floating-point dtype")),
+    ("PREMUL_SUM", "float32", None, ("ValueError", "PREMUL_SUM without a factor")),
+    ("SUM", "float8_e4m3fn", None, ("TypeError", "Float8_e4m3fn cannot be reduced")),
+]
+
+
+SYNONYMS = {"MPI_C_FLOAT_COMPLEX": "MPI_C_COMPLEX"}
+
+
+def test_reduction_resolution_picks_the_mpi_type_and_op():
+    # one interpreter (MPI initialises once per process), every case reported as a line
+    code = ("import torch, torch_mpi_gpu\n"
+            f"for op, dtype, premul, _ in {REDUCTIONS!r}:\n"
+            "    sample = torch.empty(0, dtype=getattr(torch, dtype))\n"
+            "    try:\n"
+            "        r = torch_mpi_gpu._C._resolve_reduction(op, sample, premul)\n"
+            "        got = (r['type'], r['op'], r['divide_by_size'], r['premul'])\n"
+            "    except (TypeError, ValueError) as e:\n"
+            "        got = (type(e).__name__, str(e))\n"
+            "    print(repr((op, dtype, got)))\n")
+    rc, out = python(code)
+    assert rc == 0, out[-3000:]
+    lines = [ast.literal_eval(line) for line in out.splitlines() if line.startswith("(")]
+    assert len(lines) == len(REDUCTIONS), out[-3000:]
+    wrong = []
+    for (op, dtype, premul, want), (_, _, got) in zip(REDUCTIONS, lines):
+        if want[0] in ("TypeError", "ValueError"):
+            # the error names the op and rank too, as every argument error does
+            ok = got[0] == want[0] and want[1] in got[1] and "allreduce [rank 0]" in got[1]
+        else:
+            # MPI_C_FLOAT_COMPLEX is MPI_C_COMPLEX (MPI 3.1, 3.2.2); MPIs name it either way
+            ok = (SYNONYMS.get(got[0], got[0]), *got[1:]) == (*want, premul)
+        if not ok:
+            wrong.append(f"{op} on {dtype}: want {want}, got {got}")
+    assert not wrong, "\n".join(wrong)
+
+
+def test_host_reducer_matches_torch():
+    # the local step of our algorithms on host tensors (ring/rhd/allgather), every reduce op x
+    # dtype x size, against torch's own ops (test_gpu.py checks the CUDA kernels the same way)
+    from test_gpu import host_reducer_failures, reduce_step_cases
+    failures, cases = [], 0
+    for op, dtype, n, shift, a, b, scale, expect in reduce_step_cases():
+        if shift == 0:
+            cases += 1
+            failures += host_reducer_failures(op, dtype, n, a, b, scale, expect)
+    assert cases > 300 and not failures, "\n".join(failures[:40])
 
 
 def test_torchrun_style_launch_names_the_mpirun_command():

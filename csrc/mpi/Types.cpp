@@ -127,6 +127,10 @@ void registerCustomTypes() {
   createWrapOps<uint8_t>(g_wrapOps[kU8]);
   createWrapOps<int16_t>(g_wrapOps[kI16]);
   createWrapOps<uint16_t>(g_wrapOps[kU16]);
+  // named, so MPI's own tools and messages show what they are
+  MPI_Type_set_name(g_half, "mpigpu_float16");
+  MPI_Type_set_name(g_bfloat16, "mpigpu_bfloat16");
+  MPI_Type_set_name(g_bytes16, "mpigpu_bytes16");
 }
 
 void releaseCustomTypes() {
@@ -143,6 +147,37 @@ void releaseCustomTypes() {
       if (op != MPI_OP_NULL) MPI_Op_free(&op);
     }
   }
+}
+
+std::string typeName(MPI_Datatype type) {
+  if (type == MPI_DATATYPE_NULL) return "MPI_DATATYPE_NULL";
+  char name[MPI_MAX_OBJECT_NAME] = {0};
+  int len = 0;
+  MPI_Type_get_name(type, name, &len);
+  return len > 0 ? std::string(name, len) : std::string("(unnamed datatype)");
+}
+
+std::string opName(MPI_Op op) {
+  const std::pair<MPI_Op, const char*> predefined[] = {
+      {MPI_SUM, "MPI_SUM"},   {MPI_PROD, "MPI_PROD"},      {MPI_MIN, "MPI_MIN"},
+      {MPI_MAX, "MPI_MAX"},   {MPI_LAND, "MPI_LAND"},      {MPI_LOR, "MPI_LOR"},
+      {MPI_LXOR, "MPI_LXOR"}, {MPI_BAND, "MPI_BAND"},      {MPI_BOR, "MPI_BOR"},
+      {MPI_BXOR, "MPI_BXOR"}, {MPI_OP_NULL, "MPI_OP_NULL"}};
+  for (const auto& [handle, name] : predefined) {
+    if (op == handle) return name;
+  }
+  const char* arith[] = {"sum", "prod", "min", "max"};
+  for (int i = 0; i < 4; ++i) {
+    if (op == g_halfOps[i]) return c10::str("mpigpu_float16_", arith[i]);
+    if (op == g_bf16Ops[i]) return c10::str("mpigpu_bfloat16_", arith[i]);
+  }
+  const char* narrow[] = {"int8", "uint8", "int16", "uint16"};
+  for (int n = 0; n < 4; ++n) {
+    for (int a = 0; a < 2; ++a) {
+      if (op == g_wrapOps[n][a]) return c10::str("mpigpu_wrapping_", narrow[n], "_", arith[a]);
+    }
+  }
+  return "(unknown op)";
 }
 
 const char* reduceOpName(c10d::ReduceOp::RedOpType kind) {

@@ -8,6 +8,7 @@
 #include <torch/csrc/distributed/c10d/Types.hpp>
 
 #include <optional>
+#include <string>
 
 namespace mpigpu::mpi {
 
@@ -31,6 +32,10 @@ Reduction resolveReduction(const c10d::ReduceOp& reduceOp, at::ScalarType dtype,
                            int rank);
 
 const char* reduceOpName(c10d::ReduceOp::RedOpType kind);
+
+// Names for messages and unit tests: MPI's own for predefined handles, mpigpu_* for ours.
+std::string typeName(MPI_Datatype type);
+std::string opName(MPI_Op op);
 
 // Created after MPI_Init (user-defined fp16/bf16 ops, 16-byte transport type), freed before
 // MPI_Finalize.

@@ -31,6 +31,7 @@ def main():
     producer, consumer = torch.cuda.Stream(), torch.cuda.Stream()
 
     # 1. The producer is still running when the collective is issued on its stream.
+    c.section("collectives issued while the producer runs")
     for async_op in (False, True):
         t = torch.zeros(N, device=dev)
         with torch.cuda.stream(producer):
@@ -64,6 +65,7 @@ def main():
             torch.arange(world, dtype=torch.float32).repeat_interleave(N // 4).reshape(world, -1))
 
     if world > 1:
+        c.section("send/recv from a busy stream")
         buf = torch.zeros(N, device=dev)
         with torch.cuda.stream(producer):
             if rank == 0:
@@ -75,8 +77,11 @@ def main():
         torch.cuda.synchronize()
         if rank in (0, 1):
             c.close("send from a busy stream / recv", seen, torch.full((N,), 7.0))
+        else:  # not part of the exchange: its buffer must stay untouched
+            c.close("a rank outside the send/recv keeps its buffer", seen, torch.zeros(N))
 
     # 2. Results consumed on another stream, ordered by Work.wait().
+    c.section("Work.wait() orders another stream")
     t = torch.full((N,), rank + 1.0, device=dev)
     torch.cuda.current_stream().synchronize()
     w = dist.all_reduce(t, async_op=True)
@@ -87,6 +92,7 @@ def main():
     c.close("async all_reduce consumed on another stream", doubled, torch.full((N,), 2 * total))
 
     # 3. The future is CUDA-aware: then() callbacks and wait() on another stream see the result.
+    c.section("the future orders another stream")
     t = torch.zeros(N, device=dev)
     with torch.cuda.stream(producer):
         busy_then_fill(t, rank + 1.0)
@@ -98,6 +104,7 @@ def main():
     c.close("future.then consumed on another stream", tripled, torch.full((N,), 3 * total))
 
     # 4. Many async ops in flight from a busy stream, waited in reverse order.
+    c.section("8 async ops in flight from a busy stream")
     ts = [torch.zeros(N // 16, device=dev) for _ in range(8)]
     with torch.cuda.stream(producer):
         torch.cuda._sleep(SLEEP_CYCLES)
