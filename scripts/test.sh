@@ -41,8 +41,8 @@ setup_mpich() {
 builds="${MPIGPU_TEST_BUILDS:-cpu mpich slurm hosts cuda}"
 # What every launcher runs: its variables, the job ending on a failed rank, exits, and the core
 # ops, DDP and FSDP2 (the whole suite runs under the default launcher above).
-LAUNCHER_TESTS="launcher or uncaught or clean or killed or stalled or ddp or fsdp or p2p_async \
-or (collectives and not algorithm and not split)"
+LAUNCHER_TESTS="(launcher or uncaught or clean or killed or stalled or ddp or fsdp or p2p_async \
+or (collectives and not algorithm and not split)) and not shared_mpi_thread"
 if [[ " $builds " == *" cpu "* ]]; then
   setup_cpu
   echo "=== lint ==="
@@ -54,7 +54,7 @@ if [[ " $builds " == *" mpich "* ]]; then
   # launcher takes other flags (tests/conftest.py picks them).
   setup_mpich
   run_suite "$MPICH_VENV" "MPICH build (Hydra mpiexec)" test_multirank.py test_reliability.py \
-    test_flight_recorder.py -k "not soak and not count_above and (not test_reliability or uncaught or async or clean)" "$@"
+    test_flight_recorder.py -k "not soak and not count_above and (not test_reliability or uncaught or async or clean or shared_mpi_thread)" "$@"
 fi
 if [[ " $builds " == *" slurm "* ]]; then
   if why=$("$ROOT/scripts/slurm_cluster.sh" up 2>&1); then

@@ -105,6 +105,27 @@ def test_p2p_async_groups(np):
     assert passed_counts(run_mpi("p2p_groups.py", np), np, p2p_groups_behaviours(np)) > 30
 
 
+# Below MPI_THREAD_MULTIPLE every group of a process shares one engine thread, the only one in
+# MPI (no inline posts, requests tested by the worker alone): the same suites on that path.
+SERIALIZED = {"MPIGPU_TEST_THREAD_LEVEL": "serialized"}
+
+
+@pytest.mark.parametrize("np", [1, 3])
+def test_collectives_with_one_shared_mpi_thread(np):
+    assert passed_counts(run_mpi("collectives.py", np, env=SERIALIZED), np, COLLECTIVES) > 1500
+
+
+@pytest.mark.parametrize("np", [2, 3])
+def test_p2p_async_groups_with_one_shared_mpi_thread(np):
+    out = run_mpi("p2p_groups.py", np, env=SERIALIZED)
+    assert passed_counts(out, np, p2p_groups_behaviours(np)) > 30
+
+
+def test_fusion_and_algorithms_with_one_shared_mpi_thread():
+    out = run_mpi("fusion.py", 3, env={**SERIALIZED, **algo_env("ring")})
+    assert passed_counts(out, 3, fusion_behaviours(3)) >= 20
+
+
 @pytest.mark.parametrize("np", [2, 3])
 def test_p2p_then_collectives_under_torch_debug_detail(np):
     out = run_mpi("debug_detail.py", np, env={"TORCH_DISTRIBUTED_DEBUG": "DETAIL"})

@@ -63,7 +63,20 @@ constexpr auto kSlowPollInterval = std::chrono::microseconds(200);
 std::shared_ptr<Engine> Engine::create(const std::string& name) {
   std::lock_guard<std::mutex> lock(g_registryMutex);
   if (mpi::needsSerializedAccess()) {
-    if (auto shared = g_shared.lock()) return shared;
+    if (auto shared = g_shared.lock()) {
+      static bool warned = false;  // (under g_registryMutex)
+      if (!warned) {
+        warned = true;
+        LOG(WARNING) << "mpigpu: MPI granted "
+                     << mpi::threadLevelName(mpi::ensureInitialized().threadLevel)
+                     << ", less than MPI_THREAD_MULTIPLE, so every process group shares one MPI "
+                        "thread that runs their ops in the order this process issued them. Issue "
+                        "ops on different groups in the same order on every rank: ops issued from "
+                        "several threads on different groups can otherwise wait on each other "
+                        "forever. Initialise MPI with MPI_THREAD_MULTIPLE to lift this.";
+      }
+      return shared;
+    }
     auto engine = std::make_shared<Engine>("mpigpu-shared", /*shared=*/true);
     g_shared = engine;
     g_engines.push_back(engine);

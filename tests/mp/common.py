@@ -11,7 +11,21 @@ import traceback
 import torch
 import torch.distributed as dist
 
-import torch_mpi_gpu  # noqa: F401  (registers mpigpu)
+# MPIGPU_TEST_THREAD_LEVEL=serialized: mpi4py initialises MPI at that level first, so every
+# group shares one engine thread (the path of MPIs without MPI_THREAD_MULTIPLE).
+THREAD_LEVEL = os.environ.get("MPIGPU_TEST_THREAD_LEVEL")
+if THREAD_LEVEL:
+    import mpi4py
+
+    mpi4py.rc.thread_level = THREAD_LEVEL
+    from mpi4py import MPI  # noqa: F401
+
+import torch_mpi_gpu  # noqa: E402  (registers mpigpu)
+
+if THREAD_LEVEL:
+    granted = torch_mpi_gpu._C.mpi_info()["thread_level"]
+    if granted != f"MPI_THREAD_{THREAD_LEVEL.upper()}":  # else the test would test another path
+        raise RuntimeError(f"MPIGPU_TEST_THREAD_LEVEL={THREAD_LEVEL} but MPI granted {granted}")
 
 FLOAT_DTYPES = [torch.float16, torch.bfloat16, torch.float32, torch.float64]
 INT_DTYPES = [torch.int8, torch.uint8, torch.int16, torch.int32, torch.int64]

@@ -7,7 +7,7 @@ from datetime import timedelta
 import torch
 import torch.distributed as dist
 
-from common import Checker, make_input, run, use_test_device
+from common import THREAD_LEVEL, Checker, make_input, run, use_test_device
 
 
 def p2p(c, rank, world):
@@ -159,13 +159,27 @@ def groups(c, rank, world):
 
 def threads(c, rank, world):
     # two groups over the same ranks, each driven by its own thread, many async ops each: with
-    # one engine per group (MPI_THREAD_MULTIPLE) neither can block the other.
+    # one engine per group (MPI_THREAD_MULTIPLE) neither can block the other. Below
+    # MPI_THREAD_MULTIPLE one MPI thread runs every group's ops in the order this process issued
+    # them, so the ranks must issue them in the same order: the threads take turns, op by op.
     ga, gb = dist.new_group(list(range(world))), dist.new_group(list(range(world)))
     results = {}
+    turns = threading.Condition()
+    turn = ["a"]
+
+    def issue(name, g, x):
+        if not THREAD_LEVEL:
+            return dist.all_reduce(x, group=g, async_op=True)
+        with turns:
+            turns.wait_for(lambda: turn[0] == name)
+            w = dist.all_reduce(x, group=g, async_op=True)
+            turn[0] = "b" if name == "a" else "a"
+            turns.notify_all()
+        return w
 
     def drive(name, g, base):
         ts = [torch.full((64,), float(base + rank)) for _ in range(50)]
-        ws = [dist.all_reduce(x, group=g, async_op=True) for x in ts]
+        ws = [issue(name, g, x) for x in ts]
         for w in ws:
             w.wait()
         results[name] = ts
