@@ -367,12 +367,16 @@ void Engine::failOutstanding(const WhyFor& why, bool mayCallMpi) {
   }
   for (auto& q : orphans) q.work->markFailed(failedWith(*q.work, why(*q.work)));
   for (auto& p : abandoned) {
-    // A receive left posted would let MPI write into a tensor the user owns again.
-    if (!mayCallMpi || !mpi::cancelRequests(p.requests)) {
-      for (const auto& t : p.work->result()) keepUntilExit(t);
-      keepUntilExit(std::move(p.then));  // holds the op's staging buffers
-    }
+    cancelOrKeep(p, mayCallMpi);
     p.work->markFailed(failedWith(*p.work, p.abortedWhy.empty() ? why(*p.work) : p.abortedWhy));
+  }
+}
+
+void Engine::cancelOrKeep(Pending& p, bool mayCallMpi) {
+  // A receive left posted would let MPI write into a tensor the user owns again.
+  if (!mayCallMpi || !mpi::cancelRequests(p.requests)) {
+    for (const auto& t : p.work->result()) keepUntilExit(t);
+    keepUntilExit(std::move(p.then));  // holds the op's staging buffers
   }
 }
 
@@ -383,10 +387,7 @@ void Engine::cancelMarkedPending(std::vector<Pending>& failed) {
       ++i;
       continue;
     }
-    if (!mpi::cancelRequests(p.requests)) {  // MPI may still write into them: keep them
-      for (const auto& t : p.work->result()) keepUntilExit(t);
-      keepUntilExit(std::move(p.then));
-    }
+    cancelOrKeep(p, /*mayCallMpi=*/true);  // (on the worker)
     failed.push_back(std::move(p));
     pending_.erase(pending_.begin() + static_cast<std::ptrdiff_t>(i));
   }

@@ -134,6 +134,9 @@ class Engine : public ProgressDriver {
   void failOutstanding(const WhyFor& why, bool mayCallMpi = true);
   // abort() with a message per op (abortGroup() tells the other groups' ops what blocked them).
   bool abortAll(const WhyFor& why, const std::string& stopReason);
+  // Cancels an abandoned op's requests; where that is not allowed (`mayCallMpi` false) or
+  // fails, keeps its buffers until exit instead.
+  static void cancelOrKeep(Pending& p, bool mayCallMpi);
   // Pending requests abortGroup() marked: cancels them (worker only) and moves them to `failed`.
   void cancelMarkedPending(std::vector<Pending>& failed);
 
