@@ -154,19 +154,15 @@ void bindLifecycle(py::module_& m) {
       "MPI_Abort(MPI_COMM_WORLD, code) when MPI is running: the launcher ends every rank.");
 }
 
-// A ReduceOp's name (SUM, AVG, ...) as the test hooks take it.
+// A ReduceOp's name (SUM, AVG, ...) as the test hooks take it: the names messages use.
 c10d::ReduceOp::RedOpType reduceOpKind(const std::string& opName) {
-  using R = c10d::ReduceOp;
-  static const std::pair<const char*, R::RedOpType> names[] = {
-      {"SUM", R::SUM}, {"AVG", R::AVG},   {"PRODUCT", R::PRODUCT},
-      {"MIN", R::MIN}, {"MAX", R::MAX},   {"BAND", R::BAND},
-      {"BOR", R::BOR}, {"BXOR", R::BXOR}, {"PREMUL_SUM", R::PREMUL_SUM}};
-  for (const auto& [name, k] : names) {
-    if (opName == name) return k;
+  std::string known;
+  for (int k = 0; k < c10d::ReduceOp::UNUSED; ++k) {
+    const auto kind = static_cast<c10d::ReduceOp::RedOpType>(k);
+    if (opName == mpigpu::mpi::reduceOpName(kind)) return kind;
+    known += (k ? ", " : "") + std::string(mpigpu::mpi::reduceOpName(kind));
   }
-  throw py::value_error("unknown reduce op " + opName +
-                        "; one of SUM, AVG, PRODUCT, MIN, MAX, "
-                        "BAND, BOR, BXOR, PREMUL_SUM");
+  throw py::value_error("unknown reduce op " + opName + "; one of " + known);
 }
 
 void reduceStep(const at::Tensor& dst, const at::Tensor& a, const at::Tensor& b,

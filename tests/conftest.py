@@ -24,6 +24,9 @@ MP_DIR = Path(__file__).parent / "mp"
 ROOT = Path(__file__).resolve().parents[1]
 LAUNCHERS = ("mpirun", "srun-pmix", "srun-pmi2", "two-hosts-names", "two-hosts-ip-only")
 LAUNCHER = os.environ.get("MPIGPU_TEST_LAUNCHER", "mpirun")
+# tests/mp/common.py then has mpi4py initialise MPI at MPI_THREAD_SERIALIZED: every group of a
+# process shares one engine thread, the path of MPIs without MPI_THREAD_MULTIPLE
+SERIALIZED = {"MPIGPU_TEST_THREAD_LEVEL": "serialized"}
 if LAUNCHER not in LAUNCHERS:
     raise ValueError(f"MPIGPU_TEST_LAUNCHER={LAUNCHER}: one of {', '.join(LAUNCHERS)}")
 TWO_HOSTS = ROOT / "scripts" / "two_hosts.sh"

@@ -5,7 +5,7 @@ import os
 
 import pytest
 
-from conftest import LAUNCHER, mpirun_path, is_hydra, passed_counts, run_mpi
+from conftest import LAUNCHER, SERIALIZED, mpirun_path, is_hydra, passed_counts, run_mpi
 
 RANKS = [1, 2, 3, 4]
 
@@ -107,9 +107,6 @@ def test_p2p_async_groups(np):
 
 # Below MPI_THREAD_MULTIPLE every group of a process shares one engine thread, the only one in
 # MPI (no inline posts, requests tested by the worker alone): the same suites on that path.
-SERIALIZED = {"MPIGPU_TEST_THREAD_LEVEL": "serialized"}
-
-
 @pytest.mark.parametrize("np", [1, 3])
 def test_collectives_with_one_shared_mpi_thread(np):
     assert passed_counts(run_mpi("collectives.py", np, env=SERIALIZED), np, COLLECTIVES) > 1500

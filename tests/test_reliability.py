@@ -8,7 +8,7 @@ import time
 
 import pytest
 
-from conftest import LAUNCHER, MP_DIR, launch_command, launch_env, run_mpi
+from conftest import LAUNCHER, MP_DIR, SERIALIZED, launch_command, launch_env, run_mpi
 from conftest import passed_counts
 
 
@@ -94,7 +94,7 @@ def test_ending_a_group_with_an_op_that_never_finishes(mode):
 def test_shared_mpi_thread_abort_of_one_group_leaves_the_others_working():
     # Below MPI_THREAD_MULTIPLE every group shares one engine; abort() of one group used to stop
     # it, failing every other group's ops.
-    rc, out, took = launch("others-go-on", 2, {"TORCH_MPIGPU_TIMEOUT": "30",
+    rc, out, took = launch("others-go-on", 2, {**SERIALIZED, "TORCH_MPIGPU_TIMEOUT": "30",
                                                "TORCH_MPIGPU_TIMEOUT_ACTION": "report"},
                            script="shared_engine.py", timeout=90)
     assert out.count("MPI_THREAD_SERIALIZED, groups") == 2, out[-3000:]
@@ -114,7 +114,7 @@ def test_shared_mpi_thread_abort_of_one_group_leaves_the_others_working():
 
 
 def test_shared_mpi_thread_abort_while_the_group_is_inside_mpi_fails_the_others_saying_why():
-    rc, out, took = launch("blocked", 2, {"TORCH_MPIGPU_TIMEOUT": "30",
+    rc, out, took = launch("blocked", 2, {**SERIALIZED, "TORCH_MPIGPU_TIMEOUT": "30",
                                           "TORCH_MPIGPU_TIMEOUT_ACTION": "report"},
                            script="shared_engine.py", timeout=90)
     returned = re.search(r"rank 0: abort returned after ([\d.]+) s", out)

@@ -1,5 +1,6 @@
 """Aborting one group when every group shares one MPI thread: MPI granted less than
-MPI_THREAD_MULTIPLE (here mpi4py initialises MPI at MPI_THREAD_SERIALIZED first). Run by
+MPI_THREAD_MULTIPLE (here mpi4py initialises MPI at MPI_THREAD_SERIALIZED first, through
+common.py and MPIGPU_TEST_THREAD_LEVEL). Run by
 test_reliability.py at 2 ranks, with TORCH_MPIGPU_TIMEOUT_ACTION=report. Modes:
   others-go-on  rank 0 aborts group A while A has a receive pending (rank 1 never sends) and a
                 collective queued behind group B's running collective (rank 1 joins it late).
@@ -12,10 +13,7 @@ test_reliability.py at 2 ranks, with TORCH_MPIGPU_TIMEOUT_ACTION=report. Modes:
 import sys
 import time
 
-import mpi4py
-
-mpi4py.rc.thread_level = "serialized"
-from mpi4py import MPI  # noqa: E402,F401  (initialises MPI before torch_mpi_gpu does)
+from common import THREAD_LEVEL  # first: initialises MPI at MPIGPU_TEST_THREAD_LEVEL, checks it
 
 import torch  # noqa: E402
 import torch.distributed as dist  # noqa: E402
@@ -23,9 +21,9 @@ import torch.distributed as dist  # noqa: E402
 import torch_mpi_gpu  # noqa: E402
 
 mode = sys.argv[1]
+if THREAD_LEVEL != "serialized":  # the shared engine would not be tested at all
+    raise RuntimeError("run with MPIGPU_TEST_THREAD_LEVEL=serialized")
 level = torch_mpi_gpu._C.mpi_info()["thread_level"]
-if level == "MPI_THREAD_MULTIPLE":  # the shared engine would not be tested at all
-    raise RuntimeError("MPI granted MPI_THREAD_MULTIPLE; this test needs MPI_THREAD_SERIALIZED")
 dist.init_process_group("mpigpu")
 rank = dist.get_rank()
 group_a = dist.new_group([0, 1])
