@@ -102,6 +102,11 @@ bool WorkMPIGPU::wait(std::chrono::milliseconds timeout) {
   return true;
 }
 
+bool WorkMPIGPU::waitSettled(std::chrono::milliseconds timeout) {
+  std::unique_lock<std::mutex> lock(mutex_);
+  return cv_.wait_for(lock, timeout, [&] { return completed_; });
+}
+
 void WorkMPIGPU::synchronize() {
   for (const auto& b : buffers_) b->orderCurrentStream();
 }

@@ -40,6 +40,10 @@ class WorkMPIGPU : public c10d::Work {
   // For device tensors it then makes the current stream wait for the results (MPI is blocking
   // on the host, so the op itself must be finished first).
   bool wait(std::chrono::milliseconds timeout = kNoTimeout) override;
+  // Sleeps until the op completed or failed (true), or `timeout` passed (false); never throws.
+  // For the engine's own waits: no polling (a thread that wakes every millisecond beside one
+  // spinning inside MPI on the same core stalled Open MPI 5 for good, see runAndWait).
+  bool waitSettled(std::chrono::milliseconds timeout);
   // Orders the current stream after a completed op (no-op for host tensors).
   void synchronize() override;
   std::vector<at::Tensor> result() override { return outputs_; }

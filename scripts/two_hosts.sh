@@ -10,7 +10,10 @@
 #   two_hosts.sh down                        remove them (also what `up` does first)
 #   two_hosts.sh check                       exit 0 when this machine can create them (root, netns)
 #   two_hosts.sh mpirun ARGS...              run Open MPI's mpirun from h0 with a hostfile of h0,h1
-#                                            (ARGS: -np N and the program; mpirun from PATH)
+#                                            (ARGS: -np N and the program; mpirun from PATH);
+#                                            MPIGPU_TWO_HOSTS_MAP_BY=slot (default: a plain
+#                                            hostfile's filling, ranks 0-1 on h0, 2-3 on h1) or
+#                                            node (round-robin, ranks 0,2 on h0)
 # Needs root, iproute2 and util-linux's unshare; tests/test_launchers.py uses it.
 set -euo pipefail
 ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
@@ -81,7 +84,7 @@ case "${1:-}" in
     [ -f "$STATE/hostfile" ] || { echo "two_hosts.sh: run '$0 up' first" >&2; exit 2; }
     # The agent is given the host as the hostfile names it (name or IP).
     exec ip netns exec "${NS[0]}" unshare --uts sh -c 'hostname "$0"; exec "$@"' "${NAMES[0]}" \
-      mpirun --hostfile "$STATE/hostfile" --map-by node --oversubscribe \
+      mpirun --hostfile "$STATE/hostfile" --map-by "${MPIGPU_TWO_HOSTS_MAP_BY:-slot}" --oversubscribe \
       --mca plm_rsh_agent "$ROOT/scripts/netns_rsh.sh" "$@" ;;
   *) sed -n '2,15p' "$0"; exit 2 ;;
 esac

@@ -118,23 +118,19 @@ void Engine::shutdownAll() {
 }
 
 bool Engine::drain(std::chrono::milliseconds timeout, std::string* busy) {
-  const auto deadline = std::chrono::steady_clock::now() + timeout;
-  while (true) {
-    {
-      std::lock_guard<std::mutex> lock(mutex_);
-      if (stop_ || (queue_.empty() && !running_ && !inlineBusy_)) return true;
-      if (std::chrono::steady_clock::now() >= deadline) {
-        if (busy != nullptr) {
-          *busy = queue_.empty() ? std::string("an op running on group engine ") + name_
-                                 : c10::str(queue_.size(), " queued op(s) of ", name_,
-                                            ", the first ", queue_.front().work->opName());
-        }
-        return false;
-      }
-      cv_.notify_all();
-    }
-    std::this_thread::sleep_for(std::chrono::milliseconds(1));
+  std::unique_lock<std::mutex> lock(mutex_);
+  cv_.notify_all();
+  // Sleeps until the worker reports idle (idleCv_), never polls (see runAndWait).
+  if (idleCv_.wait_for(lock, timeout,
+                       [&] { return stop_ || (queue_.empty() && !running_ && !inlineBusy_); })) {
+    return true;
   }
+  if (busy != nullptr) {
+    *busy = queue_.empty() ? std::string("an op running on group engine ") + name_
+                           : c10::str(queue_.size(), " queued op(s) of ", name_, ", the first ",
+                                      queue_.front().work->opName());
+  }
+  return false;
 }
 
 Engine::Engine(std::string name, bool shared)
@@ -170,6 +166,7 @@ bool Engine::endInline() {
   std::lock_guard<std::mutex> lock(mutex_);
   inlineBusy_ = false;
   inlineWork_.reset();
+  idleCv_.notify_all();
   return !queue_.empty();  // a thread queued an op meanwhile and the worker skipped it: wake it
 }
 
@@ -223,14 +220,11 @@ bool Engine::runAndWait(const char* opName, const std::string& group, int rank,
     task();
     return true;
   });
-  {
-    // Wait without Work::wait's timeout error: the caller decides what a timeout means.
-    const auto deadline = std::chrono::steady_clock::now() + timeout;
-    while (!work->isCompleted()) {
-      if (std::chrono::steady_clock::now() >= deadline) return false;
-      std::this_thread::sleep_for(std::chrono::milliseconds(1));
-    }
-  }
+  // Sleep on the Work, without Work::wait's timeout error: the caller decides what a timeout
+  // means. Never a polling loop: Open MPI 5 (TCP, two ranks bound to one core, as a hostfile
+  // of two hosts gives) stalled for good, no packet moving, while this thread woke every
+  // millisecond beside the worker spinning inside MPI; plain mpi4py does the same (#25).
+  if (!work->waitSettled(timeout)) return false;
   work->wait();  // rethrows the task's error
   return true;
 }
@@ -261,6 +255,7 @@ void Engine::shutdown() {
     stop_ = true;
     stopReason_ = kShutDown;
     cv_.notify_all();
+    idleCv_.notify_all();
   }
   if (thread_.joinable()) thread_.join();
   failOutstanding([](const WorkMPIGPU&) {
@@ -288,6 +283,7 @@ bool Engine::abortAll(const WhyFor& why, const std::string& stopReason) {
     if (stop_ && !thread_.joinable()) return true;
     stop_ = true;
     stopReason_ = stopReason;
+    idleCv_.notify_all();
     insideTask = running_;
     inlineRunning = inlineBusy_;
     running = current_ ? current_ : inlineWork_;
@@ -456,6 +452,7 @@ void Engine::runQueued(Queued& item) {
     std::lock_guard<std::mutex> lock(mutex_);
     running_ = false;
     current_.reset();
+    idleCv_.notify_all();
   }
   if (error) {
     item.work->markFailed(withOpContext(*item.work, error));

@@ -144,6 +144,7 @@ class Engine : public ProgressDriver {
   const bool shared_;  // serves every group (MPI grants less than THREAD_MULTIPLE)
   mutable std::mutex mutex_;
   std::condition_variable cv_;
+  std::condition_variable idleCv_;  // the worker finished a task, an inline run ended, or stop
   std::deque<Queued> queue_;
   bool stop_ = false;
   bool running_ = false;                       // the worker is inside a task
