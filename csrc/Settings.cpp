@@ -66,13 +66,13 @@ const SettingSpec kSettings[] = {
     {"TORCH_MPIGPU_FUSE_BELOW_BYTES", "262144", "", ReadAt::GroupCreation,
      "host tensors this big or bigger are not packed (the copy costs more than the call saved); "
      "device tensors are always packed"},
-    {"TORCH_MPIGPU_MPI_YIELD", "0", "", ReadAt::Import,
-     "Open MPI: a rank waiting inside MPI yields its core (`mpi_yield_when_idle`); `auto` when "
-     "the rank has fewer than 2 cores and `OMPI_MCA_mpi_yield_when_idle` is unset; `1` always; "
-     "`0` leaves Open MPI's default. Off by default: on 2 cores yielding made small-message "
-     "medians jump to 10-30 us, and its gain in training was within noise. Where ranks share "
-     "cores with other hosts' work (two simulated hosts on one 2-core VM, "
-     "`benchmarks/results/two_hosts/`) `1` made DDP training up to 1.4x faster"},
+    {"TORCH_MPIGPU_MPI_YIELD", "auto", "", ReadAt::Import,
+     "a rank waiting inside MPI yields its core: Open MPI's `mpi_yield_when_idle` is set and a "
+     "caller in `wait()` sleeps at once instead of testing for completion beside the worker. "
+     "`auto`: when the host is oversubscribed (an unbound rank sees fewer cores than ranks on "
+     "its host; a rank bound by the launcher is not); `1` always; `0` never. A user's own "
+     "`OMPI_MCA_mpi_yield_when_idle` wins. Not when there are cores enough: on 2 cores at 2 "
+     "ranks yielding made small-message medians jump to 10-30 us"},
     {"TORCH_MPIGPU_ABORT_ON_EXCEPTION", "1", "", ReadAt::UncaughtException,
      "a rank leaving on an uncaught exception prints its traceback and ends the job "
      "(`MPI_Abort`); `0`: off"},

@@ -16,9 +16,6 @@
 namespace mpigpu {
 namespace {
 
-// How long wait() on a point-to-point op tests for completion itself before sleeping.
-constexpr std::chrono::microseconds kAssistFor(2000);
-
 // A CUDA-aware future records events on its devices' current streams when completed, and makes
 // its consumers' streams wait for them; so it must know the devices.
 std::vector<c10::Device> devicesOf(const std::vector<std::shared_ptr<paths::OpBuffers>>& bufs) {
@@ -80,14 +77,16 @@ bool WorkMPIGPU::wait(std::chrono::milliseconds timeout) {
   if (auto driver = driver_.lock(); driver && !isCompleted()) {
     // A reply usually lands within microseconds: test for it here rather than pay a thread
     // wake-up. Bounded, then the worker's polling takes over.
-    const auto spinUntil =
-        std::chrono::steady_clock::now() + std::min<std::chrono::microseconds>(kAssistFor, limit);
-    driver->callerWaiting(true);
-    while (!isCompleted() && std::chrono::steady_clock::now() < spinUntil) {
-      driver->assistProgress();
-      std::this_thread::yield();
+    const auto spin = std::min<std::chrono::microseconds>(driver->callerSpin(), limit);
+    if (spin.count() > 0) {
+      const auto spinUntil = std::chrono::steady_clock::now() + spin;
+      driver->callerWaiting(true);
+      while (!isCompleted() && std::chrono::steady_clock::now() < spinUntil) {
+        driver->assistProgress();
+        std::this_thread::yield();
+      }
+      driver->callerWaiting(false);
     }
-    driver->callerWaiting(false);
   }
   std::unique_lock<std::mutex> lock(mutex_);
   if (!cv_.wait_for(lock, limit, [&] { return completed_; })) {

@@ -26,6 +26,9 @@ class ProgressDriver {
   virtual void callerWaiting(bool waiting) = 0;
   // Tests the pending requests once (skipped if another thread is testing them).
   virtual void assistProgress() = 0;
+  // How long a caller may test for completion itself before sleeping: zero when the host is
+  // oversubscribed (then only the worker polls, and it sleeps between polls).
+  virtual std::chrono::microseconds callerSpin() const = 0;
 };
 
 class WorkMPIGPU : public c10d::Work {

@@ -130,6 +130,9 @@ void bindLifecycle(py::module_& m) {
       py::call_guard<py::gil_scoped_release>(),
       "Stops every engine and finalises MPI if torch_mpi_gpu initialised it (runs at exit).");
   m.def("is_finalized", &mpigpu::mpi::isFinalized);
+  m.def("set_oversubscribed", &mpigpu::Engine::setOversubscribed, py::arg("oversubscribed"),
+        "More ranks on this host than cores: callers of wait() sleep at once (set at import).");
+  m.def("oversubscribed", &mpigpu::Engine::oversubscribed);
   m.def(
       "running_world_size",
       [] {

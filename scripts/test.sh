@@ -54,7 +54,7 @@ if [[ " $builds " == *" mpich "* ]]; then
   # launcher takes other flags (tests/conftest.py picks them).
   setup_mpich
   run_suite "$MPICH_VENV" "MPICH build (Hydra mpiexec)" test_multirank.py test_reliability.py \
-    test_flight_recorder.py -k "not soak and not count_above and (not test_reliability or uncaught or async or clean or shared_mpi_thread)" "$@"
+    test_flight_recorder.py test_hang_prone.py -k "not soak and not count_above and (not test_reliability or uncaught or async or clean or shared_mpi_thread)" "$@"
 fi
 if [[ " $builds " == *" slurm "* ]]; then
   if why=$("$ROOT/scripts/slurm_cluster.sh" up 2>&1); then
@@ -76,12 +76,14 @@ if [[ " $builds " == *" hosts "* ]]; then
   if why=$("$ROOT/scripts/two_hosts.sh" check 2>&1); then
     trap '"$ROOT/scripts/two_hosts.sh" down' EXIT  # the test fixture removes them too
     setup_cpu
+    # (test_hang_prone: 2 hosts x 2 ranks bound to cores, the launch check 25 times, p2p_groups,
+    # a killed and a stalled rank, a waiting rank's threads; IP only: the launch check)
     MPIGPU_TEST_LAUNCHER=two-hosts-names run_suite "$CPU_VENV" \
-      "two hosts, names resolve (mpirun)" test_multirank.py \
-      -k "launcher or ddp or (collectives and not algorithm and not split)" "$@"
+      "two hosts, names resolve (mpirun)" test_multirank.py test_hang_prone.py \
+      -k "launcher or ddp or (collectives and not algorithm and not split) or hang_prone" "$@"
     MPIGPU_TEST_LAUNCHER=two-hosts-ip-only run_suite "$CPU_VENV" \
       "two hosts, IP only (mpirun)" test_multirank.py test_reliability.py test_flight_recorder.py \
-      -k "$LAUNCHER_TESTS" "$@"
+      test_hang_prone.py -k "($LAUNCHER_TESTS) or subgroup_sequence" "$@"
   else
     echo "=== two-host legs SKIPPED: $why ==="
   fi

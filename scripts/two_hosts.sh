@@ -11,9 +11,12 @@
 #   two_hosts.sh check                       exit 0 when this machine can create them (root, netns)
 #   two_hosts.sh mpirun ARGS...              run Open MPI's mpirun from h0 with a hostfile of h0,h1
 #                                            (ARGS: -np N and the program; mpirun from PATH);
-#                                            MPIGPU_TWO_HOSTS_MAP_BY=slot (default: a plain
-#                                            hostfile's filling, ranks 0-1 on h0, 2-3 on h1) or
-#                                            node (round-robin, ranks 0,2 on h0)
+#                                            MPIGPU_TWO_HOSTS_MAP_BY=node (default: round-robin,
+#                                            ranks 0,2 on h0, so 2 ranks span both hosts) or
+#                                            slot (a plain hostfile's filling: 0-1 on h0, 2-3 on
+#                                            h1). Up to 4 ranks (the slots) Open MPI binds them
+#                                            to cores as it does for users; --oversubscribe
+#                                            (no binding) only above that
 # Needs root, iproute2 and util-linux's unshare; tests/test_launchers.py uses it.
 set -euo pipefail
 ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
@@ -75,6 +78,19 @@ check() {
   unshare --uts true 2>/dev/null || { echo "unshare --uts failed"; ip netns del mpigpu-probe 2>/dev/null; return 1; }
 }
 
+# --oversubscribe when -np asks for more ranks than the hostfile's 4 slots (it also turns off
+# Open MPI's binding, which users get otherwise: both "hosts" share this machine's cores, so two
+# ranks bound to one core is what the tests must survive)
+oversubscribe_above_slots() {
+  while [ $# -gt 1 ]; do
+    if [ "$1" = -np ] || [ "$1" = -n ]; then
+      [ "$2" -gt 4 ] && echo --oversubscribe
+      return 0
+    fi
+    shift
+  done
+}
+
 case "${1:-}" in
   up) shift; up "$@" ;;
   down) down ;;
@@ -84,7 +100,7 @@ case "${1:-}" in
     [ -f "$STATE/hostfile" ] || { echo "two_hosts.sh: run '$0 up' first" >&2; exit 2; }
     # The agent is given the host as the hostfile names it (name or IP).
     exec ip netns exec "${NS[0]}" unshare --uts sh -c 'hostname "$0"; exec "$@"' "${NAMES[0]}" \
-      mpirun --hostfile "$STATE/hostfile" --map-by "${MPIGPU_TWO_HOSTS_MAP_BY:-slot}" --oversubscribe \
-      --mca plm_rsh_agent "$ROOT/scripts/netns_rsh.sh" "$@" ;;
+      mpirun --hostfile "$STATE/hostfile" --map-by "${MPIGPU_TWO_HOSTS_MAP_BY:-node}" \
+      $(oversubscribe_above_slots "$@") --mca plm_rsh_agent "$ROOT/scripts/netns_rsh.sh" "$@" ;;
   *) sed -n '2,15p' "$0"; exit 2 ;;
 esac

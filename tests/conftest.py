@@ -119,19 +119,34 @@ def launch_env(env=None):
     return full_env
 
 
-def run_mpi(script, np, env=None, timeout=300, args=()):
-    full_env = launch_env(env)
-    cmd = launch_command(np, dict(env or {}))
-    cmd += [sys.executable, str(MP_DIR / script), *args]
-    try:
-        proc = subprocess.run(cmd, env=full_env, cwd=MP_DIR, capture_output=True, text=True,
-                              timeout=timeout)
-    except subprocess.TimeoutExpired as e:
-        out = (e.stdout or b"").decode(errors="replace") if isinstance(e.stdout, bytes) else (e.stdout or "")
-        pytest.fail(f"{script} at {np} ranks ({LAUNCHER}) did not finish within {timeout} s (hang?)\n{out[-4000:]}")
-    output = proc.stdout + proc.stderr
-    if proc.returncode != 0:
-        pytest.fail(f"{script} at {np} ranks ({LAUNCHER}) failed (exit {proc.returncode}):\n{output[-6000:]}")
+# MPIGPU_TEST_REPEAT=N: every run_mpi launch runs N times, run i with MPIGPU_TEST_SEED_OFFSET=i
+# (tests/mp/common.py shifts every input seed by it), so an intermittent hang or a
+# seed-dependent failure is looked for; a failure names the run and its offset for replay.
+REPEAT = int(os.environ.get("MPIGPU_TEST_REPEAT", "1"))
+
+
+def run_mpi(script, np, env=None, timeout=300, args=(), repeat=None):
+    """Runs `script` at `np` ranks `repeat` times (default MPIGPU_TEST_REPEAT); returns the last
+    run's output. Any run that fails or outlives `timeout` fails the test, naming the run."""
+    runs = repeat or REPEAT
+    output = ""
+    for run in range(runs):
+        offset = int((env or {}).get("MPIGPU_TEST_SEED_OFFSET", run))
+        run_env = dict(env or {}, MPIGPU_TEST_SEED_OFFSET=str(offset))
+        which = (f"{script} at {np} ranks ({LAUNCHER}), run {run + 1} of {runs} "
+                 f"(replay: MPIGPU_TEST_SEED_OFFSET={offset})")
+        full_env = launch_env(run_env)
+        cmd = launch_command(np, run_env)
+        cmd += [sys.executable, str(MP_DIR / script), *args]
+        try:
+            proc = subprocess.run(cmd, env=full_env, cwd=MP_DIR, capture_output=True, text=True,
+                                  timeout=timeout)
+        except subprocess.TimeoutExpired as e:
+            out = (e.stdout or b"").decode(errors="replace") if isinstance(e.stdout, bytes) else (e.stdout or "")
+            pytest.fail(f"{which} did not finish within {timeout} s (hang?)\n{out[-4000:]}")
+        output = proc.stdout + proc.stderr
+        if proc.returncode != 0:
+            pytest.fail(f"{which} failed (exit {proc.returncode}):\n{output[-6000:]}")
     return output
 
 

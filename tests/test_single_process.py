@@ -523,14 +523,16 @@ def test_mpi_initialised_by_someone_else_is_left_to_them():
 
 @pytest.mark.parametrize("cores, node, local_size, user, setting, expect", [
     (8, 8, 2, None, "auto", None),      # 4 cores per rank: leave MPI spinning
-    (2, 2, 2, None, "auto", "1"),       # 1 core per rank: yield
-    (1, 16, 4, None, "auto", "1"),      # bound to one core of a big node: yield
-    (2, 2, 2, "0", "auto", "0"),        # the user's own Open MPI setting wins
-    (2, 2, 2, None, "0", None),         # off (the default)
+    (2, 2, 2, None, "auto", None),      # a core per rank: not oversubscribed
+    (2, 2, 4, None, "auto", "1"),       # 4 ranks on 2 cores: yield
+    (1, 16, 4, None, "auto", None),     # bound to one core of a big node: the launcher's choice
+    (2, 2, 4, "0", "auto", "0"),        # the user's own Open MPI setting wins
+    (2, 2, 4, None, "0", None),         # off
     (8, 8, 1, None, "1", "1"),          # forced on
 ])
 def test_mpi_yield_choice(monkeypatch, cores, node, local_size, user, setting, expect):
-    from torch_mpi_gpu import launcher
+    from torch_mpi_gpu import _C, launcher
+    was = _C.oversubscribed()
     monkeypatch.setattr(launcher.os, "sched_getaffinity", lambda pid: set(range(cores)))
     monkeypatch.setattr(launcher.os, "cpu_count", lambda: node)
     monkeypatch.setenv("TORCH_MPIGPU_MPI_YIELD", setting)
@@ -540,6 +542,12 @@ def test_mpi_yield_choice(monkeypatch, cores, node, local_size, user, setting, e
         environ["OMPI_MCA_mpi_yield_when_idle"] = user
     launcher.choose_mpi_yield(environ)
     assert environ.get("OMPI_MCA_mpi_yield_when_idle") == expect
+    # the engines are told too: a caller in wait() then sleeps at once
+    try:
+        assert _C.oversubscribed() == (setting == "1" or (setting == "auto" and local_size > cores
+                                                          and cores == node))
+    finally:
+        _C.set_oversubscribed(was)
 
 
 def test_bad_mpi_yield_setting_names_it(monkeypatch):

@@ -114,6 +114,6 @@ def _install_abort_on_uncaught_exception():
 _register()
 install_env_rendezvous_hook()
 _install_abort_on_uncaught_exception()
-choose_mpi_yield()  # (opt-in) MPI reads it at MPI_Init, which has not happened yet
+choose_mpi_yield()  # MPI reads it at MPI_Init, which has not happened yet
 # Engines stop and MPI is finalised (only if we initialised it) before the interpreter tears down.
 atexit.register(_C.shutdown)

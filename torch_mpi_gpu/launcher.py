@@ -223,29 +223,40 @@ def _ranks(ranks, shown=8):
     return text + (f",... ({len(ranks)} ranks)" if len(ranks) > shown else "")
 
 
+def oversubscribed(environ=None):
+    """More ranks on this host than cores they may use, as this rank can see it before MPI
+    starts: a rank bound to a part of the node (its affinity mask smaller than the node) was given
+    those cores by the launcher; an unbound rank shares the node's cores with the launcher's
+    local ranks. Then a thread spinning while it waits takes a core another rank needs."""
+    environ = os.environ if environ is None else environ
+    try:
+        cores = len(os.sched_getaffinity(0))
+    except (AttributeError, OSError):
+        cores = os.cpu_count() or 1
+    if cores < (os.cpu_count() or cores):
+        return False  # bound by the launcher: these cores are this rank's
+    found = detect_launcher(environ) or {}
+    return (found.get("local_size") or 1) > cores
+
+
 def choose_mpi_yield(environ=None):
-    """Before MPI starts, with TORCH_MPIGPU_MPI_YIELD=auto|1: ask Open MPI to yield the core
-    while a rank waits inside MPI (auto: when the rank has fewer than 2 cores). Meant for a
-    worker thread spinning in a blocking MPI call (an async all_reduce under DDP) while the
-    backward pass it overlaps wants the same core. Off by default: on 2 cores it made
-    small-message medians jump to 10-30 us, and the training gain was within noise.
-    Returns the value set, or None (left alone: the user's own setting, or not needed)."""
+    """Before MPI starts: ask Open MPI to yield the core while a rank waits inside MPI
+    (mpi_yield_when_idle) when TORCH_MPIGPU_MPI_YIELD=1, or =auto (the default) and the host is
+    oversubscribed; and tell the engines, so that a caller in wait() sleeps at once instead of
+    testing for completion beside the worker. A user's own OMPI_MCA_mpi_yield_when_idle wins.
+    Returns the Open MPI value set, or None (left alone)."""
     environ = os.environ if environ is None else environ
     want = config.get("TORCH_MPIGPU_MPI_YIELD")
     if want not in ("auto", "1", "0"):
         raise ValueError(f"TORCH_MPIGPU_MPI_YIELD={want} must be auto, 1 or 0")
-    if "OMPI_MCA_mpi_yield_when_idle" in environ or want == "0":
+    crowded = want == "1" or (want == "auto" and oversubscribed(environ))
+    try:
+        from . import _C
+        _C.set_oversubscribed(crowded)
+    except ImportError:
+        pass  # (unit tests of the choice run without the extension too)
+    if "OMPI_MCA_mpi_yield_when_idle" in environ or not crowded:
         return None
-    if want == "auto":
-        try:
-            cores = len(os.sched_getaffinity(0))
-        except (AttributeError, OSError):
-            cores = os.cpu_count() or 1
-        found = detect_launcher(environ) or {}
-        if cores >= (os.cpu_count() or cores):  # not bound to a part of the node: share it
-            cores = cores / max(1, found.get("local_size") or 1)
-        if cores >= 2:
-            return None
     environ["OMPI_MCA_mpi_yield_when_idle"] = "1"
     return "1"
 

@@ -57,6 +57,9 @@ std::weak_ptr<Engine> g_shared;
 constexpr auto kPollInterval = std::chrono::microseconds(20);
 constexpr auto kSlowAfter = std::chrono::milliseconds(10);
 constexpr auto kSlowPollInterval = std::chrono::microseconds(200);
+// How long wait() on a point-to-point op tests for completion itself before sleeping.
+constexpr auto kCallerSpin = std::chrono::microseconds(2000);
+std::atomic<bool> g_oversubscribed{false};
 
 }  // namespace
 
@@ -199,6 +202,16 @@ void Engine::assistProgress() {
   if (serialized_ || pendingCount_.load() == 0) return;
   at::NoGradGuard noGrad;  // a receive copied back into a tensor that requires grad
   progressPending(/*blocking=*/false);
+}
+
+void Engine::setOversubscribed(bool oversubscribed) { g_oversubscribed = oversubscribed; }
+
+bool Engine::oversubscribed() { return g_oversubscribed.load(); }
+
+std::chrono::microseconds Engine::callerSpin() const {
+  // Below THREAD_MULTIPLE the caller may not test (assistProgress does nothing): sleep at once.
+  if (serialized_ || g_oversubscribed.load()) return std::chrono::microseconds(0);
+  return kCallerSpin;
 }
 
 void Engine::callerWaiting(bool waiting) {

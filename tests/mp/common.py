@@ -27,6 +27,10 @@ if THREAD_LEVEL:
     if granted != f"MPI_THREAD_{THREAD_LEVEL.upper()}":  # else the test would test another path
         raise RuntimeError(f"MPIGPU_TEST_THREAD_LEVEL={THREAD_LEVEL} but MPI granted {granted}")
 
+# Set by tests/conftest.py's repeat mode (MPIGPU_TEST_REPEAT): run i draws other inputs; a
+# failure prints the offset, and the same value replays it.
+SEED_OFFSET = int(os.environ.get("MPIGPU_TEST_SEED_OFFSET", "0"))
+
 FLOAT_DTYPES = [torch.float16, torch.bfloat16, torch.float32, torch.float64]
 INT_DTYPES = [torch.int8, torch.uint8, torch.int16, torch.int32, torch.int64]
 ALL_DTYPES = FLOAT_DTYPES + INT_DTYPES + [torch.bool]
@@ -61,7 +65,7 @@ def _host(fn, *args, **kwargs):
 def make_input(seed, rank, numel, dtype, kind="any"):
     """Deterministic tensor for (seed, rank): every rank can rebuild every other rank's input.
     Drawn on the host (the same numbers on every device), then moved to the test device."""
-    g = torch.Generator().manual_seed(seed * 1009 + rank * 7919 + numel)
+    g = torch.Generator().manual_seed((seed + SEED_OFFSET) * 1009 + rank * 7919 + numel)
     if dtype == torch.bool:
         t = _host(torch.randint, 0, 2, (numel,), generator=g).bool()
     elif dtype.is_floating_point:
@@ -202,6 +206,8 @@ class Checker:
         world = dist.get_world_size() if dist.is_initialized() else 1
         for f in self.failures[:50]:
             print(f"[rank {self.rank}] FAIL {self.name}: {f}", flush=True)
+        if self.failures:
+            print(f"[rank {self.rank}] replay with MPIGPU_TEST_SEED_OFFSET={SEED_OFFSET}", flush=True)
         # one line per behaviour, read by tests/conftest.py (passed_counts)
         # (a section that made no check is left out: the driver then reports it as not run)
         for behaviour, (passed, failed) in self.behaviours.items():

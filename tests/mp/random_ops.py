@@ -10,7 +10,7 @@ import random
 import torch
 import torch.distributed as dist
 
-from common import Checker, make_input, reference_reduce, run, use_test_device
+from common import SEED_OFFSET, Checker, make_input, reference_reduce, run, use_test_device
 
 DTYPES = [torch.float32, torch.float64, torch.float16, torch.bfloat16, torch.int32, torch.int64,
           torch.int8, torch.uint8, torch.bool]
@@ -159,7 +159,7 @@ def main():
     seed = int(os.environ.get("MPIGPU_RANDOM_SEED", "1234"))
     cases = int(os.environ.get("MPIGPU_RANDOM_CASES", "300"))
     c = Checker(f"random_ops(np={world}, seed={seed}, cases={cases})")
-    rng = random.Random(seed * 100 + world)  # the same stream on every rank
+    rng = random.Random((seed + SEED_OFFSET) * 100 + world)  # the same stream on every rank
     i = 0
     while i < cases:
         in_flight = rng.randint(1, 4)

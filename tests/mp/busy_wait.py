@@ -1,0 +1,101 @@
+"""A rank that waits must not spin on two threads (#25): rank 1 arrives DELAY_S late to each op,
+and rank 0 reads every thread's CPU time (/proc/self/task) around its wait. Its threads together
+may use at most 1.2x what its busiest thread used: one thread polls (the one inside MPI), the
+others sleep. Cases: a blocking collective run inline on the caller, one run on the group's
+worker (a tensor above TORCH_MPIGPU_INLINE_BYTES, when the launch sets it), an async collective
+waited for, a blocking recv and an irecv waited for."""
+
+import os
+import time
+
+import torch
+import torch.distributed as dist
+
+from common import Checker, run
+
+DELAY_S = float(os.environ.get("MPIGPU_TEST_DELAY_S", "5"))
+TICK = os.sysconf("SC_CLK_TCK")
+
+
+def thread_cpu():
+    """{thread id: (name, CPU seconds)} of this process."""
+    out = {}
+    for tid in os.listdir("/proc/self/task"):
+        try:
+            with open(f"/proc/self/task/{tid}/stat") as f:
+                stat = f.read()
+            with open(f"/proc/self/task/{tid}/comm") as f:
+                name = f.read().strip()
+        except OSError:
+            continue  # the thread ended meanwhile
+        fields = stat.rsplit(")", 1)[1].split()
+        out[tid] = (name, (int(fields[11]) + int(fields[12])) / TICK)
+    return out
+
+
+def cpu_during(fn):
+    before = thread_cpu()
+    start = time.monotonic()
+    fn()
+    took = time.monotonic() - start
+    after = thread_cpu()
+    used = {tid: (name, cpu - before.get(tid, (name, 0.0))[1]) for tid, (name, cpu) in after.items()}
+    return took, used
+
+
+def main():
+    dist.init_process_group("mpigpu")
+    rank, world = dist.get_rank(), dist.get_world_size()
+    c = Checker("busy_wait")
+    inline_limit = int(os.environ.get("TORCH_MPIGPU_INLINE_BYTES", str(1 << 40)))
+    big = max(1, inline_limit // 4 + 1)  # fp32 elements above the inline limit: on the worker
+
+    def inline_sync():
+        dist.all_reduce(torch.ones(8))
+
+    def worker_sync():
+        dist.all_reduce(torch.ones(big))
+
+    def async_wait():
+        dist.all_reduce(torch.ones(8), async_op=True).wait()
+
+    def blocking_recv():
+        if rank == 0:
+            dist.recv(torch.empty(8), src=1)
+        else:
+            dist.send(torch.ones(8), dst=0)
+
+    def irecv_wait():
+        if rank == 0:
+            dist.irecv(torch.empty(8), src=1).wait()
+        else:
+            dist.isend(torch.ones(8), dst=0).wait()
+
+    cases = {"collective inline, sync": inline_sync, "collective on the worker, sync": worker_sync,
+             "collective async, wait()": async_wait, "recv, blocking": blocking_recv,
+             "irecv, wait()": irecv_wait}
+    for name, fn in cases.items():
+        if name == "collective on the worker, sync" and inline_limit > (1 << 30):
+            continue  # the launch without TORCH_MPIGPU_INLINE_BYTES runs everything inline
+        c.section(name)
+        dist.barrier()
+        if rank != 0:
+            time.sleep(DELAY_S)  # the late peer
+            fn()
+            c.true("late peer", True)
+            continue
+        took, used = cpu_during(fn)
+        total = sum(cpu for _, cpu in used.values())
+        busiest = max(cpu for _, cpu in used.values())
+        top = sorted(used.values(), key=lambda x: -x[1])[:3]
+        print(f"[rank 0] {name}: waited {took:.1f} s, threads' CPU {total:.2f} s in all, busiest "
+              f"{busiest:.2f} s ({', '.join(f'{n} {s:.2f}' for n, s in top)})", flush=True)
+        c.true("the wait lasted as long as the peer was late", took >= DELAY_S * 0.8,
+               f"waited {took:.2f} s")
+        c.true("one thread polls, the others sleep", total <= 1.2 * busiest + 0.05,
+               f"threads used {total:.2f} s CPU in all, the busiest {busiest:.2f} s: {top}")
+    return c.finish()
+
+
+if __name__ == "__main__":
+    run(main)
