@@ -15,7 +15,7 @@ import sys
 import pytest
 import torch
 
-from conftest import run_mpi
+from conftest import run_mpi, skip_or_fail
 from conftest import passed_counts
 from test_multirank import COLLECTIVES, DDP, FORCED_ALGORITHM, p2p_groups_behaviours
 from test_reliability import check_ending_a_group_with_a_stuck_op
@@ -44,8 +44,10 @@ def auto_cuda_path():
 def path_env(path):
     if path in ("direct", "hybrid"):
         if not auto_cuda_path().startswith("cuda-direct"):
-            pytest.skip(f"this MPI is not CUDA-aware ({auto_cuda_path()}); build against a "
-                        "CUDA-aware one (scripts/build_openmpi_cuda.sh) to test cuda-direct")
+            # on the GPU machine a detection bug must not look like a pass
+            skip_or_fail("not-cuda-aware", f"this MPI is not detected as CUDA-aware "
+                         f"({auto_cuda_path()}); build against a CUDA-aware one "
+                         "(scripts/build_openmpi_cuda.sh) to test cuda-direct")
         return DIRECT if path == "direct" else HYBRID
     return STAGED
 

@@ -5,7 +5,7 @@ import os
 
 import pytest
 
-from conftest import LAUNCHER, SERIALIZED, mpirun_path, is_hydra, passed_counts, run_mpi
+from conftest import LAUNCHER, SERIALIZED, mpirun_path, is_hydra, passed_counts, require_library, run_mpi
 
 RANKS = [1, 2, 3, 4]
 
@@ -131,8 +131,17 @@ def test_p2p_then_collectives_under_torch_debug_detail(np):
 
 @pytest.mark.parametrize("np", [2, 3])
 def test_p2p_stress_threads_and_timings(np):
-    # 60 + 4 x 80 ring rounds per rank, each checked, plus a 16 MiB message left in flight
-    assert passed_counts(run_mpi("p2p_stress.py", np), np) >= 381
+    # every rank checks each of its 60 + 4 x 80 ring rounds, the 16 MiB message left in flight
+    # and that every thread finished: exactly these, per behaviour
+    want = {"ring rounds, one thread": 60, "16 MiB message left in flight": 1, "threads finish": 1,
+            **{f"ring rounds, thread {t} of 4 ({'default group' if t < 2 else 'own group'})": 80
+               for t in range(4)}}
+    out = run_mpi("p2p_stress.py", np)
+    assert passed_counts(out, np, set(want)) == sum(want.values())
+    for rank in range(np):
+        for name, count in want.items():
+            assert f'[rank {rank}/{np}] behaviour "{name}": {count} passed, 0 failed' in out, \
+                f"rank {rank}, {name!r}: not {count} checks passed\n{out[-3000:]}"
 
 
 @pytest.mark.parametrize("np", RANKS)
@@ -189,7 +198,7 @@ def test_count_above_int_max():
 
 @pytest.mark.parametrize("library", ["accelerate", "lightning"])
 def test_ecosystem_library_trains_like_one_process(library):
-    pytest.importorskip(library, reason=f"{library} is not installed (scripts/setup_env.sh installs it)")
+    require_library(library)
     out = run_mpi("ecosystem.py", 2, args=(library,), timeout=600)
     assert passed_counts(out, 2) >= 4
 

@@ -58,6 +58,9 @@ def test_killed_rank_ends_the_job():
     # others would wait until the watchdog's timeout.
     env = {"SLURM_KILL_BAD_EXIT": "1"} if LAUNCHER == "srun-pmi2" else {}
     rc, out, took = launch("die", 3, env)
+    # every rank started (a crash at start-up is no test of a killed rank), and the job ended
+    started = set(re.findall(r"\[rank (\d+)\] started at", out))
+    assert started == {"0", "1", "2"}, f"ranks that started: {started}\n{out[-3000:]}"
     assert rc != 0, out[-3000:]
     assert "unreachable" not in out
     assert took < 60, f"the job took {took:.0f} s to end after a rank was killed"
@@ -83,6 +86,8 @@ def test_exit_with_async_ops_pending_finishes_cleanly():
         rc, out, took = launch("pending-async", 2, {}, script="exits.py", timeout=60)
         assert rc == 0, f"run {i}: exit {rc}\n{out[-3000:]}"
         assert out.count("async ops unwaited") == 2, out[-3000:]
+        # and they ran, in order, with the right results (read after the exit hook)
+        assert out.count("8 of 8 queued ops ran with the right result") == 2, out[-3000:]
 
 
 @pytest.mark.parametrize("mode", ["destroy", "abort"])

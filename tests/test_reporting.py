@@ -56,3 +56,68 @@ def test_a_failed_check_names_behaviour_rank_and_case():
 def test_a_silent_rank_fails():
     with pytest.raises(AssertionError, match=r"no report from rank\(s\) \[1, 2\] of 3"):
         passed_counts(report(0, 3, GOOD), 3)
+
+
+# The reduction checker (tests/mp/common.py: reduction_bound with Checker.close) against planted
+# defects: a result computed correctly in the dtype (rank by rank in issue order, and in reverse,
+# each addition rounded as MPI's and our reducers round) passes; one that leaves out a rank's
+# contribution, or divides an AVG by the wrong count, fails. Every float dtype, 2-5 ranks, the
+# suite's own inputs.
+@pytest.fixture(scope="module")
+def checker_module():
+    import sys
+    from pathlib import Path
+    sys.path.insert(0, str(Path(__file__).parent / "mp"))
+    import common
+    return common
+
+
+def in_dtype(op, inputs, dtype, order, factor=None, divide_by=None):
+    """What a backend computes: one rounding per step, in `order`."""
+    if op == "product":
+        acc = inputs[order[0]].clone()
+        for r in order[1:]:
+            acc = acc * inputs[r]
+        return acc
+    terms = [(inputs[r] * factor).to(dtype) if op == "premul_sum" else inputs[r] for r in order]
+    acc = terms[0].clone()
+    for t in terms[1:]:
+        acc = acc + t
+    return acc / divide_by if op == "avg" else acc
+
+
+@pytest.mark.parametrize("world", [2, 3, 4, 5])
+@pytest.mark.parametrize("dtype", ["float16", "bfloat16", "float32", "float64"])
+@pytest.mark.parametrize("op", ["sum", "avg", "premul_sum", "product"])
+def test_reduction_checker_passes_right_answers_and_fails_planted_defects(checker_module, op,
+                                                                          dtype, world):
+    import torch
+    common = checker_module
+    dtype = getattr(torch, dtype)
+    factor = 0.5 if op == "premul_sum" else None
+    inputs = [common.make_input(77, r, 1000, dtype, "prod" if op == "product" else "any")
+              for r in range(world)]
+    expected, bound = common.reduced(op, inputs, dtype, factor)
+    c = common.Checker("planted")
+    everyone = list(range(world))
+    for order in (everyone, everyone[::-1]):
+        c.close(f"right, order {order}", in_dtype(op, inputs, dtype, order, factor, world),
+                expected, dtype, bound=bound)
+    assert not c.failures, c.failures
+    defects = {f"rank {r} left out": in_dtype(op, inputs, dtype,
+                                              [x for x in everyone if x != r], factor, world)
+               for r in everyone}
+    if op == "avg":
+        defects["divided by p - 1"] = in_dtype(op, inputs, dtype, everyone, factor, world - 1)
+    for name, wrong in defects.items():
+        c = common.Checker("planted")
+        c.close(name, wrong, expected, dtype, bound=bound)
+        assert c.failures, f"{op} {dtype} at {world} ranks: '{name}' passed the checker"
+
+
+def test_checker_compares_shapes_and_moved_data_exactly(checker_module):
+    import torch
+    c = checker_module.Checker("planted")
+    c.close("shape", torch.ones(2, 3), torch.ones(6))
+    c.close("one ulp off in a broadcast", torch.tensor([1.0]), torch.tensor([1.0 + 2 ** -23]))
+    assert len(c.failures) == 2, c.failures

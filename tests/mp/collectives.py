@@ -9,7 +9,7 @@ import torch.distributed as dist
 import torch_mpi_gpu
 
 from common import (ALL_DTYPES, FLOAT_DTYPES, Checker, make_input,
-                    reference_reduce, run, use_test_device)
+                    reference_reduce, reduction_bound, run, use_test_device)
 
 # a forced algorithm of ours (not MPI's own collectives)
 OUR_ALGO = os.environ.get("TORCH_MPIGPU_ALGO") if os.environ.get("TORCH_MPIGPU_ALGO") in (
@@ -57,10 +57,11 @@ def main():
                 seed += 1
                 inputs = [make_input(seed, r, n, dtype, kind) for r in range(world)]
                 expected = reference_reduce(op, inputs, dtype, factor)
+                bound = reduction_bound(op, inputs, dtype, factor)
                 case = f"all_reduce {op} {dtype} n={n}"
                 t = inputs[rank].clone()
                 dist.all_reduce(t, op=reduce_op(op, factor))
-                c.close(case, t, expected, dtype, world)
+                c.close(case, t, expected, dtype, bound=bound)
                 if OUR_ALGO and n > 0 and world > 1:
                     # our algorithms promise the same bits on every rank (DDP relies on it)
                     rows = torch.empty(world, t.numel() * t.element_size(), dtype=torch.uint8)
@@ -74,30 +75,33 @@ def main():
                 view.copy_(inputs[rank])
                 w = dist.all_reduce(view, op=reduce_op(op, factor), async_op=True)
                 w.wait()
-                c.close(case + " non-contiguous async", view, expected, dtype, world)
+                c.close(case + " non-contiguous async", view, expected, dtype, bound=bound)
                 c.true(case + " non-contiguous keeps gaps", bool((base[1::2] == 0).all()))
 
                 root = (seed % world)
                 t = inputs[rank].clone()
                 dist.reduce(t, dst=root, op=reduce_op(op, factor))
                 if rank == root:
-                    c.close(f"reduce {op} {dtype} n={n} root={root}", t, expected, dtype, world)
+                    c.close(f"reduce {op} {dtype} n={n} root={root}", t, expected, dtype,
+                            bound=bound)
                 else:
                     c.close(f"reduce {op} {dtype} n={n} non-root unchanged", t, inputs[rank])
 
                 # reduce_scatter_tensor: input has world * n elements
                 big = [make_input(seed + 10_000, r, world * n, dtype, kind) for r in range(world)]
                 full = reference_reduce(op, big, dtype, factor)
+                full_bound = reduction_bound(op, big, dtype, factor)
+                mine = slice(rank * n, (rank + 1) * n)
                 out = torch.empty(n, dtype=dtype)
                 dist.reduce_scatter_tensor(out, big[rank].clone(), op=reduce_op(op, factor))
-                c.close(f"reduce_scatter_tensor {op} {dtype} n={n}", out,
-                        full[rank * n:(rank + 1) * n], dtype, world)
+                c.close(f"reduce_scatter_tensor {op} {dtype} n={n}", out, full[mine], dtype,
+                        bound=full_bound[mine] if full_bound is not None else None)
                 out = torch.empty(n, dtype=dtype)
                 dist.reduce_scatter(out, list(big[rank].clone().chunk(world)) if n else
                                     [torch.empty(0, dtype=dtype) for _ in range(world)],
                                     op=reduce_op(op, factor))
-                c.close(f"reduce_scatter {op} {dtype} n={n}", out,
-                        full[rank * n:(rank + 1) * n], dtype, world)
+                c.close(f"reduce_scatter {op} {dtype} n={n}", out, full[mine], dtype,
+                        bound=full_bound[mine] if full_bound is not None else None)
 
     c.section("premul_sum with a tensor factor, 2-D tensors")
     # PREMUL_SUM with a tensor factor, and on 2-D tensors
@@ -108,7 +112,8 @@ def main():
         t = inputs[rank].clone()
         dist.all_reduce(t, op=dist._make_nccl_premul_sum(factor))
         c.close(f"all_reduce premul_sum tensor-factor {dtype}", t,
-                reference_reduce("premul_sum", inputs, dtype, 0.25), dtype, world)
+                reference_reduce("premul_sum", inputs, dtype, 0.25), dtype,
+                bound=reduction_bound("premul_sum", inputs, dtype, 0.25))
 
     c.section("complex tensors")
     # complex tensors (torch passes SUM/AVG as view_as_real)
@@ -119,9 +124,10 @@ def main():
                   for r in range(world)]
         t = inputs[rank].clone()
         dist.all_reduce(t)
+        parts = [torch.view_as_real(i) for i in inputs]
         c.close(f"all_reduce sum {dtype}", torch.view_as_real(t),
-                torch.view_as_real(sum(i.to(torch.complex128) for i in inputs).to(dtype)),
-                torch.view_as_real(t).dtype, world)
+                reference_reduce("sum", parts, parts[0].dtype).to(parts[0].dtype),
+                parts[0].dtype, bound=reduction_bound("sum", parts, parts[0].dtype))
         t = inputs[0].clone() if rank == 0 else torch.zeros(5, dtype=dtype)
         dist.broadcast(t, src=0)
         c.close(f"broadcast {dtype}", torch.view_as_real(t), torch.view_as_real(inputs[0]))
@@ -139,13 +145,15 @@ def main():
     pg.allreduce_coalesced(mine, dist.AllreduceCoalescedOptions()).wait()
     same = [x.clone() for x in per_rank[rank] if x.dtype == torch.float32]
     dist.all_reduce_coalesced(same)
-    c.close("all_reduce_coalesced one dtype", same[1],
-            reference_reduce("sum", [per_rank[r][2] for r in range(world)], torch.float32),
-            torch.float32, world)
+    def summed(i, dtype):  # (expected, bound) of the sum of every rank's tensor i
+        ins = [per_rank[r][i] for r in range(world)]
+        return reference_reduce("sum", ins, dtype), reduction_bound("sum", ins, dtype)
+
+    want, bound = summed(2, torch.float32)
+    c.close("all_reduce_coalesced one dtype", same[1], want, torch.float32, bound=bound)
     for i, m in enumerate(mine):
-        c.close(f"all_reduce_coalesced tensor {i} {m.dtype}", m,
-                reference_reduce("sum", [per_rank[r][i] for r in range(world)], m.dtype),
-                m.dtype, world)
+        want, bound = summed(i, m.dtype)
+        c.close(f"all_reduce_coalesced tensor {i} {m.dtype}", m, want, m.dtype, bound=bound)
     before = torch_mpi_gpu_calls()
     with dist._coalescing_manager(async_ops=True) as cm:
         parts = [x.clone() for x in per_rank[rank] if x.dtype == torch.float32]
@@ -154,9 +162,9 @@ def main():
     cm.wait()
     c.true("coalescing manager: one MPI call for one dtype",
            torch_mpi_gpu_calls() - before == chunks(8), f"{torch_mpi_gpu_calls() - before} calls")
-    fl = [per_rank[r][0] for r in range(world)], [per_rank[r][2] for r in range(world)]
-    c.close("coalescing manager all_reduce 0", parts[0], reference_reduce("sum", fl[0], torch.float32), torch.float32, world)
-    c.close("coalescing manager all_reduce 1", parts[1], reference_reduce("sum", fl[1], torch.float32), torch.float32, world)
+    for j, i in enumerate((0, 2)):
+        want, bound = summed(i, torch.float32)
+        c.close(f"coalescing manager all_reduce {j}", parts[j], want, torch.float32, bound=bound)
 
     c.section("data movement: every op x dtype x size")
     # data movement, every dtype x size (+ complex via torch)
@@ -240,8 +248,10 @@ def main():
     out = torch.empty(4)
     with dist._coalescing_manager(async_ops=False):
         dist.reduce_scatter_tensor(out, big[rank].clone(), op=dist.ReduceOp.AVG)
+    mine = slice(rank * 4, (rank + 1) * 4)
     c.close("coalesced reduce_scatter_tensor avg", out,
-            reference_reduce("avg", big, torch.float32)[rank * 4:(rank + 1) * 4], torch.float32, world)
+            reference_reduce("avg", big, torch.float32)[mine], torch.float32,
+            bound=reduction_bound("avg", big, torch.float32)[mine])
 
     c.section("objects and barrier")
     objs = [None] * world

@@ -32,7 +32,8 @@ if THREAD_LEVEL:
 SEED_OFFSET = int(os.environ.get("MPIGPU_TEST_SEED_OFFSET", "0"))
 
 FLOAT_DTYPES = [torch.float16, torch.bfloat16, torch.float32, torch.float64]
-INT_DTYPES = [torch.int8, torch.uint8, torch.int16, torch.int32, torch.int64]
+INT_DTYPES = [torch.int8, torch.uint8, torch.int16, torch.int32, torch.int64, torch.uint16,
+              torch.uint32, torch.uint64]
 ALL_DTYPES = FLOAT_DTYPES + INT_DTYPES + [torch.bool]
 
 
@@ -74,9 +75,10 @@ def make_input(seed, rank, numel, dtype, kind="any"):
         else:
             t = (4 * _host(torch.rand, numel, generator=g, dtype=torch.float64) - 2).to(dtype)
     else:
-        lo, hi = (0, 100) if dtype == torch.uint8 else (-50, 50)
-        if kind == "prod":
-            lo, hi = (1, 3)
+        # the dtype's whole range, so SUM and PRODUCT wrap (the reference wraps the same way);
+        # uint64 below 2^63, where the int64 reference still orders MIN/MAX right
+        info = torch.iinfo(dtype)
+        lo, hi = info.min, min(info.max, 2 ** 63 - 2) + 1
         t = _host(torch.randint, lo, hi, (numel,), generator=g, dtype=torch.int64).to(dtype)
     return t.to(torch.get_default_device())
 
@@ -111,8 +113,43 @@ def reference_reduce(op, inputs, dtype, factor=None):
     return out
 
 
+# Unit roundoff of each float dtype (half the distance from 1 to the next value): the relative
+# error of one rounding.
+UNIT_ROUNDOFF = {torch.float16: 2.0 ** -11, torch.bfloat16: 2.0 ** -8, torch.float32: 2.0 ** -24,
+                 torch.float64: 2.0 ** -53}
+
+
+def reduction_bound(op, inputs, dtype, factor=None):
+    """Per element, how far a correct reduction of `inputs` computed in `dtype` may be from the
+    exact value (reference_reduce): p - 1 additions in any order each round once, by at most u
+    times the running sum's magnitude, so at most (p - 1) u sum|x_i|; a prescale (PREMUL_SUM), an
+    AVG's division and the final rounding add at most u each: (p + 2) u sum|x_i| covers them.
+    A PRODUCT's p - 1 roundings are relative: (p + 1) u |prod x_i|. MIN and MAX are exact. Small
+    enough that leaving out one rank's contribution, or an AVG divided by the wrong count, fails
+    (tests/test_reporting.py checks that on every float dtype at 2-5 ranks). None for integers
+    (compared exactly)."""
+    if not dtype.is_floating_point:
+        return None
+    u, p = UNIT_ROUNDOFF[dtype], len(inputs)
+    mags = torch.stack([t.detach().to("cpu", torch.float64).abs() for t in inputs])
+    if op in ("min", "max"):
+        return torch.zeros_like(mags[0])
+    if op == "product":
+        return (p + 1) * u * mags.prod(0)
+    if op == "premul_sum":
+        mags = mags * abs(float(factor))
+    total = (p + 2) * u * mags.sum(0)
+    return total / p if op == "avg" else total
+
+
+def reduced(op, inputs, dtype, factor=None):
+    """(expected, bound): reference_reduce and reduction_bound of the same inputs."""
+    return reference_reduce(op, inputs, dtype, factor), reduction_bound(op, inputs, dtype, factor)
+
+
 def tolerance(dtype, world):
-    # Float results depend on the reduction order; the bound grows with the number of terms.
+    # Only for results that are not one reduction (a model trained on several ranks against one
+    # process): the bound grows with the number of ranks. Reductions pass reduction_bound.
     eps = {torch.float16: 1e-3, torch.bfloat16: 8e-3, torch.float32: 1.2e-7, torch.float64: 2.3e-16}
     e = eps.get(dtype, 0.0)
     return 4 * e * max(world, 1), 4 * e * max(world, 1) * 4
@@ -155,29 +192,48 @@ class Checker:
             counts[0] += passed
             counts[1] += failed
 
-    def close(self, case, got, expected, dtype=None, world=1):
+    def close(self, case, got, expected, dtype=None, world=1, bound=None):
+        """got must equal expected: in shape and dtype always; in value within `bound` (per
+        element, from reduction_bound) for a float reduction, within tolerance(dtype, world)
+        for other float results computed on several ranks (world > 1), exactly otherwise (data
+        movement, integers: they wrap in their dtype, as torch's ops do)."""
         dtype = dtype or got.dtype
         got, expected = got.cpu(), expected.cpu()
         try:
             if got.dtype != dtype:
                 raise AssertionError(f"dtype {got.dtype} != {dtype}")
             if got.shape != expected.shape:
-                expected = expected.reshape(got.shape)
-            if dtype.is_floating_point or dtype.is_complex:
-                rtol, atol = tolerance(dtype, world)
-                torch.testing.assert_close(got.to(torch.float64), expected.to(torch.float64),
-                                           rtol=rtol, atol=atol)
+                raise AssertionError(f"shape {tuple(got.shape)} != expected {tuple(expected.shape)}")
+            if (dtype.is_floating_point or dtype.is_complex) and (bound is not None or world > 1):
+                if bound is not None:
+                    self._within(got, expected, bound)
+                else:
+                    rtol, atol = tolerance(dtype, world)
+                    torch.testing.assert_close(got.to(torch.float64), expected.to(torch.float64),
+                                               rtol=rtol, atol=atol)
             else:
-                # integer arithmetic wraps in the tensor's dtype, as torch's own ops do
-                expected = expected.to(dtype)
-                if not torch.equal(got.to(torch.int64), expected.to(torch.int64)):
-                    diff = (got.to(torch.int64) != expected.to(torch.int64)).sum().item()
-                    raise AssertionError(f"{diff} of {got.numel()} elements differ: "
+                if not (dtype.is_floating_point or dtype.is_complex):
+                    expected = expected.to(dtype)
+                if not torch.equal(got, expected.to(got.dtype)):
+                    differ = got != expected.to(got.dtype)
+                    raise AssertionError(f"{int(differ.sum())} of {got.numel()} elements differ: "
                                          f"got {got.flatten()[:8].tolist()} expected "
                                          f"{expected.flatten()[:8].tolist()}")
             self._tally(True)
         except AssertionError as e:
             self._tally(False, f"{case}: {e}")
+
+    @staticmethod
+    def _within(got, expected, bound):
+        got64, want64 = got.to(torch.float64), expected.to(torch.float64)
+        err = (got64 - want64).abs()
+        bad = ~(err <= bound.to(torch.float64)) & ~(got64.isnan() & want64.isnan())
+        if bool(bad.any()):
+            i = int(bad.flatten().nonzero()[0])
+            raise AssertionError(
+                f"{int(bad.sum())} of {got.numel()} elements outside the bound, e.g. element {i}: "
+                f"got {got64.flatten()[i].item()!r} expected {want64.flatten()[i].item()!r}, "
+                f"error {err.flatten()[i].item():.3g} > bound {bound.flatten()[i].item():.3g}")
 
     def true(self, case, cond, detail=""):
         if cond:

@@ -8,12 +8,25 @@ ends. Modes:
   clean                a normal exit after work: finalises cleanly (exit 0)
 """
 
+import atexit
 import sys
 
 import torch
 import torch.distributed as dist
 
-import torch_mpi_gpu  # noqa: F401
+pending = []  # pending-async: the tensors of the ops left unwaited
+
+
+@atexit.register  # before torch_mpi_gpu's own exit hook, so it runs after it (exit hooks: LIFO)
+def queued_ops_ran():
+    if pending:
+        want = float(sum(range(world)))
+        right = sum(bool((t == want).all()) for t in pending)
+        print(f"rank {rank}: after exit, {right} of {len(pending)} queued ops ran "
+              f"with the right result", flush=True)
+
+
+import torch_mpi_gpu  # noqa: E402,F401
 
 mode = sys.argv[1]
 dist.init_process_group("mpigpu")
@@ -33,7 +46,8 @@ elif mode == "raise-at-start":
     print(f"rank {rank}: UNREACHABLE", flush=True)
 elif mode == "pending-async":
     # large enough to be in flight on the worker when the script ends
-    works = [dist.all_reduce(torch.full((1 << 18,), float(rank)), async_op=True) for _ in range(8)]
+    pending += [torch.full((1 << 18,), float(rank)) for _ in range(8)]
+    works = [dist.all_reduce(t, async_op=True) for t in pending]
     print(f"rank {rank}: exiting with {len(works)} async ops unwaited", flush=True)
 elif mode == "clean":
     t = torch.ones(4)

@@ -8,7 +8,7 @@ import torch
 import torch.distributed as dist
 
 import torch_mpi_gpu
-from common import Checker, make_input, reference_reduce, run, use_test_device
+from common import Checker, make_input, reduced, run, use_test_device
 
 
 def calls():
@@ -38,9 +38,8 @@ def main():
     n = counted(lambda: dist.all_reduce_coalesced(mine))
     c.true("100 tensors, one dtype: 1 MPI call", n == 1, f"{n} calls")
     for i in (0, 17, 99):
-        c.close(f"fused allreduce tensor {i}", mine[i],
-                reference_reduce("sum", [per_rank[r][i] for r in range(world)], torch.float32),
-                torch.float32, world)
+        want, bound = reduced("sum", [per_rank[r][i] for r in range(world)], torch.float32)
+        c.close(f"fused allreduce tensor {i}", mine[i], want, torch.float32, bound=bound)
 
     c.section("mixed dtypes")
     # mixed dtypes: grouped, one call per dtype (3 here)
@@ -50,9 +49,9 @@ def main():
     n = counted(lambda: pg.allreduce_coalesced(mine, dist.AllreduceCoalescedOptions()).wait())
     c.true("30 tensors of 3 dtypes: 3 MPI calls", n == 3, f"{n} calls")
     for i in (0, 1, 2, 29):
-        c.close(f"mixed-dtype fused allreduce tensor {i} {dts[i]}", mine[i],
-                reference_reduce("sum", [per_rank[r][i] for r in range(world)], dts[i]),
-                dts[i], world)
+        want, bound = reduced("sum", [per_rank[r][i] for r in range(world)], dts[i])
+        c.close(f"mixed-dtype fused allreduce tensor {i} {dts[i]}", mine[i], want, dts[i],
+                bound=bound)
 
     c.section("the coalescing manager")
     # the coalescing manager (what torch's _coalescing_manager / DTensor use): one call
@@ -64,9 +63,9 @@ def main():
         cm.wait()
     n = counted(coalesced)
     c.true("coalescing manager, 50 all_reduces: 1 MPI call", n == 1, f"{n} calls")
-    c.close("coalescing manager result", parts[49],
-            reference_reduce("sum", [make_input(349, r, 64, torch.float32) for r in range(world)],
-                             torch.float32), torch.float32, world)
+    want, bound = reduced("sum", [make_input(349, r, 64, torch.float32) for r in range(world)],
+                          torch.float32)
+    c.close("coalescing manager result", parts[49], want, torch.float32, bound=bound)
 
     c.section("coalesced all_gather_into_tensor / reduce_scatter_tensor")
     # coalesced all_gather_into_tensor / reduce_scatter_tensor (FSDP's calls): one call each
@@ -93,9 +92,10 @@ def main():
     c.true("10 coalesced reduce_scatter_tensor: 1 MPI call", n == 1, f"{n} calls")
     for i in (0, 9):
         m = 2 + i
-        full = reference_reduce("avg", [bigs[r][i] for r in range(world)], torch.float32)
-        c.close(f"coalesced reduce_scatter_tensor avg {i}", outs[i], full[rank * m:(rank + 1) * m],
-                torch.float32, world)
+        full, bound = reduced("avg", [bigs[r][i] for r in range(world)], torch.float32)
+        mine_part = slice(rank * m, (rank + 1) * m)
+        c.close(f"coalesced reduce_scatter_tensor avg {i}", outs[i], full[mine_part],
+                torch.float32, bound=bound[mine_part])
 
     c.section("TORCH_MPIGPU_FUSION_BYTES caps a bucket")
     # TORCH_MPIGPU_FUSION_BYTES caps a bucket (read when a group is created)

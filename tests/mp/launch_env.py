@@ -40,9 +40,15 @@ def main():
     c.true("LOCAL_WORLD_SIZE", int(os.environ["LOCAL_WORLD_SIZE"]) == local_size,
            f"LOCAL_WORLD_SIZE={os.environ['LOCAL_WORLD_SIZE']}, {local_size} ranks on {mine}")
     c.true("hosts", len(set(hosts)) == expected_hosts, f"hosts {hosts}, expected {expected_hosts}")
-    c.true("MASTER_ADDR", os.environ["MASTER_ADDR"] == "127.0.0.1" if expected_hosts == 1
-           else socket.getaddrinfo(os.environ["MASTER_ADDR"], None) != [],
-           f"MASTER_ADDR={os.environ['MASTER_ADDR']} on {expected_hosts} host(s)")
+    # one host: loopback; several: an address every rank reaches (the store listens there)
+    addr, port = os.environ["MASTER_ADDR"], int(os.environ["MASTER_PORT"])
+    try:
+        socket.create_connection((addr, port), timeout=5).close()
+        reached = "connected"
+    except OSError as e:
+        reached = f"cannot connect: {e}"
+    c.true("MASTER_ADDR", (addr == "127.0.0.1") == (expected_hosts == 1) and reached == "connected",
+           f"MASTER_ADDR={addr}:{port} on {expected_hosts} host(s): {reached}")
 
     # a group of one rank per host (ranks 0 and the last: on different hosts when there are two)
     members = sorted({0, world - 1})

@@ -19,7 +19,8 @@ def main():
     if rank == 0:
         dist.all_to_all_single(out, torch.arange(3.0), output_split_sizes=[1, 1],
                                input_split_sizes=[1, 2])
-        c.true("sender unaffected", True)
+        # its own first element, and rank 1's first (rank 1 sends one element to each)
+        c.close("sender unaffected: its result", out, torch.tensor([0.0, 0.0]))
     else:
         c.raises("truncated all_to_all_single", dist.DistBackendError,
                  lambda: dist.all_to_all_single(out, torch.arange(2.0), output_split_sizes=[1, 1],

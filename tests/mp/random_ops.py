@@ -10,7 +10,7 @@ import random
 import torch
 import torch.distributed as dist
 
-from common import SEED_OFFSET, Checker, make_input, reference_reduce, run, use_test_device
+from common import SEED_OFFSET, Checker, make_input, reduced, run, use_test_device
 
 DTYPES = [torch.float32, torch.float64, torch.float16, torch.bfloat16, torch.int32, torch.int64,
           torch.int8, torch.uint8, torch.bool]
@@ -118,13 +118,14 @@ class CaseRun:
 
     def check(self, c):
         op, rank, world = self.op, self.rank, self.world
-        ref = lambda ins: reference_reduce(self.red, ins, self.dtype)  # noqa: E731
+        ref = lambda ins: reduced(self.red, ins, self.dtype)  # noqa: E731  (expected, bound)
         everyone = [self.inp(r) for r in range(world)]
         if op == "all_reduce":
-            c.close(self.desc, self.mine, ref(everyone), self.dtype, world)
+            want, bound = ref(everyone)
+            c.close(self.desc, self.mine, want, self.dtype, bound=bound)
         elif op == "reduce":
-            want = ref(everyone) if rank == self.root else everyone[rank]
-            c.close(self.desc, self.mine, want, self.dtype, world)
+            want, bound = ref(everyone) if rank == self.root else (everyone[rank], None)
+            c.close(self.desc, self.mine, want, self.dtype, bound=bound)
         elif op == "broadcast":
             c.close(self.desc, self.mine, everyone[self.root])
         elif op == "all_gather":
@@ -134,7 +135,10 @@ class CaseRun:
             c.close(self.desc, self.out, torch.cat([e.reshape(-1) for e in everyone]))
         elif op == "reduce_scatter_tensor":
             m = self.out.numel()
-            c.close(self.desc, self.out, ref(self.big)[rank * m:(rank + 1) * m], self.dtype, world)
+            want, bound = ref(self.big)
+            mine = slice(rank * m, (rank + 1) * m)
+            c.close(self.desc, self.out, want[mine], self.dtype,
+                    bound=bound[mine] if bound is not None else None)
         elif op == "all_to_all_single":
             want = torch.cat([make_input(self.seed, s * 97 + rank, self.split(s, rank), self.dtype)
                               for s in range(world)])
@@ -142,14 +146,14 @@ class CaseRun:
         elif op == "gather":
             if rank == self.root:
                 c.close(self.desc, torch.stack(self.out), torch.stack(everyone))
-            else:
-                c.true(self.desc, True)
+            else:  # a sender's input is only read
+                c.close(self.desc + " (sender's input unchanged)", self.mine, everyone[rank])
         elif op == "scatter":
             c.close(self.desc, self.out, self.inp(rank, self.seed + 2))
         elif op == "all_reduce_coalesced":
             for i, t in enumerate(self.many):
-                want = ref([self.inp(r, self.seed + i, [i + 1]) for r in range(world)])
-                c.close(f"{self.desc} tensor {i}", t, want, self.dtype, world)
+                want, bound = ref([self.inp(r, self.seed + i, [i + 1]) for r in range(world)])
+                c.close(f"{self.desc} tensor {i}", t, want, self.dtype, bound=bound)
 
 
 def main():
