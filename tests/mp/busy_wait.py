@@ -45,7 +45,7 @@ def cpu_during(fn):
 
 def main():
     dist.init_process_group("mpigpu")
-    rank, world = dist.get_rank(), dist.get_world_size()
+    rank = dist.get_rank()
     c = Checker("busy_wait")
     inline_limit = int(os.environ.get("TORCH_MPIGPU_INLINE_BYTES", str(1 << 40)))
     big = max(1, inline_limit // 4 + 1)  # fp32 elements above the inline limit: on the worker
@@ -94,6 +94,12 @@ def main():
                f"waited {took:.2f} s")
         c.true("one thread polls, the others sleep", total <= 1.2 * busiest + 0.05,
                f"threads used {total:.2f} s CPU in all, the busiest {busiest:.2f} s: {top}")
+        # and the one that waited is the one expected: the caller for a collective run inline,
+        # the group's worker otherwise (TORCH_MPIGPU_INLINE_BYTES decides; p2p is polled there)
+        tid, (thread, _) = max(used.items(), key=lambda kv: kv[1][1])
+        inline = name == "collective inline, sync"
+        c.true("the waiting thread", tid == str(os.getpid()) if inline else thread == "mpigpu-engine",
+               f"busiest {thread} (thread {tid}), expected {'the caller' if inline else 'the worker'}")
     return c.finish()
 
 
