@@ -83,7 +83,7 @@ if [[ " $builds " == *" slurm "* ]]; then
       -k "$LAUNCHER_TESTS" "$@"
     "$ROOT/scripts/slurm_cluster.sh" down
   else
-    leg_cannot_run slurm "no one-node Slurm cluster could be started here: ${why: -600}"
+    leg_cannot_run slurm "no one-node Slurm cluster could be started here: $(printf %s "$why" | tail -c 600)"
   fi
 fi
 if [[ " $builds " == *" hosts "* ]]; then
