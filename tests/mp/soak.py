@@ -78,7 +78,8 @@ def main():
             rss["after 10 cycles"] = rss_mb()
     rss["after 40 cycles"] = rss_mb()
     growth = rss["after 40 cycles"] - rss["after 10 cycles"]
-    c.true("RSS flat over group create/destroy cycles", growth < 20, f"grew {growth:.1f} MiB")
+    # (0.0-0.1 MiB seen over these 30 cycles at 2 and 4 ranks; 2 MiB is 68 KB a group)
+    c.true("RSS flat over group create/destroy cycles", growth < 2.0, f"grew {growth:.2f} MiB")
     print(f"[rank {rank}] RSS MiB: " + ", ".join(f"{k} {v:.1f}" for k, v in rss.items()), flush=True)
     return c.finish()
 
