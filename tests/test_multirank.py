@@ -4,6 +4,7 @@ references computed independently on each rank (see tests/mp/)."""
 import os
 
 import pytest
+import torch
 
 from conftest import LAUNCHER, SERIALIZED, mpirun_path, is_hydra, passed_counts, require_library, run_mpi
 
@@ -77,6 +78,19 @@ ALGOS = ["ring", "rhd", "allgather"]
 
 def algo_env(algo):
     return {"TORCH_MPIGPU_ALGO": algo, "TORCH_MPIGPU_ALGO_PIECE_BYTES": "64"}
+
+
+AUTO_ALGORITHM = {"fp16/bf16 all_reduce: the ring from HOST_HALF_RING_BYTES",
+                  "fp32 all_reduce: MPI's own at any size",
+                  "reduce_scatter: the ring from HOST_RS_RING_BYTES (fp16/bf16 from HOST_HALF_RING)",
+                  "reduce: MPI's own"}
+
+
+@pytest.mark.parametrize("np", [1, 2, 3])
+def test_auto_algorithm_choice_at_its_thresholds(np):
+    out = run_mpi("auto_algorithm.py", np)
+    gpu = {"a member has a GPU: MPI's own below ALGO_MIN_BYTES, then the ring"}
+    assert passed_counts(out, np, gpu if torch.cuda.is_available() else AUTO_ALGORITHM) >= 2
 
 
 @pytest.mark.parametrize("algo", ALGOS)

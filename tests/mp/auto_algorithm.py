@@ -1,0 +1,92 @@
+"""The automatic algorithm choice on host tensors (TORCH_MPIGPU_ALGO=auto, no GPU in the group),
+at its thresholds: fp16/bf16 all_reduce and reduce_scatter take our ring from
+TORCH_MPIGPU_HOST_HALF_RING_BYTES, any reduce_scatter from TORCH_MPIGPU_HOST_RS_RING_BYTES, and
+everything else (fp32 all_reduce however big, reduce of any dtype) MPI's own. Sizes just below and
+at each threshold (the input's bytes); which ran is read from the algorithm counters, and every
+result is checked against the float64 reference within its bound."""
+
+import torch
+import torch.distributed as dist
+
+import torch_mpi_gpu
+from common import Checker, make_input, reduced, run
+
+
+def main():
+    dist.init_process_group("mpigpu")
+    rank, world = dist.get_rank(), dist.get_world_size()
+    c = Checker(f"auto_algorithm(np={world})")
+    half_ring = int(torch_mpi_gpu.config.get("TORCH_MPIGPU_HOST_HALF_RING_BYTES"))
+    rs_ring = int(torch_mpi_gpu.config.get("TORCH_MPIGPU_HOST_RS_RING_BYTES"))
+
+    def ring_ran(fn):
+        before = torch_mpi_gpu._C.algorithm_runs()["ring"]
+        fn()
+        return torch_mpi_gpu._C.algorithm_runs()["ring"] > before
+
+    def all_reduce(dtype, numel, seed):
+        inputs = [make_input(seed, r, numel, dtype) for r in range(world)]
+        t = inputs[rank].clone()
+        ring = ring_ran(lambda: dist.all_reduce(t))
+        want, bound = reduced("sum", inputs, dtype)
+        c.close(f"all_reduce {dtype} {numel * t.element_size()} bytes", t, want, dtype, bound=bound)
+        return ring
+
+    def reduce_scatter(dtype, n, seed):
+        inputs = [make_input(seed, r, world * n, dtype) for r in range(world)]
+        out = torch.empty(n, dtype=dtype)
+        ring = ring_ran(lambda: dist.reduce_scatter_tensor(out, inputs[rank].clone()))
+        want, bound = reduced("sum", inputs, dtype)
+        part = slice(rank * n, (rank + 1) * n)
+        c.close(f"reduce_scatter_tensor {dtype} {world * n * out.element_size()} bytes", out,
+                want[part], dtype, bound=bound[part])
+        return ring
+
+    if torch.cuda.is_available():
+        # a member has a GPU (every rank here): the device rule for host tensors too
+        algo_min = int(torch_mpi_gpu.config.get("TORCH_MPIGPU_ALGO_MIN_BYTES"))
+        c.section("a member has a GPU: MPI's own below ALGO_MIN_BYTES, then the ring")
+        c.true("fp32 all_reduce below ALGO_MIN_BYTES: MPI's own",
+               not all_reduce(torch.float32, algo_min // 4 - 1, 5))
+        at = all_reduce(torch.float32, algo_min // 4, 6)
+        c.true("fp32 all_reduce at ALGO_MIN_BYTES: the ring", at, f"ring ran: {at}")
+        return c.finish()
+
+    c.section("fp16/bf16 all_reduce: the ring from HOST_HALF_RING_BYTES")
+    for i, dtype in enumerate((torch.float16, torch.bfloat16)):
+        below = all_reduce(dtype, half_ring // 2 - 1, 10 + i)
+        at = all_reduce(dtype, half_ring // 2, 20 + i)
+        c.true(f"{dtype} all_reduce below {half_ring} bytes: MPI's own", not below)
+        c.true(f"{dtype} all_reduce at {half_ring} bytes: the ring", at == (world > 1),
+               f"ring ran: {at}")
+
+    c.section("fp32 all_reduce: MPI's own at any size")
+    c.true("fp32 all_reduce of 4 x HOST_RS_RING_BYTES: MPI's own",
+           not all_reduce(torch.float32, rs_ring, 30))
+
+    c.section("reduce_scatter: the ring from HOST_RS_RING_BYTES (fp16/bf16 from HOST_HALF_RING)")
+    per_rank = 4 * world  # fp32 input bytes per output element
+    below = reduce_scatter(torch.float32, (rs_ring - 1) // per_rank, 40)
+    at = reduce_scatter(torch.float32, -(-rs_ring // per_rank), 41)
+    c.true(f"fp32 reduce_scatter below {rs_ring} bytes: MPI's own", not below)
+    c.true(f"fp32 reduce_scatter from {rs_ring} bytes: the ring", at == (world > 1),
+           f"ring ran: {at}")
+    half = reduce_scatter(torch.bfloat16, -(-half_ring // (2 * world)), 42)
+    c.true(f"bf16 reduce_scatter from {half_ring} bytes: the ring", half == (world > 1),
+           f"ring ran: {half}")
+
+    c.section("reduce: MPI's own")
+    inputs = [make_input(50, r, half_ring, torch.bfloat16) for r in range(world)]
+    t = inputs[rank].clone()
+    ring = ring_ran(lambda: dist.reduce(t, dst=0))
+    c.true(f"bf16 reduce of {2 * half_ring} bytes: MPI's own", not ring)
+    if rank == 0:
+        want, bound = reduced("sum", inputs, torch.bfloat16)
+        c.close("bf16 reduce result", t, want, torch.bfloat16, bound=bound)
+    else:
+        c.close("bf16 reduce leaves non-roots alone", t, inputs[rank])
+    return c.finish()
+
+
+if __name__ == "__main__":
+    run(main)
