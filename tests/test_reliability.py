@@ -52,6 +52,17 @@ def test_report_only_lets_a_late_rank_finish():
     assert passed_counts(out, 2) >= 1
 
 
+def test_wait_raises_after_the_groups_timeout_naming_the_op():
+    out = run_mpi("stall.py", 3, env={"TORCH_MPIGPU_TIMEOUT": "2",
+                                      "TORCH_MPIGPU_TIMEOUT_ACTION": "report"},
+                  args=("wait-timeout",), timeout=120)
+    # ranks 0 and 2: the raise, its timing and the result; rank 1: the result
+    assert passed_counts(out, 3) >= 1
+    for rank, checks in ((0, 3), (1, 1), (2, 3)):
+        assert f"[rank {rank}/3] stall(wait-timeout, np=3): {checks} checks passed, 0 failed" \
+            in out, out[-3000:]
+
+
 def test_killed_rank_ends_the_job():
     # Default timeout (30 min): the launcher must end it. srun --mpi=pmi2 (MPICH) does not notice
     # a task killed by a signal unless told to (--kill-on-bad-exit, as the README says); the

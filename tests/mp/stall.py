@@ -5,7 +5,10 @@
   report       rank 1 joins 4 s late with TORCH_MPIGPU_TIMEOUT_ACTION=report: reported, then
                finishes correctly
   die          rank 1 is killed (SIGKILL) while the others are in an all_reduce: the launcher
-               must end the job; nobody waits for the timeout"""
+               must end the job; nobody waits for the timeout
+  wait-timeout rank 1 joins 5 s late, TORCH_MPIGPU_TIMEOUT=2 with TIMEOUT_ACTION=report: the
+               others' Work.wait() raises after the group's 2 s naming the op and rank, the op
+               keeps running, and a second wait() returns its right result"""
 
 import os
 import signal
@@ -40,6 +43,20 @@ def main():
         else:
             dist.all_reduce(t, async_op=True).wait(timeout=__import__("datetime").timedelta(hours=1))
         c.true("unreachable: the job should have been ended", False)
+    elif mode == "wait-timeout":
+        if rank == 1:
+            time.sleep(5)
+            dist.all_reduce(t)
+        else:
+            w = dist.all_reduce(t, async_op=True)
+            start = time.monotonic()
+            c.raises("wait() past the group's timeout", dist.DistBackendError, w.wait,
+                     must_contain=(f"allreduce [rank {rank}]", "collective #2", "did not complete "
+                                   "within 2000 ms"))
+            c.true("raised at the timeout", 1.5 < time.monotonic() - start < 4.5,
+                   f"after {time.monotonic() - start:.1f} s")
+            w.wait(timeout=__import__("datetime").timedelta(seconds=60))
+        c.close("the late op's result", t, torch.full((16,), float(world * world)))
     else:
         if rank == 1:
             time.sleep(4)
