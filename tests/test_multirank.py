@@ -60,6 +60,17 @@ def test_launcher_sets_rank_local_rank_and_world_size(np):
     assert passed_counts(out, np) >= 7
 
 
+def test_master_port_setting_is_the_store_port():
+    import socket
+    with socket.socket() as s:
+        s.bind(("", 0))
+        port = s.getsockname()[1]
+    hosts = 2 if LAUNCHER.startswith("two-hosts") else 1
+    out = run_mpi("launch_env.py", 2, env={"TORCH_MPIGPU_MASTER_PORT": str(port)},
+                  args=(expected_launcher(), str(hosts)))
+    assert passed_counts(out, 2) >= 8  # the launcher's checks and the port's
+
+
 @pytest.mark.parametrize("np", RANKS)
 def test_collectives(np):
     assert passed_counts(run_mpi("collectives.py", np), np, COLLECTIVES) > 1500
@@ -104,6 +115,15 @@ def test_collectives_with_algorithm(algo, np):
 @pytest.mark.parametrize("np", [2, 3])
 def test_fusion_with_algorithm(algo, np):
     assert passed_counts(run_mpi("fusion.py", np, env=algo_env(algo)), np, fusion_behaviours(np)) >= 20
+
+
+@pytest.mark.parametrize("np", [6, 7])
+def test_rhd_folding_several_extra_ranks(np):
+    # recursive halving/doubling folds the ranks above the largest power of two into partners:
+    # 2 and 3 extra ranks here (5 ranks, one extra, run with the other algorithms)
+    out = run_mpi("random_ops.py", np, env={"MPIGPU_RANDOM_CASES": "60", **algo_env("rhd")},
+                  timeout=900)
+    assert passed_counts(out, np) >= 60
 
 
 @pytest.mark.parametrize("algo", ALGOS)

@@ -90,6 +90,19 @@ def test_uncaught_exception_ends_the_job(mode, np):
     assert took < 30, f"the job took {took:.0f} s to end"
 
 
+def test_abort_on_exception_off_leaves_the_job_to_the_watchdog():
+    # TORCH_MPIGPU_ABORT_ON_EXCEPTION=0: no hook of ours, so the raising rank goes on to finalise
+    # MPI, which waits for rank 0 inside its barrier (as the README warns); the watchdog's
+    # timeout (3 s here) is then what ends the job
+    rc, out, took = launch("raise-at-start", 2, {"TORCH_MPIGPU_ABORT_ON_EXCEPTION": "0",
+                                                 "TORCH_MPIGPU_TIMEOUT": "3"},
+                           script="exits.py", timeout=90)
+    assert rc != 0 and "fails on purpose" in out and "Traceback" in out, out[-3000:]
+    assert "ending all" not in out, out[-3000:]  # our hook stayed out
+    assert "WATCHDOG [rank 0]: barrier" in out, out[-3000:]
+    assert took < 60, f"the job took {took:.0f} s to end"
+
+
 def test_exit_with_async_ops_pending_finishes_cleanly():
     # 20 runs: the queued collectives run in issue order at exit, then MPI finalises; before the
     # fix about half of the runs hung (one rank dropped an op its peer was already inside).

@@ -555,3 +555,36 @@ def test_bad_mpi_yield_setting_names_it(monkeypatch):
     monkeypatch.setenv("TORCH_MPIGPU_MPI_YIELD", "sometimes")
     with pytest.raises(ValueError, match="TORCH_MPIGPU_MPI_YIELD=sometimes"):
         launcher.choose_mpi_yield({})
+
+
+@pytest.mark.parametrize("setting, local_rank, devices, expect", [
+    ("1", 5, 4, 1),      # local rank mod device count
+    ("1", 2, 8, 2),
+    ("0", 5, 4, None),   # TORCH_MPIGPU_SET_DEVICE=0: left to the user
+])
+def test_cuda_device_is_local_rank_mod_device_count(monkeypatch, setting, local_rank, devices,
+                                                    expect):
+    import torch
+    from torch_mpi_gpu import launcher
+    chosen = []
+    monkeypatch.setenv("TORCH_MPIGPU_SET_DEVICE", setting)
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(torch.cuda, "is_initialized", lambda: False)
+    monkeypatch.setattr(torch.cuda, "device_count", lambda: devices)
+    monkeypatch.setattr(torch.cuda, "set_device", chosen.append)
+    environ = {"OMPI_COMM_WORLD_RANK": str(local_rank), "OMPI_COMM_WORLD_SIZE": "16",
+               "OMPI_COMM_WORLD_LOCAL_RANK": str(local_rank), "OMPI_COMM_WORLD_LOCAL_SIZE": "8"}
+    assert launcher.select_cuda_device(environ) == expect
+    assert chosen == ([] if expect is None else [expect])
+
+
+def test_auto_env_off_leaves_the_rendezvous_variables_alone(monkeypatch):
+    from torch_mpi_gpu import launcher
+    for var in ("RANK", "WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT", "LOCAL_RANK"):
+        monkeypatch.delenv(var, raising=False)
+    for var, value in {"OMPI_COMM_WORLD_RANK": "0", "OMPI_COMM_WORLD_SIZE": "2",
+                       "OMPI_COMM_WORLD_LOCAL_RANK": "0", "OMPI_COMM_WORLD_LOCAL_SIZE": "2"}.items():
+        monkeypatch.setenv(var, value)
+    monkeypatch.setenv("TORCH_MPIGPU_AUTO_ENV", "0")
+    assert launcher.setup_env() is None  # returns before MPI is touched
+    assert "RANK" not in os.environ and "MASTER_ADDR" not in os.environ

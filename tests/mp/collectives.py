@@ -252,6 +252,13 @@ def main():
     c.close("coalesced reduce_scatter_tensor avg", out,
             reference_reduce("avg", big, torch.float32)[mine], torch.float32,
             bound=reduction_bound("avg", big, torch.float32)[mine])
+    # the output inside the input, at the rank's own slice (FSDP's layout): MPI_IN_PLACE
+    for op in ("sum", "avg"):
+        inside = big[rank].clone()
+        dist.reduce_scatter_tensor(inside[mine], inside, op=RED_OPS[op])
+        c.close(f"reduce_scatter_tensor {op}, output inside the input", inside[mine],
+                reference_reduce(op, big, torch.float32)[mine], torch.float32,
+                bound=reduction_bound(op, big, torch.float32)[mine])
 
     c.section("objects and barrier")
     objs = [None] * world

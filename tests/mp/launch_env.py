@@ -40,6 +40,10 @@ def main():
     c.true("LOCAL_WORLD_SIZE", int(os.environ["LOCAL_WORLD_SIZE"]) == local_size,
            f"LOCAL_WORLD_SIZE={os.environ['LOCAL_WORLD_SIZE']}, {local_size} ranks on {mine}")
     c.true("hosts", len(set(hosts)) == expected_hosts, f"hosts {hosts}, expected {expected_hosts}")
+    want_port = os.environ.get("TORCH_MPIGPU_MASTER_PORT")
+    if want_port:
+        c.true("TORCH_MPIGPU_MASTER_PORT", os.environ["MASTER_PORT"] == want_port,
+               f"MASTER_PORT={os.environ['MASTER_PORT']}, asked for {want_port}")
     # one host: loopback; several: an address every rank reaches (the store listens there)
     addr, port = os.environ["MASTER_ADDR"], int(os.environ["MASTER_PORT"])
     try:

@@ -182,6 +182,11 @@ def main():
                 work.wait()
         for case, _ in batch:
             case.check(c)
+    forced = os.environ.get("TORCH_MPIGPU_ALGO")
+    if forced in ("ring", "rhd", "allgather") and world > 1:
+        import torch_mpi_gpu
+        runs = torch_mpi_gpu._C.algorithm_runs()
+        c.true(f"TORCH_MPIGPU_ALGO={forced} ran", runs.get(forced, 0) > 0, str(runs))
     return c.finish()
 
 
