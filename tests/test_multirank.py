@@ -15,7 +15,8 @@ RANKS = [1, 2, 3, 4]
 COLLECTIVES = {"reductions: every op x dtype x size", "premul_sum with a tensor factor, 2-D tensors",
                "complex tensors", "many tensors in one call, coalescing manager",
                "data movement: every op x dtype x size",
-               "coalesced all_gather_into_tensor / reduce_scatter_tensor", "objects and barrier"}
+               "coalesced all_gather_into_tensor / reduce_scatter_tensor", "objects and barrier",
+               "non-contiguous tensors, every op"}
 FORCED_ALGORITHM = "the forced algorithm ran"
 
 

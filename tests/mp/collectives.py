@@ -9,7 +9,8 @@ import torch.distributed as dist
 import torch_mpi_gpu
 
 from common import (ALL_DTYPES, FLOAT_DTYPES, Checker, make_input,
-                    reference_reduce, reduction_bound, run, use_test_device)
+                    reduced, reference_reduce, reduction_bound, run,
+                    use_test_device)
 
 # a forced algorithm of ours (not MPI's own collectives)
 OUR_ALGO = os.environ.get("TORCH_MPIGPU_ALGO") if os.environ.get("TORCH_MPIGPU_ALGO") in (
@@ -232,6 +233,10 @@ def main():
             c.close(f"all_to_all_single uneven {tag}", un_out.flatten(),
                     torch.cat([block(s, rank, out_splits[s] * rows) for s in range(world)]))
 
+    c.section("non-contiguous tensors, every op")
+    seed += 1
+    noncontiguous_every_op(c, rank, world, seed)
+
     c.section("coalesced all_gather_into_tensor / reduce_scatter_tensor")
     # coalesced all_gather_into_tensor / reduce_scatter_tensor (FSDP's calls)
     seed += 1
@@ -273,6 +278,67 @@ def main():
         runs = torch_mpi_gpu._C.algorithm_runs()
         c.true(f"TORCH_MPIGPU_ALGO={OUR_ALGO} ran", runs.get(OUR_ALGO, 0) > 0, str(runs))
     return c.finish()
+
+
+def noncontiguous_every_op(c, rank, world, seed, n=7):
+    """Every op with strided tensors (every other element of a zeroed buffer) as inputs and
+    outputs: results right, and the gaps between the elements untouched."""
+    dtype = torch.float32
+    views = []
+
+    def strided(src=None, m=n):
+        base = torch.zeros(2 * m, dtype=dtype)
+        view = base[::2]
+        if src is not None:
+            view.copy_(src)
+        views.append((base, view))
+        return view
+
+    inputs = [make_input(seed, r, n, dtype) for r in range(world)]
+    root = seed % world
+    t = strided(inputs[rank] if rank == root else None)
+    dist.broadcast(t, src=root)
+    c.close("broadcast", t, inputs[root])
+
+    outs = [strided() for _ in range(world)]
+    dist.all_gather(outs, strided(inputs[rank]))
+    for r in range(world):
+        c.close(f"all_gather from {r}", outs[r], inputs[r])
+
+    gl = [strided() for _ in range(world)] if rank == root else None
+    dist.gather(strided(inputs[rank]), gather_list=gl, dst=root)
+    for r in range(world if rank == root else 0):
+        c.close(f"gather from {r}", gl[r], inputs[r])
+
+    out = strided()
+    dist.scatter(out, scatter_list=[strided(x) for x in inputs] if rank == root else None, src=root)
+    c.close("scatter", out, inputs[rank])
+
+    blocks = [[make_input(seed + 1, s * 31 + d, n, dtype) for d in range(world)] for s in range(world)]
+    outs = [strided() for _ in range(world)]
+    dist.all_to_all(outs, [strided(b) for b in blocks[rank]])
+    for s in range(world):
+        c.close(f"all_to_all from {s}", outs[s], blocks[s][rank])
+
+    want, bound = reduced("sum", inputs, dtype)
+    t = strided(inputs[rank])
+    dist.reduce(t, dst=root)
+    c.close("reduce", t, want if rank == root else inputs[rank], dtype,
+            bound=bound if rank == root else None)
+
+    big = [make_input(seed + 2, r, world * n, dtype) for r in range(world)]
+    want, bound = reduced("sum", big, dtype)
+    mine = slice(rank * n, (rank + 1) * n)
+    out = strided()
+    dist.reduce_scatter(out, [strided(x) for x in big[rank].chunk(world)])
+    c.close("reduce_scatter", out, want[mine], dtype, bound=bound[mine])
+
+    t = strided(inputs[rank])
+    dist.all_reduce(t)
+    want, bound = reduced("sum", inputs, dtype)
+    c.close("all_reduce", t, want, dtype, bound=bound)
+    c.true("the gaps between the elements are untouched",
+           all(bool((base[1::2] == 0).all()) for base, _ in views))
 
 
 def torch_mpi_gpu_calls():
