@@ -54,10 +54,11 @@ std::vector<at::Tensor> rankMajorRows(const std::vector<at::Tensor>& ts, int siz
 }
 
 // On the host a big tensor is cheaper sent in place than copied into a bucket; on a device the
-// pack is one fast kernel and saves MPI calls (and host<->device copies when staged).
-int64_t fuseBelow(const Config& config, const paths::OpBuffers& bufs) {
-  const bool host = bufs.kind() == paths::PathKind::Cpu || bufs.kind() == paths::PathKind::ViaCpu;
-  return host ? config.fuseBelowBytes : std::numeric_limits<int64_t>::max();
+// pack is one fast kernel and saves MPI calls (and host<->device copies when staged). Decided by
+// the group, not by this rank's tensors: in a group of CUDA and CPU ranks each must cut the same
+// buckets, or their collectives would not match.
+int64_t fuseBelow(const Config& config, bool groupHasGpu) {
+  return groupHasGpu ? std::numeric_limits<int64_t>::max() : config.fuseBelowBytes;
 }
 
 }  // namespace mpigpu

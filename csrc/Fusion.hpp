@@ -10,7 +10,6 @@
 #include <vector>
 
 #include "Config.hpp"
-#include "paths/OpBuffers.hpp"
 
 namespace mpigpu {
 
@@ -23,7 +22,10 @@ std::vector<at::Tensor> pick(const std::vector<at::Tensor>& ts, const std::vecto
 // Rank-major row views: row r of every tensor (seen as [size, n]), for r = 0..size-1. An allgather
 // of packed inputs lands in exactly this order, and a reduce-scatter reads it.
 std::vector<at::Tensor> rankMajorRows(const std::vector<at::Tensor>& ts, int size);
-// Tensors of at least this many bytes are not packed on this op's path.
-int64_t fuseBelow(const Config& config, const paths::OpBuffers& bufs);
+// Tensors of at least this many bytes are not packed. Every rank must cut the same buckets (each
+// is one collective), so this depends on what the group agreed, never on a rank's own device: a
+// group with a GPU packs everything (one fast kernel on a device), a host-only group leaves big
+// tensors in place (cheaper than the copy).
+int64_t fuseBelow(const Config& config, bool groupHasGpu);
 
 }  // namespace mpigpu

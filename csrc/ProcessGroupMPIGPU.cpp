@@ -32,6 +32,11 @@ algo::Algo ProcessGroupMPIGPU::chooseAlgo(algo::OpKind kind,
   return algo::choose(config_, kind, bytes, tensors[0].scalar_type(), size_, groupHasGpu_);
 }
 
+std::vector<std::vector<size_t>> ProcessGroupMPIGPU::fusedBuckets(
+    const std::vector<at::Tensor>& tensors) const {
+  return fusionBuckets(tensors, config_.fusionBytes, fuseBelow(config_, groupHasGpu_));
+}
+
 void ProcessGroupMPIGPU::withAlgorithm(const OpBuffers& bufs, const char* op, const at::Tensor& buf,
                                        const mpi::Reduction& red,
                                        const std::function<void(algo::Context&)>& fn) const {
@@ -173,7 +178,7 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupMPIGPU::allreduce(std::vector<at::Ten
   const bool ours = chooseAlgo(algo::OpKind::Allreduce, tensors) != algo::Algo::Mpi;
   auto bufs = ours ? paths_->createForAlgorithm(tensors[0].device()) : reduceBuffersFor(tensors[0]);
   std::vector<Bucket> buckets;
-  for (const auto& idx : fusionBuckets(tensors, config_.fusionBytes, fuseBelow(config_, *bufs))) {
+  for (const auto& idx : fusedBuckets(tensors)) {
     auto red = mpi::resolveReduction(opts.reduceOp, tensors[idx[0]].scalar_type(), op, rank_);
     auto a = ours ? chooseAlgo(algo::OpKind::Allreduce, pick(tensors, idx)) : algo::Algo::Mpi;
     if (ours && a == algo::Algo::Mpi) a = algo::Algo::Ring;
@@ -295,7 +300,7 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupMPIGPU::reduce_scatter_tensor_coalesc
   const bool ours = chooseAlgo(algo::OpKind::ReduceScatter, inputs) != algo::Algo::Mpi;
   auto bufs = ours ? paths_->createForAlgorithm(outputs[0].device()) : reduceBuffersFor(outputs[0]);
   std::vector<Bucket> buckets;
-  for (const auto& idx : fusionBuckets(outputs, config_.fusionBytes, fuseBelow(config_, *bufs))) {
+  for (const auto& idx : fusedBuckets(outputs)) {
     std::vector<at::Tensor> ins;
     for (size_t i : idx) ins.push_back(inputs[i].reshape({size_, -1}));
     auto red = mpi::resolveReduction(opts.reduceOp, outputs[idx[0]].scalar_type(), op, rank_);
@@ -399,7 +404,7 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupMPIGPU::allgather_into_tensor_coalesc
         {bufs->add(pick(inputs, idx), Access::Read),
          bufs->add(idx.size() == 1 ? outs : rankMajorRows(outs, size_), Access::Write)});
   };
-  for (const auto& idx : fusionBuckets(inputs, config_.fusionBytes, fuseBelow(config_, *bufs))) {
+  for (const auto& idx : fusedBuckets(inputs)) {
     std::vector<size_t> fused;
     for (size_t i : idx) {
       if (outputs[i].is_contiguous())

@@ -131,6 +131,8 @@ class ProcessGroupMPIGPU : public c10d::Backend {
                                             int peer, int tag);
   // Our algorithms (algorithms/): the choice for an op, and one run of it on the engine.
   algo::Algo chooseAlgo(algo::OpKind kind, const std::vector<at::Tensor>& tensors) const;
+  // The fused buckets of a coalesced op, the same on every rank (Fusion.hpp: fuseBelow).
+  std::vector<std::vector<size_t>> fusedBuckets(const std::vector<at::Tensor>& tensors) const;
   // Runs `fn` with the messages (Link) and reducer of this op's memory, on the engine.
   void withAlgorithm(const OpBuffers& bufs, const char* op, const at::Tensor& buf,
                      const mpi::Reduction& red,

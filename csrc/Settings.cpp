@@ -64,8 +64,9 @@ const SettingSpec kSettings[] = {
      "most bytes packed into one MPI call when an op carries many tensors; `0`: every tensor "
      "alone"},
     {"TORCH_MPIGPU_FUSE_BELOW_BYTES", "262144", "", ReadAt::GroupCreation,
-     "host tensors this big or bigger are not packed (the copy costs more than the call saved); "
-     "device tensors are always packed"},
+     "in a group without a GPU, tensors this big or bigger are not packed (the copy costs more "
+     "than the call saved); where a member has a GPU everything is packed (every rank must cut "
+     "the same buckets, a CPU rank beside a CUDA one too)"},
     {"TORCH_MPIGPU_MPI_YIELD", "auto", "", ReadAt::Import,
      "a rank waiting inside MPI yields its core: Open MPI's `mpi_yield_when_idle` is set and a "
      "caller in `wait()` sleeps at once instead of testing for completion beside the worker. "

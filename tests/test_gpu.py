@@ -17,7 +17,7 @@ import torch
 
 from conftest import run_mpi, skip_or_fail
 from conftest import passed_counts
-from test_multirank import COLLECTIVES, DDP, FORCED_ALGORITHM, p2p_groups_behaviours
+from test_multirank import COLLECTIVES, DDP, FORCED_ALGORITHM, fusion_behaviours, p2p_groups_behaviours
 from test_reliability import check_ending_a_group_with_a_stuck_op
 
 pytestmark = [pytest.mark.gpu,
@@ -187,6 +187,9 @@ def test_mixed_cuda_and_cpu_ranks(np):
     # rank 0's tensors on CUDA, the others' on CPU, in the same collectives
     out = run_mpi("collectives.py", np, env={"MPIGPU_TEST_DEVICE": "mixed"})
     assert passed_counts(out, np, COLLECTIVES) > 1500
+    # fused buckets: a CUDA rank and a CPU rank cut the same ones (FUSE_BELOW_BYTES)
+    out = run_mpi("fusion.py", np, env={"MPIGPU_TEST_DEVICE": "mixed"})
+    assert passed_counts(out, np, fusion_behaviours(np)) >= 20
 
 
 @pytest.mark.parametrize("path", ["direct", "staged", "hybrid"])

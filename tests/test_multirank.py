@@ -41,7 +41,8 @@ def p2p_groups_behaviours(np):
 def fusion_behaviours(np):
     every = {"100 fp32 tensors of odd sizes in one allreduce", "mixed dtypes",
              "the coalescing manager", "coalesced all_gather_into_tensor / reduce_scatter_tensor",
-             "TORCH_MPIGPU_FUSION_BYTES caps a bucket"}
+             "TORCH_MPIGPU_FUSION_BYTES caps a bucket",
+             "TORCH_MPIGPU_FUSE_BELOW_BYTES leaves big host tensors unpacked"}
     return every | ({"batch_isend_irecv"} if np > 1 else set())
 
 

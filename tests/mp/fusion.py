@@ -112,6 +112,24 @@ def main():
     c.true("FUSION_BYTES=0: one call per tensor", n == 10, f"{n} calls")
     del os.environ["TORCH_MPIGPU_FUSION_BYTES"]
 
+    c.section("TORCH_MPIGPU_FUSE_BELOW_BYTES leaves big host tensors unpacked")
+    # in a group without a GPU, tensors of FUSE_BELOW_BYTES or more are reduced in place and the
+    # smaller ones packed; where a member has a GPU everything is packed, on every rank alike
+    # (a CUDA rank and a CPU rank must cut the same buckets: MPIGPU_TEST_DEVICE=mixed)
+    host_only = not torch.cuda.is_available()
+    for limit, want in (("1024", 2 if host_only else 1), (None, 1)):
+        if limit:
+            os.environ["TORCH_MPIGPU_FUSE_BELOW_BYTES"] = limit
+        g = dist.new_group(list(range(world)))
+        ts = [torch.full((16,), 1.0), torch.full((256,), 2.0), torch.full((16,), 3.0)]
+        n = counted(lambda: dist.all_reduce_coalesced(ts, group=g))
+        c.true(f"FUSE_BELOW_BYTES={limit or 'default'}: 2 x 64 B + 1 KiB in {want} call(s)",
+               n == want, f"{n} calls")
+        for i, v in enumerate((1.0, 2.0, 3.0)):
+            c.close(f"FUSE_BELOW_BYTES={limit or 'default'} tensor {i}", ts[i],
+                    torch.full_like(ts[i], v * world))
+        os.environ.pop("TORCH_MPIGPU_FUSE_BELOW_BYTES", None)
+
     c.section("batch_isend_irecv")
     # batch_isend_irecv: a ring, all posted together, completed together
     if world > 1:
