@@ -15,9 +15,9 @@ from test_reliability import launch
 
 TWO_HOSTS = LAUNCHER.startswith("two-hosts")
 NP = 4  # 2 hosts x 2 ranks under the two-host launchers
-# How often the launch check runs: 20 by slot and 5 round-robin across two hosts (#25's bar);
+# How often the launch check runs: 20 by slot and 3 round-robin across two hosts (#25's bar);
 # MPIGPU_TEST_REPEAT, or 3, on one host.
-SEQUENCE_RUNS = {"slot": 20, "node": 5} if TWO_HOSTS else {
+SEQUENCE_RUNS = {"slot": 20, "node": 3} if TWO_HOSTS else {
     "default": int(os.environ.get("MPIGPU_TEST_REPEAT", "3"))}
 SEQUENCE = {"world ops", "point-to-point", "subgroup of odd ranks", "world after the subgroup"}
 BUSY_WAIT = {"collective inline, sync", "collective on the worker, sync",
@@ -36,6 +36,7 @@ def test_subgroup_sequence_repeated(mapping):
     assert passed_counts(out, NP, SEQUENCE) >= 10
 
 
+@pytest.mark.skipif(not TWO_HOSTS, reason="one host: test_multirank's p2p_groups at 4 ranks is this")
 def test_p2p_groups_by_slot():
     out = run_mpi("p2p_groups.py", NP, env=mapping_env("slot"), timeout=240, repeat=2)
     assert passed_counts(out, NP, p2p_groups_behaviours(NP)) >= 40
