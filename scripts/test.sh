@@ -96,7 +96,7 @@ if [[ " $builds " == *" hosts "* ]]; then
       "two hosts, names resolve (mpirun)" test_multirank.py test_hang_prone.py \
       -k "launcher or ddp or fsdp or (collectives and not algorithm and not split) or hang_prone" "$@"
     # IP only changes how ranks find the rendezvous (and mpirun its hosts): the launcher, exit and
-    # dead-rank tests, and the launch check 20 times; the ops themselves ran by name above
+    # dead-rank tests, and the launch check 10 times; the ops themselves ran by name above
     MPIGPU_TEST_LAUNCHER=two-hosts-ip-only run_suite "$CPU_VENV" \
       "two hosts, IP only (mpirun)" test_multirank.py test_reliability.py test_flight_recorder.py \
       test_hang_prone.py -k "(launcher or uncaught or clean or killed or stalled or p2p_async \
