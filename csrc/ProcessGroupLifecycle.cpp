@@ -24,11 +24,14 @@ int tagFor(const std::string& groupName) {
   return static_cast<int>(std::hash<std::string>{}(groupName) % 32000) + 1;
 }
 
-std::vector<int> resolveWorldRanks(int rank, int size, const std::vector<int64_t>& globalRanks) {
+// The members' ranks in the job communicator (mpi/Env.hpp: MPI_COMM_WORLD, or the program's own
+// communicator the default group was made over), which are torch's global ranks.
+std::vector<int> resolveJobRanks(int rank, int size, const std::vector<int64_t>& globalRanks) {
   const auto& env = mpi::ensureInitialized();
+  const mpi::JobComm job = mpi::jobComm();
   const char* op = "init_process_group";
   if (globalRanks.empty()) {
-    if (env.worldSize == 1 && size > 1) {
+    if (job.size == 1 && size > 1) {
       MPIGPU_THROW_BACKEND(op, rank,
                            "this process is not part of a multi-process MPI job (MPI "
                            "world size 1, store world size ",
@@ -39,11 +42,12 @@ std::vector<int> resolveWorldRanks(int rank, int size, const std::vector<int64_t
                            " python your_script.py` (or srun/"
                            "mpiexec) instead of torchrun or manual RANK/WORLD_SIZE");
     }
-    if (env.worldSize != size || env.worldRank != rank) {
+    if (job.size != size || job.rank != rank) {
       MPIGPU_THROW_BACKEND(op, rank, "the store's rank/world size (", rank, "/", size,
-                           ") disagree with MPI's (", env.worldRank, "/", env.worldSize,
+                           ") disagree with MPI's (", job.rank, "/", job.size,
                            "). Let torch_mpi_gpu set RANK/WORLD_SIZE from the MPI launcher (unset "
-                           "them), or pass rank=MPI rank and world_size=MPI size");
+                           "them), or pass rank=MPI rank and world_size=MPI size; over a "
+                           "communicator of your own, use torch_mpi_gpu.init_process_group(comm=)");
     }
     std::vector<int> all(size);
     std::iota(all.begin(), all.end(), 0);
@@ -53,14 +57,17 @@ std::vector<int> resolveWorldRanks(int rank, int size, const std::vector<int64_t
                      "group of size ", size, " got ", globalRanks.size(), " global ranks");
   std::vector<int> ranks;
   for (int64_t g : globalRanks) {
-    MPIGPU_CHECK_VALUE(g >= 0 && g < env.worldSize, "new_group", rank, "global rank ", g,
-                       " is not in MPI_COMM_WORLD (size ", env.worldSize, ")");
+    MPIGPU_CHECK_VALUE(g >= 0 && g < job.size, "new_group", rank, "global rank ", g,
+                       " is not in the default group (size ", job.size, ")");
     ranks.push_back(static_cast<int>(g));
   }
-  if (ranks[rank] != env.worldRank) {
+  if (ranks[rank] != job.rank) {
     MPIGPU_THROW_BACKEND("new_group", rank, "group rank ", rank, " is global rank ", ranks[rank],
-                         " but this process is MPI rank ", env.worldRank,
-                         "; the default group's ranks must equal MPI_COMM_WORLD ranks");
+                         " but this process is rank ", job.rank,
+                         " of the default group's MPI communicator (MPI_COMM_WORLD rank ",
+                         env.worldRank,
+                         "); the default group's ranks must equal its "
+                         "communicator's ranks");
   }
   return ranks;
 }
@@ -73,7 +80,7 @@ ProcessGroupMPIGPU::ProcessGroupMPIGPU(c10::intrusive_ptr<c10d::Store> store, in
     : Backend(rank, size),
       store_(std::move(store)),
       groupName_(std::move(groupName)),
-      worldRanks_(resolveWorldRanks(rank, size, globalRanks)),
+      globalRanks_(resolveJobRanks(rank, size, globalRanks)),
       config_(Config::fromEnv()),
       timeoutMs_(config_.timeoutSeconds > 0 ? static_cast<int64_t>(config_.timeoutSeconds * 1000)
                                             : timeout.count()) {
@@ -85,7 +92,7 @@ ProcessGroupMPIGPU::ProcessGroupMPIGPU(c10::intrusive_ptr<c10d::Store> store, in
   engine_ = Engine::create("mpigpu-" + groupName_);
   const int hasGpu = at::hasCUDA() ? 1 : 0;
   engine_->runAndWait("new_group", groupName_, rank, [this, hasGpu] {
-    comm_.handle = mpi::createGroupComm(worldRanks_, tagFor(groupName_), rank_);
+    comm_.handle = mpi::createGroupComm(globalRanks_, tagFor(groupName_), rank_);
     int commRank = -1;
     MPI_Comm_rank(comm_.handle, &commRank);
     if (commRank != rank_) {
@@ -108,7 +115,7 @@ ProcessGroupMPIGPU::ProcessGroupMPIGPU(c10::intrusive_ptr<c10d::Store> store, in
     LOG(INFO) << logPrefix() << "created: " << describe();
   }
   if (store_) Watchdog::addGroup({groupName_, rank_, size_, store_, collectives_});
-  flightRecorderId_ = fr::Recorder::get().addGroup(groupName_, worldRanks_);
+  flightRecorderId_ = fr::Recorder::get().addGroup(groupName_, globalRanks_);
 }
 
 ProcessGroupMPIGPU::~ProcessGroupMPIGPU() {
@@ -174,14 +181,14 @@ void ProcessGroupMPIGPU::abort() {
 
 std::string ProcessGroupMPIGPU::logPrefix() const {
   return c10::str("[mpigpu group '", groupName_, "' rank ", rank_, "/", size_, ", world rank ",
-                  worldRanks_[rank_], "] ");
+                  globalRanks_[rank_], "] ");
 }
 
 std::string ProcessGroupMPIGPU::describe() const {
   const auto& env = mpi::ensureInitialized();
   std::ostringstream s;
   s << "group '" << groupName_ << "' rank " << rank_ << "/" << size_ << " (world ranks";
-  for (int r : worldRanks_) s << " " << r;
+  for (int r : globalRanks_) s << " " << r;
   s << "), " << env.libraryVersion << ", " << mpi::threadLevelName(env.threadLevel) << ", timeout "
     << timeout().count() << " ms, max elements per MPI call " << config_.maxElementsPerCall
     << ", fusion up to " << config_.fusionBytes

@@ -64,8 +64,8 @@ std::pair<c10::intrusive_ptr<WorkMPIGPU>, bool> ProcessGroupMPIGPU::newWork(
   bufs->issued();
   const bool p2p = c10d::isP2POp(type);
   const char* title = profilingTitle(type);
-  recordParamComms({&groupName_, &getGroupDesc(), rank_, size_, &worldRanks_, op, seq, p2p, asyncOp,
-                    &inputs, &outputs});
+  recordParamComms({&groupName_, &getGroupDesc(), rank_, size_, &globalRanks_, op, seq, p2p,
+                    asyncOp, &inputs, &outputs});
   fr::Recorder::Op recorded{flightRecorderId_,
                             &getGroupDesc(),
                             p2p ? collectives_->load() : seq,
@@ -80,7 +80,7 @@ std::pair<c10::intrusive_ptr<WorkMPIGPU>, bool> ProcessGroupMPIGPU::newWork(
   auto work = c10::make_intrusive<WorkMPIGPU>(rank_, type, op, seq, std::move(outputs), timeout,
                                               title, std::optional<std::vector<at::Tensor>>(inputs),
                                               std::vector<std::shared_ptr<OpBuffers>>{bufs});
-  work->setContext(groupName_, worldRanks_[rank_]);
+  work->setContext(groupName_, globalRanks_[rank_]);
   work->setFlightRecord(flightRecord);
   if (config_.debug) {
     LOG(INFO) << logPrefix() << op << ": " << (p2p ? "p2p op #" : "collective #") << seq

@@ -146,7 +146,7 @@ class ProcessGroupMPIGPU : public c10d::Backend {
 
   c10::intrusive_ptr<c10d::Store> store_;
   const std::string groupName_;
-  const std::vector<int> worldRanks_;
+  const std::vector<int> globalRanks_;
   size_t flightRecorderId_ = 0;  // the group's id in flight-recorder dumps
   Config config_;
   // Read by callers' threads while setTimeout may write it.

@@ -1,6 +1,6 @@
 // The one table of TORCH_MPIGPU_* settings: name, default, when it is read, meaning. Config.cpp
 // parses through it (so a default lives only here); Python reads it through _C.settings()
-// (torch_mpi_gpu/config.py, `info`), and the README's settings table is generated from it
+// (torch_mpi_gpu/config.py, `info`), and the settings table in docs/settings.md is generated from it
 // (`python -m torch_mpi_gpu.config --markdown`; a test checks they agree).
 #pragma once
 
@@ -15,7 +15,7 @@ enum class ReadAt { GroupCreation, FirstOp, Import, Rendezvous, UncaughtExceptio
 struct SettingSpec {
   const char* name;
   const char* defaultValue;  // what the parser sees when the variable is unset; "" = no value
-  const char* shownDefault;  // how the README shows the default when it is not just the value
+  const char* shownDefault;  // how docs/settings.md shows the default when it is not just the value
   ReadAt readAt;
   const char* meaning;  // Markdown, one line
 };

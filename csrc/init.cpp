@@ -78,34 +78,75 @@ void bindMpi(py::module_& m) {
         return d;
       },
       "Initialises MPI if needed and describes it.");
+}
+
+// A program's communicator, as Python hands it: None is MPI_COMM_WORLD, else a Fortran handle.
+MPI_Comm commArg(const py::object& handle, const char* op) {
+  if (handle.is_none()) return MPI_COMM_WORLD;
+  return mpigpu::mpi::userComm(handle.cast<int64_t>(), op);
+}
+
+// Rendezvous through MPI, over MPI_COMM_WORLD or a program's own communicator (comm=None:
+// MPI_COMM_WORLD, else its Fortran handle), and the job communicator's choice.
+void bindRendezvous(py::module_& m) {
   m.def(
       "bootstrap_address",
-      [](const std::string& host, int port) {
+      [](const std::string& host, int port, const py::object& comm) {
+        const MPI_Comm c = commArg(comm, "init_process_group");
         mpigpu::mpi::Bootstrap b;
         {
           py::gil_scoped_release noGil;
-          b = mpigpu::mpi::bootstrapAddress(host, port);
+          b = mpigpu::mpi::bootstrapAddress(host, port, c);
         }
-        return py::make_tuple(b.host, b.port, b.singleHost, b.worldRank, b.worldSize, b.localRank,
+        return py::make_tuple(b.host, b.port, b.singleHost, b.rank, b.size, b.localRank,
                               b.localSize);
       },
-      "Collective over MPI_COMM_WORLD: rank 0's (host, port) to every rank, whether all share a "
-      "host, this process's world rank and size, and its rank and count among the ranks on its "
-      "host (from the gathered host names).");
+      py::arg("host"), py::arg("port"), py::arg("comm") = py::none(),
+      "Collective over comm: rank 0's (host, port) to every rank, whether all share a host, this "
+      "process's rank and size in comm, and its rank and count among the ranks on its host (from "
+      "the gathered host names).");
   m.def(
-      "world_allgather",
-      [](const py::bytes& mine) {
+      "allgather_bytes",
+      [](const py::bytes& mine, const py::object& comm) {
+        const MPI_Comm c = commArg(comm, "init_process_group");
         std::vector<std::string> all;
         {
           std::string copy = mine;
           py::gil_scoped_release noGil;
-          all = mpigpu::mpi::worldAllgather(copy);
+          all = mpigpu::mpi::allgatherStrings(copy, c);
         }
         py::list out;
         for (const auto& s : all) out.append(py::bytes(s));
         return out;
       },
-      "Collective over MPI_COMM_WORLD: every rank's bytes, in world-rank order.");
+      py::arg("mine"), py::arg("comm") = py::none(),
+      "Collective over comm: every rank's bytes, in rank order.");
+  m.def(
+      "comm_rank_size",
+      [](const py::object& comm, const std::string& op) {
+        int rank = 0, size = 1;
+        const MPI_Comm c = commArg(comm, op.c_str());
+        MPI_Comm_rank(c, &rank);
+        MPI_Comm_size(c, &size);
+        return py::make_tuple(rank, size);
+      },
+      "(rank, size) in comm; ValueError naming op for MPI_COMM_NULL or an intercommunicator.");
+  m.def(
+      "use_job_comm",
+      [](const py::object& comm) {
+        const MPI_Comm c = commArg(comm, "init_process_group");
+        py::gil_scoped_release noGil;
+        mpigpu::mpi::useJobComm(c);
+      },
+      py::arg("comm") = py::none(),
+      "Collective over comm: a duplicate of it (MPI_COMM_WORLD for None) becomes the communicator "
+      "whose ranks are torch's global ranks. Called as the default group is made.");
+  m.def(
+      "job_ranks_of",
+      [](const py::object& comm) {
+        return mpigpu::mpi::jobRanksOf(commArg(comm, "new_group"), "new_group");
+      },
+      "The default group's ranks of comm's members, in comm's rank order.");
 }
 
 // The process's end: stop engines, finalise or abort MPI.
@@ -276,6 +317,7 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   bindProcessGroup(m);
   bindSettings(m);
   bindMpi(m);
+  bindRendezvous(m);
   bindLifecycle(m);
   bindPaths(m);
   bindAlgorithms(m);

@@ -2,11 +2,12 @@
 references computed independently on each rank (see tests/mp/)."""
 
 import os
+import re
 
 import pytest
 import torch
 
-from conftest import LAUNCHER, SERIALIZED, mpirun_path, is_hydra, passed_counts, require_library, run_mpi
+from conftest import LAUNCHER, ROOT, SERIALIZED, mpirun_path, is_hydra, passed_counts, require_library, run_mpi
 
 RANKS = [1, 2, 3, 4]
 
@@ -189,6 +190,30 @@ def test_mpi_error_inside_a_collective_names_the_op_and_group():
     # MPI_ERR_TRUNCATE inside MPI_Alltoallv on rank 1: before, the error named the op and rank
     # but not which collective of which group
     assert passed_counts(run_mpi("mpi_error.py", 2), 2) >= 1
+
+
+COMM_GROUPS = {"two ensembles by Split, interleaved", "errors",
+               "a communicator in reverse rank order, and a subgroup from it"}
+
+
+@pytest.mark.parametrize("np", [3, 4])
+def test_groups_over_a_programs_communicator(np):
+    # torch_mpi_gpu.init_process_group(comm=) / new_group(comm=) against what mpi4py says
+    assert passed_counts(run_mpi("comm_groups.py", np), np, COMM_GROUPS) == 20
+
+
+def test_ensembles_example_trains_each_member_like_one_process():
+    # examples/ensembles.py: 2 members x 2 ranks, each its own default group and DDP model,
+    # each equal to its own single-process reference; the members' models differ
+    out = run_mpi(str(ROOT / "examples" / "ensembles.py"), 4)
+    firsts = []
+    for m in (0, 1):
+        line = re.search(rf"member {m} \(world ranks \[{m}, {m + 2}\]\): 20 DDP steps on 2 ranks, "
+                         r"parameters equal to its single-process reference .*first weight (\S+)",
+                         out)
+        assert line, out[-3000:]
+        firsts.append(float(line.group(1)))
+    assert firsts[0] != firsts[1], out[-3000:]
 
 
 @pytest.mark.parametrize("np", [1, 2, 3, 4])

@@ -2,6 +2,7 @@
 
     import torch_mpi_gpu                       # registers "mpigpu"
     dist.init_process_group("mpigpu")          # under mpirun / mpiexec / srun
+    torch_mpi_gpu.init_process_group(comm=c)   # or over a communicator of your own (mpi4py)
 """
 
 import atexit
@@ -15,13 +16,15 @@ from pathlib import Path
 import torch
 import torch.distributed as dist
 
-from . import _C, config, flight_recorder  # noqa: F401  (torch_mpi_gpu.flight_recorder.dump())
+from . import _C, config, flight_recorder, groups  # noqa: F401  (flight_recorder.dump())
+from .groups import init_process_group, new_group
 from .launcher import (choose_mpi_yield, detect_launcher, install_env_rendezvous_hook,
                        select_cuda_device, setup_env)
 
 __version__ = "0.1.0"
 BACKEND_NAME = "mpigpu"
-__all__ = ["BACKEND_NAME", "build_info", "detect_launcher", "info", "setup_env", "ProcessGroupMPIGPU"]
+__all__ = ["BACKEND_NAME", "build_info", "detect_launcher", "info", "init_process_group",
+           "new_group", "setup_env", "ProcessGroupMPIGPU"]
 
 ProcessGroupMPIGPU = _C.ProcessGroupMPIGPU
 
@@ -31,6 +34,8 @@ def _create_backend(dist_backend_opts, pg_options):
     timeout = dist_backend_opts.timeout
     seconds = timeout.total_seconds() if hasattr(timeout, "total_seconds") else float(timeout)
     select_cuda_device()  # before MPI_Init, if this is where MPI starts
+    if not dist.is_initialized():  # the default group: its ranks are those of its communicator
+        _C.use_job_comm(groups.default_group_comm())
     return _C.ProcessGroupMPIGPU(
         dist_backend_opts.store,
         dist_backend_opts.group_rank,

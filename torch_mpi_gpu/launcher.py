@@ -304,7 +304,7 @@ def setup_env(force=False):
     host, port, single_host, rank, size, host_rank, host_size = _C.bootstrap_address(
         socket.gethostname(), port)
     check_world_size(found, size)
-    host = "127.0.0.1" if single_host else agree_master_addr(rank, _C.world_allgather)
+    host = "127.0.0.1" if single_host else agree_master_addr(rank, _C.allgather_bytes)
     values = {"RANK": str(rank), "WORLD_SIZE": str(size), "MASTER_ADDR": host,
               "MASTER_PORT": str(port)}
     # the launcher's local rank, else the rank's place among the ranks on its host

@@ -10,6 +10,7 @@
 #include "Errors.hpp"
 #include "KeepUntilExit.hpp"
 #include "mpi/Check.hpp"
+#include "mpi/Env.hpp"
 
 namespace mpigpu::mpi {
 namespace {
@@ -61,15 +62,16 @@ bool overlaps(const at::Tensor& a, const at::Tensor& b) {
 
 uint64_t callCount() { return g_calls.load(std::memory_order_relaxed); }
 
-MPI_Comm createGroupComm(const std::vector<int>& worldRanks, int tag, int rankForErrors) {
+MPI_Comm createGroupComm(const std::vector<int>& jobRanks, int tag, int rankForErrors) {
   const char* op = "new_group";
   MPI_Group world = MPI_GROUP_NULL, group = MPI_GROUP_NULL;
   MPI_Comm comm = MPI_COMM_NULL;
-  MPIGPU_MPI_CHECK(MPI_Comm_group(MPI_COMM_WORLD, &world), op, rankForErrors);
+  const MPI_Comm job = jobComm().comm;
+  MPIGPU_MPI_CHECK(MPI_Comm_group(job, &world), op, rankForErrors);
   MPIGPU_MPI_CHECK(
-      MPI_Group_incl(world, static_cast<int>(worldRanks.size()), worldRanks.data(), &group), op,
+      MPI_Group_incl(world, static_cast<int>(jobRanks.size()), jobRanks.data(), &group), op,
       rankForErrors);
-  int rc = MPI_Comm_create_group(MPI_COMM_WORLD, group, tag, &comm);
+  int rc = MPI_Comm_create_group(job, group, tag, &comm);
   MPI_Group_free(&group);
   MPI_Group_free(&world);
   MPIGPU_MPI_CHECK(rc, op, rankForErrors);

@@ -22,9 +22,10 @@ struct Comm {
   int64_t maxCount = 2147483647;  // elements per MPI call
 };
 
-// Members-only creation (MPI_Group_incl + MPI_Comm_create_group on MPI_COMM_WORLD): the c10d
-// creator runs on member ranks only, so nothing here may involve non-members.
-MPI_Comm createGroupComm(const std::vector<int>& worldRanks, int tag, int rankForErrors);
+// Members-only creation (MPI_Group_incl + MPI_Comm_create_group on the job communicator,
+// mpi/Env.hpp): the c10d creator runs on member ranks only, so nothing here may involve
+// non-members. `jobRanks` are torch's global ranks.
+MPI_Comm createGroupComm(const std::vector<int>& jobRanks, int tag, int rankForErrors);
 void freeComm(MPI_Comm* comm);
 
 // Number of MPI communication calls made by this process (tests count them to prove fusion).

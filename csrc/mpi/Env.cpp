@@ -134,51 +134,129 @@ std::string threadLevelName(int level) {
 
 bool needsSerializedAccess() { return ensureInitialized().threadLevel < MPI_THREAD_MULTIPLE; }
 
-Bootstrap bootstrapAddress(const std::string& myHost, int myPort) {
+namespace {
+std::mutex g_jobMutex;
+MPI_Comm g_jobComm = MPI_COMM_WORLD;
+}  // namespace
+
+JobComm jobComm() {
+  ensureInitialized();
+  JobComm j;
+  {
+    std::lock_guard<std::mutex> lock(g_jobMutex);
+    j.comm = g_jobComm;
+  }
+  MPI_Comm_rank(j.comm, &j.rank);
+  MPI_Comm_size(j.comm, &j.size);
+  return j;
+}
+
+void useJobComm(MPI_Comm comm) {
+  const auto& env = ensureInitialized();
+  MPI_Comm next = MPI_COMM_WORLD;
+  if (comm != MPI_COMM_NULL && comm != MPI_COMM_WORLD) {
+    MPIGPU_MPI_CHECK(MPI_Comm_dup(comm, &next), "init_process_group", env.worldRank);
+    MPIGPU_MPI_CHECK(MPI_Comm_set_errhandler(next, MPI_ERRORS_RETURN), "init_process_group",
+                     env.worldRank);
+  }
+  std::lock_guard<std::mutex> lock(g_jobMutex);
+  g_jobComm = next;
+}
+
+MPI_Comm userComm(int64_t fortranHandle, const char* op) {
+  const auto& env = ensureInitialized();
+  MPI_Comm comm = MPI_Comm_f2c(static_cast<MPI_Fint>(fortranHandle));
+  if (comm == MPI_COMM_NULL) {
+    C10_THROW_ERROR(ValueError,
+                    c10::str("mpigpu ", op, " [world rank ", env.worldRank,
+                             "]: comm is MPI_COMM_NULL: this rank is not a member of the "
+                             "communicator (e.g. it passed MPI_UNDEFINED to MPI_Comm_split). Call ",
+                             op, " only on the communicator's members."));
+  }
+  int inter = 0;
+  MPIGPU_MPI_CHECK(MPI_Comm_test_inter(comm, &inter), op, env.worldRank);
+  if (inter) {
+    C10_THROW_ERROR(ValueError,
+                    c10::str("mpigpu ", op, " [world rank ", env.worldRank,
+                             "]: comm is an intercommunicator; a process group needs an "
+                             "intracommunicator (MPI_Intercomm_merge makes one of it)."));
+  }
+  return comm;
+}
+
+std::vector<int> jobRanksOf(MPI_Comm comm, const char* op) {
+  const auto& env = ensureInitialized();
+  const JobComm job = jobComm();
+  MPI_Group mine = MPI_GROUP_NULL, jobGroup = MPI_GROUP_NULL;
+  int size = 0;
+  MPI_Comm_size(comm, &size);
+  std::vector<int> ranks(size), translated(size, MPI_UNDEFINED);
+  for (int r = 0; r < size; ++r) ranks[r] = r;
+  MPIGPU_MPI_CHECK(MPI_Comm_group(comm, &mine), op, env.worldRank);
+  MPIGPU_MPI_CHECK(MPI_Comm_group(job.comm, &jobGroup), op, env.worldRank);
+  int rc = MPI_Group_translate_ranks(mine, size, ranks.data(), jobGroup, translated.data());
+  MPI_Group_free(&mine);
+  MPI_Group_free(&jobGroup);
+  MPIGPU_MPI_CHECK(rc, op, env.worldRank);
+  for (int r = 0; r < size; ++r) {
+    if (translated[r] == MPI_UNDEFINED) {
+      C10_THROW_ERROR(ValueError,
+                      c10::str("mpigpu ", op, " [world rank ", env.worldRank, "]: rank ", r,
+                               " of comm is not in the default process group (", job.size,
+                               " ranks); a group's communicator must be made from the default "
+                               "group's, e.g. by splitting it."));
+    }
+  }
+  return translated;
+}
+
+Bootstrap bootstrapAddress(const std::string& myHost, int myPort, MPI_Comm comm) {
   const auto& env = ensureInitialized();
   constexpr int kHostLen = 256;
   const char* op = "bootstrap";
-  std::vector<char> all(static_cast<size_t>(kHostLen) * env.worldSize, 0);
+  Bootstrap b;
+  MPI_Comm_rank(comm, &b.rank);
+  MPI_Comm_size(comm, &b.size);
+  std::vector<char> all(static_cast<size_t>(kHostLen) * b.size, 0);
   std::vector<char> mine(kHostLen, 0);
   std::strncpy(mine.data(), myHost.c_str(), kHostLen - 1);
-  MPIGPU_MPI_CHECK(MPI_Allgather(mine.data(), kHostLen, MPI_CHAR, all.data(), kHostLen, MPI_CHAR,
-                                 MPI_COMM_WORLD),
-                   op, env.worldRank);
+  MPIGPU_MPI_CHECK(
+      MPI_Allgather(mine.data(), kHostLen, MPI_CHAR, all.data(), kHostLen, MPI_CHAR, comm), op,
+      env.worldRank);
   int port = myPort;
-  MPIGPU_MPI_CHECK(MPI_Bcast(&port, 1, MPI_INT, 0, MPI_COMM_WORLD), op, env.worldRank);
-  Bootstrap b;
+  MPIGPU_MPI_CHECK(MPI_Bcast(&port, 1, MPI_INT, 0, comm), op, env.worldRank);
   b.host = std::string(all.data());
   b.port = port;
-  b.worldRank = env.worldRank;
-  b.worldSize = env.worldSize;
   auto host = [&](int r) { return all.data() + static_cast<size_t>(r) * kHostLen; };
   b.localRank = 0;
   b.localSize = 0;
-  for (int r = 0; r < env.worldSize; ++r) {
+  for (int r = 0; r < b.size; ++r) {
     if (std::strncmp(host(0), host(r), kHostLen) != 0) b.singleHost = false;
-    if (std::strncmp(host(env.worldRank), host(r), kHostLen) == 0) {
+    if (std::strncmp(host(b.rank), host(r), kHostLen) == 0) {
       ++b.localSize;
-      if (r < env.worldRank) ++b.localRank;
+      if (r < b.rank) ++b.localRank;
     }
   }
   return b;
 }
 
-std::vector<std::string> worldAllgather(const std::string& mine) {
+std::vector<std::string> allgatherStrings(const std::string& mine, MPI_Comm comm) {
   const auto& env = ensureInitialized();
-  const char* op = "world_allgather";
+  const char* op = "allgather_strings";
+  int size = 1;
+  MPI_Comm_size(comm, &size);
   int myLength = static_cast<int>(mine.size());
-  std::vector<int> lengths(env.worldSize), offsets(env.worldSize, 0);
-  MPIGPU_MPI_CHECK(MPI_Allgather(&myLength, 1, MPI_INT, lengths.data(), 1, MPI_INT, MPI_COMM_WORLD),
-                   op, env.worldRank);
-  for (int r = 1; r < env.worldSize; ++r) offsets[r] = offsets[r - 1] + lengths[r - 1];
+  std::vector<int> lengths(size), offsets(size, 0);
+  MPIGPU_MPI_CHECK(MPI_Allgather(&myLength, 1, MPI_INT, lengths.data(), 1, MPI_INT, comm), op,
+                   env.worldRank);
+  for (int r = 1; r < size; ++r) offsets[r] = offsets[r - 1] + lengths[r - 1];
   std::vector<char> all(static_cast<size_t>(offsets.back() + lengths.back()) + 1);
   MPIGPU_MPI_CHECK(MPI_Allgatherv(mine.data(), myLength, MPI_CHAR, all.data(), lengths.data(),
-                                  offsets.data(), MPI_CHAR, MPI_COMM_WORLD),
+                                  offsets.data(), MPI_CHAR, comm),
                    op, env.worldRank);
   std::vector<std::string> out;
-  out.reserve(env.worldSize);
-  for (int r = 0; r < env.worldSize; ++r) out.emplace_back(all.data() + offsets[r], lengths[r]);
+  out.reserve(size);
+  for (int r = 0; r < size; ++r) out.emplace_back(all.data() + offsets[r], lengths[r]);
   return out;
 }
 

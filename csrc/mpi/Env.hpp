@@ -35,21 +35,41 @@ std::string threadLevelName(int level);
 // all process groups then share one engine thread (see engine/Engine.cpp).
 bool needsSerializedAccess();
 
-// Rendezvous help for launchers: rank 0's (host, port) to every rank of MPI_COMM_WORLD, and whether
-// all ranks share one host. Runs before any process group exists.
+// The job communicator: torch's global ranks are its ranks. MPI_COMM_WORLD, unless the default
+// group was made over a program's own communicator (torch_mpi_gpu.init_process_group(comm=...)):
+// then a duplicate of that one, so our traffic never matches the program's.
+struct JobComm {
+  MPI_Comm comm = MPI_COMM_WORLD;
+  int rank = 0, size = 1;
+};
+JobComm jobComm();
+// Collective over `comm` (MPI_COMM_WORLD when null): makes a duplicate of it the job
+// communicator. Earlier duplicates stay until MPI_Finalize (freeing is collective over a job that
+// may have ended elsewhere).
+void useJobComm(MPI_Comm comm);
+// A program's communicator from its Fortran handle (MPI_Comm_c2f, mpi4py's py2f(): portable
+// between MPI libraries). MPI_COMM_NULL (this rank is not a member) and intercommunicators are
+// errors naming `op` and this process's MPI_COMM_WORLD rank.
+MPI_Comm userComm(int64_t fortranHandle, const char* op);
+// The ranks, in the job communicator, of `comm`'s members in `comm`'s rank order; an error naming
+// `op` when one of them is outside it.
+std::vector<int> jobRanksOf(MPI_Comm comm, const char* op);
+
+// Rendezvous help: rank 0's (host, port) to every rank of `comm`, and whether all ranks share one
+// host. Runs before any process group exists.
 struct Bootstrap {
   std::string host;
   int port = 0;
   bool singleHost = true;
-  int worldRank = 0, worldSize = 1;
+  int rank = 0, size = 1;  // in `comm`
   // From the gathered host names: this rank's index among the ranks on its host, and their count
   // (a fallback for launchers that do not say).
   int localRank = 0, localSize = 1;
 };
-Bootstrap bootstrapAddress(const std::string& myHost, int myPort);
+Bootstrap bootstrapAddress(const std::string& myHost, int myPort, MPI_Comm comm = MPI_COMM_WORLD);
 
-// Every rank's string, in world-rank order (any length). Collective over MPI_COMM_WORLD; the
+// Every rank's string, in rank order of `comm` (any length). Collective over `comm`; the
 // launcher's address agreement uses it before any process group exists.
-std::vector<std::string> worldAllgather(const std::string& mine);
+std::vector<std::string> allgatherStrings(const std::string& mine, MPI_Comm comm = MPI_COMM_WORLD);
 
 }  // namespace mpigpu::mpi
