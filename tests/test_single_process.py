@@ -209,7 +209,7 @@ def test_timeout_setting_overrides_set_pg_timeout():
     assert rc == 0 and "described: 3000 ms" in out, out  # the user's override wins
 
 
-def test_settings_table_is_the_one_the_code_reads_and_the_readme_shows():
+def test_settings_table_is_the_one_the_code_reads_and_the_docs_show():
     from torch_mpi_gpu import config
 
     # every setting the C++ side or the Python side reads by name is a row of the table
@@ -223,10 +223,10 @@ def test_settings_table_is_the_one_the_code_reads_and_the_readme_shows():
     table = {s.name for s in config.SETTINGS}
     assert read - table == set(), f"read by the code but not in csrc/Settings.cpp: {read - table}"
     assert table - read == set(), f"in csrc/Settings.cpp but read nowhere: {table - read}"
-    # the README's table is the generated one, row for row
-    readme = (ROOT / "README.md").read_text()
-    assert config.markdown_table() in readme, (
-        "README's settings table differs from `python -m torch_mpi_gpu.info --settings-markdown`")
+    # docs/settings.md's table is the generated one, row for row
+    doc = (ROOT / "docs" / "settings.md").read_text()
+    assert config.markdown_table() in doc, (
+        "docs/settings.md's table differs from `python -m torch_mpi_gpu.info --settings-markdown`")
     # the build reads its own defaults (it runs before the extension exists): the same ones
     setup = (ROOT / "setup.py").read_text()
     defaults = {s.name: s.default for s in config.SETTINGS}
@@ -248,6 +248,35 @@ def test_debug_log_goes_through_c10_logging_with_the_group_prefix():
     rc, out = python(code, env={"TORCH_MPIGPU_DEBUG": "1"})
     assert rc == 0 and "collective #1 queued" not in out, out
     assert prefix + "TORCH_MPIGPU_DEBUG=1 logs at INFO level: set TORCH_CPP_LOG_LEVEL=INFO" in out, out
+
+
+def github_anchor(heading):
+    """The anchor GitHub gives a markdown heading."""
+    text = re.sub(r"[^\w\- ]", "", heading.strip().lower())
+    return text.replace(" ", "-")
+
+
+def test_readme_and_docs_links_resolve():
+    # every relative link of README.md and docs/*.md names a file of the repository, and its
+    # #anchor a heading of that file; the README stays short (the rest lives in docs/)
+    pages = [ROOT / "README.md", *sorted((ROOT / "docs").glob("*.md"))]
+    assert len((ROOT / "README.md").read_bytes()) <= 12 * 1024
+    broken = []
+    for page in pages:
+        for target in re.findall(r"\]\(([^)\s]+)\)", page.read_text()):
+            if re.match(r"[a-z]+://", target):
+                continue
+            path, _, anchor = target.partition("#")
+            dest = (page.parent / path).resolve() if path else page
+            if not dest.exists():
+                broken.append(f"{page.relative_to(ROOT)}: {target} (no such file)")
+            elif anchor:
+                headings = re.findall(r"^#+ (.*)$", dest.read_text(), re.M)
+                if anchor not in {github_anchor(h) for h in headings}:
+                    broken.append(f"{page.relative_to(ROOT)}: {target} (no such heading)")
+    assert not broken, "\n".join(broken)
+    linked = set(re.findall(r"\(docs/([\w-]+\.md)", (ROOT / "README.md").read_text()))
+    assert linked == {p.name for p in pages[1:]}, f"docs/ pages the README does not list: {linked}"
 
 
 def test_settings_defaults_parse_and_bad_values_name_the_variable():

@@ -2,7 +2,7 @@
 
 The table itself is C++ (csrc/Settings.cpp), so the code that parses a setting and the text that
 documents it cannot drift apart; this module exposes it to Python (`info`, the launcher) and
-prints the README's table:
+prints docs/settings.md's table:
 
     python -m torch_mpi_gpu.info --settings-markdown
 """

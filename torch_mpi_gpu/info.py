@@ -45,7 +45,7 @@ def collect():
 
 def main(argv=None):
     argv = sys.argv[1:] if argv is None else argv
-    if "--settings-markdown" in argv:  # the README's settings table
+    if "--settings-markdown" in argv:  # docs/settings.md's table
         print(config.markdown_table())
         return 0
     data = collect()
