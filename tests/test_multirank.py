@@ -6,6 +6,7 @@ import re
 
 import pytest
 import torch
+import torch.distributed as dist
 
 from conftest import LAUNCHER, ROOT, SERIALIZED, mpirun_path, is_hydra, passed_counts, require_library, run_mpi
 
@@ -17,7 +18,8 @@ COLLECTIVES = {"reductions: every op x dtype x size", "premul_sum with a tensor 
                "complex tensors", "many tensors in one call, coalescing manager",
                "data movement: every op x dtype x size",
                "coalesced all_gather_into_tensor / reduce_scatter_tensor", "objects and barrier",
-               "non-contiguous tensors, every op"}
+               "non-contiguous tensors, every op"} | (
+    {"all_gather_single / reduce_scatter_single"} if hasattr(dist, "all_gather_single") else set())
 FORCED_ALGORITHM = "the forced algorithm ran"
 
 

@@ -279,6 +279,17 @@ def test_readme_and_docs_links_resolve():
     assert linked == {p.name for p in pages[1:]}, f"docs/ pages the README does not list: {linked}"
 
 
+def test_our_code_calls_torchs_current_collective_names():
+    # torch 2.13 deprecates all_gather_into_tensor / reduce_scatter_tensor for all_gather_single /
+    # reduce_scatter_single: the package, benchmarks and examples call the new names (bench.py
+    # falls back to the old ones on older torch); tests/mp/collectives.py tests both spellings
+    old = re.compile(r"dist\.(all_gather_into_tensor|reduce_scatter_tensor)\(")
+    files = [*(ROOT / "torch_mpi_gpu").glob("*.py"), *(ROOT / "benchmarks").glob("*.py"),
+             *(ROOT / "examples").glob("*.py")]
+    calls = [f"{f.relative_to(ROOT)}: {m.group(0)}" for f in files for m in old.finditer(f.read_text())]
+    assert not calls, calls
+
+
 def test_settings_defaults_parse_and_bad_values_name_the_variable():
     # every default in the table parses (a group is created with all of them), and a bad value
     # is a ValueError naming the variable and the accepted values

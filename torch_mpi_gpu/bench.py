@@ -141,6 +141,11 @@ class Case:
         return int((self.out.to(torch.float64) != self.expected.to(torch.float64)).sum())
 
 
+# torch 2.13's names (the old ones warn there); torch before 2.13 has only the old ones
+ALL_GATHER_SINGLE = getattr(dist, "all_gather_single", None) or dist.all_gather_into_tensor
+REDUCE_SCATTER_SINGLE = getattr(dist, "reduce_scatter_single", None) or dist.reduce_scatter_tensor
+
+
 def torch_call(case, group, red_op):
     op, rank, world = case.op, case.rank, case.world
     if op == "allreduce":
@@ -148,9 +153,9 @@ def torch_call(case, group, red_op):
             case.out.copy_(case.inp)
         return lambda: dist.all_reduce(case.out, op=red_op, group=group)
     if op == "allgather":
-        return lambda: dist.all_gather_into_tensor(case.out, case.inp, group=group)
+        return lambda: ALL_GATHER_SINGLE(case.out, case.inp, group=group)
     if op == "reduce_scatter":
-        return lambda: dist.reduce_scatter_tensor(case.out, case.inp, op=red_op, group=group)
+        return lambda: REDUCE_SCATTER_SINGLE(case.out, case.inp, op=red_op, group=group)
     if op == "broadcast":
         return lambda: dist.broadcast(case.out, src=dist.get_global_rank(group, 0) if group else 0,
                                       group=group)

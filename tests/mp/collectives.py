@@ -265,6 +265,11 @@ def main():
                 reference_reduce(op, big, torch.float32)[mine], torch.float32,
                 bound=reduction_bound(op, big, torch.float32)[mine])
 
+    if NEW_SPELLINGS:
+        c.section(NEW_SPELLINGS)
+        seed += 1
+        new_spellings(c, rank, world, seed)
+
     c.section("objects and barrier")
     objs = [None] * world
     dist.all_gather_object(objs, {"rank": rank, "payload": "x" * rank})
@@ -278,6 +283,34 @@ def main():
         runs = torch_mpi_gpu._C.algorithm_runs()
         c.true(f"TORCH_MPIGPU_ALGO={OUR_ALGO} ran", runs.get(OUR_ALGO, 0) > 0, str(runs))
     return c.finish()
+
+
+# torch 2.13 renamed all_gather_into_tensor / reduce_scatter_tensor (the old names warn); both
+# spellings are tested where torch has the new one (the old one: every section above)
+NEW_SPELLINGS = "all_gather_single / reduce_scatter_single" if hasattr(
+    dist, "all_gather_single") else None
+
+
+def new_spellings(c, rank, world, seed):
+    for dtype in (torch.float32, torch.bfloat16, torch.int64):
+        for n in (0, 1, 7, 1000):
+            seed += 1
+            inputs = [make_input(seed, r, n, dtype) for r in range(world)]
+            out = torch.empty(world * n, dtype=dtype)
+            dist.all_gather_single(out, inputs[rank])
+            c.close(f"all_gather_single {dtype} n={n}", out, torch.cat(inputs))
+            stacked = torch.empty(world, n, dtype=dtype)
+            dist.all_gather_single(stacked, inputs[rank], async_op=True).wait()
+            c.close(f"all_gather_single stacked, async {dtype} n={n}", stacked,
+                    torch.stack(inputs))
+            big = [make_input(seed + 1, r, world * n, dtype) for r in range(world)]
+            mine = slice(rank * n, (rank + 1) * n)
+            for op in ("sum", "avg") if dtype.is_floating_point else ("sum",):
+                out = torch.empty(n, dtype=dtype)
+                dist.reduce_scatter_single(out, big[rank].clone(), op=RED_OPS[op])
+                want, bound = reduced(op, big, dtype)
+                c.close(f"reduce_scatter_single {op} {dtype} n={n}", out, want[mine], dtype,
+                        bound=bound[mine] if bound is not None else None)
 
 
 def noncontiguous_every_op(c, rank, world, seed, n=7):
