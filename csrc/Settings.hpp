@@ -1,6 +1,6 @@
 // The one table of TORCH_MPIGPU_* settings: name, default, when it is read, meaning. Config.cpp
 // parses through it (so a default lives only here); Python reads it through _C.settings()
-// (torch_mpi_gpu/config.py, `info`), and the settings table in docs/settings.md is generated from it
+// (torch_mpi_gpu/config.py, `info`), and docs/settings.md's table is generated from it
 // (`python -m torch_mpi_gpu.config --markdown`; a test checks they agree).
 #pragma once
 
