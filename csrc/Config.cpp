@@ -1,7 +1,6 @@
 #include "Config.hpp"
 
 #include "Settings.hpp"
-#include "algorithms/Algorithms.hpp"
 
 #include <c10/util/Exception.h>
 #include <c10/util/StringUtil.h>

@@ -9,8 +9,9 @@
 
 namespace mpigpu {
 namespace algo {
-enum class Algo : int8_t;  // algorithms/Algorithms.hpp
-}
+// TORCH_MPIGPU_ALGO's values: MPI's own collectives or one of ours (algorithms/Algorithms.hpp).
+enum class Algo : int8_t { Mpi, Ring, Rhd, Allgather };
+}  // namespace algo
 
 // How CUDA tensors meet MPI (TORCH_MPIGPU_CUDA_AWARE=auto|1|0): ask the MPI library, device
 // pointers (CUDA-aware MPI), or staged through pinned host memory.

@@ -192,20 +192,8 @@ std::string ProcessGroupMPIGPU::describe() const {
   s << "), " << env.libraryVersion << ", " << mpi::threadLevelName(env.threadLevel) << ", timeout "
     << timeout().count() << " ms, max elements per MPI call " << config_.maxElementsPerCall
     << ", fusion up to " << config_.fusionBytes
-    << " bytes per MPI call; paths: CPU tensors cpu, CUDA tensors "
-    << paths::pathName(paths_->cudaPath()) << " (" << paths_->cudaPathReason()
-    << "; staging pieces of " << config_.stagingChunkBytes << " bytes), CUDA reductions "
-    << paths::pathName(paths_->cudaReducePath()) << " (" << paths_->cudaReducePathReason()
-    << "), other devices via-cpu; reductions: " << algo::describeChoice(config_, groupHasGpu_);
-  if (paths_->cudaPath() != paths::PathKind::ViaCpu) {
-    s << "; CUDA reductions by our algorithms stay on the GPU, messages "
-      << (paths_->cudaPath() != paths::PathKind::CudaDirect ? "through pinned host memory"
-          : config_.cudaReduce == CudaReduce::Direct        ? "as device pointers"
-          : config_.cudaReduce == CudaReduce::Staged
-              ? "through pinned host memory"
-              : c10::str("as device pointers from ", config_.cudaDirectBytes,
-                         " bytes, through pinned host memory below"));
-  }
+    << " bytes per MPI call; paths: " << paths_->describe()
+    << "; reductions: " << algo::describeChoice(config_, groupHasGpu_);
   return s.str();
 }
 

@@ -40,12 +40,7 @@ std::vector<std::vector<size_t>> ProcessGroupMPIGPU::fusedBuckets(
 void ProcessGroupMPIGPU::withAlgorithm(const OpBuffers& bufs, const char* op, const at::Tensor& buf,
                                        const mpi::Reduction& red,
                                        const std::function<void(algo::Context&)>& fn) const {
-  const int64_t bytes = buf.numel() * static_cast<int64_t>(buf.element_size());
-  // Device messages need a CUDA-aware MPI; below cudaDirectBytes pinned staging is cheaper.
-  const bool staged = paths_->cudaPath() != paths::PathKind::CudaDirect ||
-                      config_.cudaReduce == CudaReduce::Staged ||
-                      (config_.cudaReduce == CudaReduce::Auto && bytes < config_.cudaDirectBytes);
-  auto link = bufs.link(algoComm_, op, staged);
+  auto link = bufs.link(algoComm_, op, buf.numel() * static_cast<int64_t>(buf.element_size()));
   auto reducer = bufs.reducer(red.kind);
   const int64_t piece = std::clamp<int64_t>(
       config_.algoPieceBytes / static_cast<int64_t>(buf.element_size()), 1, algoComm_.maxCount);
@@ -84,7 +79,7 @@ std::pair<c10::intrusive_ptr<WorkMPIGPU>, bool> ProcessGroupMPIGPU::newWork(
   work->setFlightRecord(flightRecord);
   if (config_.debug) {
     LOG(INFO) << logPrefix() << op << ": " << (p2p ? "p2p op #" : "collective #") << seq
-              << " queued (" << paths::pathName(bufs->kind()) << " path)";
+              << " queued (" << bufs->pathName() << " path)";
   }
   std::lock_guard<std::mutex> lock(coalesceMutex_);
   if (coalescing_) coalesced_.push_back(work);
@@ -108,7 +103,7 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupMPIGPU::enqueue(c10d::OpType type, co
   const auto work = built.first;
   const bool coalescing = built.second;
   const int64_t bytes = bufs->bytes();
-  const bool host = bufs->kind() == paths::PathKind::Cpu;
+  const bool host = bufs->onCallerMemory();
   const bool small = bytes <= config_.inlineBytes;
   Watchdog::Op watched{groupName_, op,
                        seq,        rank_,
@@ -176,7 +171,8 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupMPIGPU::allreduce(std::vector<at::Ten
   // The whole op decides whose collectives it uses (its buffers depend on it), each bucket which
   // of our algorithms.
   const bool ours = chooseAlgo(algo::OpKind::Allreduce, tensors) != algo::Algo::Mpi;
-  auto bufs = ours ? paths_->createForAlgorithm(tensors[0].device()) : reduceBuffersFor(tensors[0]);
+  auto bufs = ours ? paths_->create(tensors[0].device(), paths::Use::Algorithm)
+                   : reduceBuffersFor(tensors[0]);
   std::vector<Bucket> buckets;
   for (const auto& idx : fusedBuckets(tensors)) {
     auto red = mpi::resolveReduction(opts.reduceOp, tensors[idx[0]].scalar_type(), op, rank_);
@@ -221,7 +217,8 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupMPIGPU::reduce(std::vector<at::Tensor
   const int root = static_cast<int>(opts.rootRank);
   auto red = mpi::resolveReduction(opts.reduceOp, tensors[0].scalar_type(), op, rank_);
   const bool ours = chooseAlgo(algo::OpKind::Reduce, tensors) != algo::Algo::Mpi;
-  auto bufs = ours ? paths_->createForAlgorithm(tensors[0].device()) : reduceBuffersFor(tensors[0]);
+  auto bufs = ours ? paths_->create(tensors[0].device(), paths::Use::Algorithm)
+                   : reduceBuffersFor(tensors[0]);
   // Only the root's tensor changes.
   const size_t slot = bufs->add(tensors[0], rank_ == root ? Access::ReadWrite : Access::Read,
                                 /*elementwise=*/true);
@@ -256,7 +253,8 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupMPIGPU::reduce_scatter(
   }
   auto red = mpi::resolveReduction(opts.reduceOp, outputs[0].scalar_type(), op, rank_);
   const bool ours = chooseAlgo(algo::OpKind::ReduceScatter, inputs[0]) != algo::Algo::Mpi;
-  auto bufs = ours ? paths_->createForAlgorithm(outputs[0].device()) : reduceBuffersFor(outputs[0]);
+  auto bufs = ours ? paths_->create(outputs[0].device(), paths::Use::Algorithm)
+                   : reduceBuffersFor(outputs[0]);
   const size_t in = bufs->add(inputs[0], Access::Read);
   const size_t out = bufs->add(outputs[0], Access::Write);
   return enqueue(c10d::OpType::REDUCE_SCATTER, op, outputs, inputs[0], opts.timeout, opts.asyncOp,
@@ -298,7 +296,8 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupMPIGPU::reduce_scatter_tensor_coalesc
     mpi::Reduction red;
   };
   const bool ours = chooseAlgo(algo::OpKind::ReduceScatter, inputs) != algo::Algo::Mpi;
-  auto bufs = ours ? paths_->createForAlgorithm(outputs[0].device()) : reduceBuffersFor(outputs[0]);
+  auto bufs = ours ? paths_->create(outputs[0].device(), paths::Use::Algorithm)
+                   : reduceBuffersFor(outputs[0]);
   std::vector<Bucket> buckets;
   for (const auto& idx : fusedBuckets(outputs)) {
     std::vector<at::Tensor> ins;
@@ -642,8 +641,7 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupMPIGPU::enqueueP2P(c10d::OpType type,
   };
   // Host tensors: posted on the calling thread when nothing is ahead of it, and wait() tests
   // for the reply itself, so a send/recv pays no thread hand-off or wake-up on either end.
-  if (bufs->kind() == paths::PathKind::Cpu &&
-      tensor.nbytes() <= static_cast<size_t>(config_.inlineBytes)) {
+  if (bufs->onCallerMemory() && tensor.nbytes() <= static_cast<size_t>(config_.inlineBytes)) {
     work->setProgressDriver(std::weak_ptr<ProgressDriver>(engine));
     if (engine->tryInline(work, post, Engine::Inline::Post)) return work;
   }

@@ -13,10 +13,10 @@
 
 #include "Config.hpp"
 #include "algorithms/Algorithms.hpp"
-#include "WorkMPIGPU.hpp"
+#include "engine/WorkMPIGPU.hpp"
 #include "engine/Engine.hpp"
 #include "mpi/Collectives.hpp"
-#include "paths/OpBuffers.hpp"
+#include "paths/Devices.hpp"
 
 namespace mpigpu {
 
@@ -117,7 +117,7 @@ class ProcessGroupMPIGPU : public c10d::Backend {
     return paths_->create(t.device());
   }
   std::shared_ptr<paths::OpBuffers> reduceBuffersFor(const at::Tensor& t) {
-    return paths_->create(t.device(), /*reduces=*/true);
+    return paths_->create(t.device(), paths::Use::Reduce);
   }
   // One Work per op, collectives and point-to-point alike; recorded when a coalescing block is
   // open (the second value says whether one is).

@@ -17,11 +17,8 @@
 #include "mpi/Collectives.hpp"
 #include "mpi/Env.hpp"
 #include "mpi/Types.hpp"
-#include "paths/OpBuffers.hpp"
+#include "paths/Devices.hpp"
 #include "algorithms/Algorithms.hpp"
-#if MPIGPU_WITH_CUDA
-#include "cuda/ReduceKernels.hpp"
-#endif
 
 namespace py = pybind11;
 using mpigpu::ProcessGroupMPIGPU;
@@ -212,38 +209,49 @@ c10d::ReduceOp::RedOpType reduceOpKind(const std::string& opName) {
 void reduceStep(const at::Tensor& dst, const at::Tensor& a, const at::Tensor& b,
                 const std::string& opName, double scale) {
   const auto kind = reduceOpKind(opName);
-  py::gil_scoped_release noGil;
-#if MPIGPU_WITH_CUDA
-  if (dst.is_cuda()) {
-    mpigpu::cuda::combine(dst, a, b, kind, scale);
-    return;
+  if (!dst.is_cpu() &&
+      mpigpu::paths::describePath(dst.device().type(), mpigpu::paths::Use::Algorithm,
+                                  mpigpu::Config::fromEnv())
+              .name == "via-cpu") {
+    throw py::type_error(
+        "reduce_step: tensors of a device with a reducer of its own (cpu, cuda in "
+        "a CUDA build); others are reduced on the host after via-cpu");
   }
-#endif
-  if (!dst.is_cpu()) throw py::type_error("reduce_step: CPU tensors (or CUDA in a CUDA build)");
-  mpigpu::algo::makeHostReducer(kind)->combine(dst, a, b, scale);
+  py::gil_scoped_release noGil;
+  mpigpu::paths::makeReducer(dst.device().type(), kind)->combine(dst, a, b, scale);
 }
 
-// Which data path CUDA tensors and reductions take here, and why.
+// Which data path tensors of a device type take here for each use, and why.
 void bindPaths(py::module_& m) {
   m.def("with_cuda", [] { return MPIGPU_WITH_CUDA != 0; });
   m.def(
-      "cuda_path",
-      [] {
-        auto [kind, reason] = mpigpu::paths::chooseCudaPath(mpigpu::Config::fromEnv());
-        return py::make_tuple(mpigpu::paths::pathName(kind), reason);
+      "device_path",
+      [](const std::string& deviceType, const std::string& use) {
+        using mpigpu::paths::Use;
+        const std::map<std::string, Use> uses{
+            {"move", Use::Move}, {"reduce", Use::Reduce}, {"algorithm", Use::Algorithm}};
+        auto it = uses.find(use);
+        if (it == uses.end()) throw py::value_error("use: move, reduce or algorithm, not " + use);
+        const auto choice = mpigpu::paths::describePath(c10::Device(deviceType).type(), it->second,
+                                                        mpigpu::Config::fromEnv());
+        return py::make_tuple(choice.name, choice.reason);
       },
-      "The path CUDA tensors take with this build, MPI and TORCH_MPIGPU_CUDA_AWARE, and why "
-      "(initialises MPI if needed).");
-  m.def(
-      "cuda_reduce_path",
-      [] {
-        const auto config = mpigpu::Config::fromEnv();
-        auto [kind, reason] = mpigpu::paths::chooseCudaReducePath(
-            config, mpigpu::paths::chooseCudaPath(config).first);
-        return py::make_tuple(mpigpu::paths::pathName(kind), reason);
-      },
-      "The path reductions (all_reduce, reduce, reduce_scatter) on CUDA tensors take, and why "
-      "(TORCH_MPIGPU_CUDA_REDUCE).");
+      py::arg("device_type"), py::arg("use") = "move",
+      "(path, why) for tensors of device_type (cpu, cuda, xpu, a PrivateUse1 name) doing `use`: "
+      "move (data movement, p2p), reduce (MPI's own reductions), algorithm (ours). Initialises "
+      "MPI if a device's choice depends on it.");
+  for (const auto& [name, use] : {std::pair{"cuda_path", mpigpu::paths::Use::Move},
+                                  std::pair{"cuda_reduce_path", mpigpu::paths::Use::Reduce}}) {
+    m.def(
+        name,
+        [use = use] {
+          const auto c =
+              mpigpu::paths::describePath(c10::DeviceType::CUDA, use, mpigpu::Config::fromEnv());
+          return py::make_tuple(c.name, c.reason);
+        },
+        "device_path('cuda', 'move' / 'reduce'): the path CUDA tensors (reductions) take with "
+        "this build, MPI and TORCH_MPIGPU_CUDA_AWARE / _CUDA_REDUCE, and why.");
+  }
 }
 
 // Unit-test hooks and counters of the algorithms and fusion layers.

@@ -68,7 +68,8 @@ if [[ " $builds " == *" mpich "* ]]; then
   # launcher takes other flags (tests/conftest.py picks them).
   setup_mpich
   run_suite "$MPICH_VENV" "MPICH build (Hydra mpiexec)" test_multirank.py test_reliability.py \
-    test_flight_recorder.py test_hang_prone.py -k "not soak and not count_above and (not test_reliability or uncaught or async or clean or shared_mpi_thread)" "$@"
+    test_flight_recorder.py test_hang_prone.py -k "not soak and not count_above and not device_of_its_own \
+and (not test_reliability or uncaught or async or clean or shared_mpi_thread)" "$@"
 fi
 if [[ " $builds " == *" slurm "* ]]; then
   if why=$("$ROOT/scripts/slurm_cluster.sh" up 2>&1); then
@@ -124,9 +125,11 @@ if [[ " $builds " == *" cuda "* ]]; then
   else
     # No GPU: the host paths are the CPU leg's code, run there in full. Here what the CUDA build
     # changes: the single-process tests (CUDA path choice, settings, hooks), the GPU tests
-    # (which must skip cleanly) and the core collectives at 1-4 ranks.
+    # (which must skip cleanly), the core collectives at 1-4 ranks, and the tests' own device
+    # beside CUDA's registered paths.
     run_suite "$ROOT/.venv-cuda" "CUDA build, no GPU: what the build changes" \
       test_single_process.py test_gpu.py test_multirank.py \
-      -k "test_single_process or test_gpu or (collectives and not algorithm and not split and not shared)" "$@"
+      -k "test_single_process or test_gpu or (collectives and not algorithm and not split and not shared) \
+or device_of_its_own" "$@"
   fi
 fi

@@ -218,3 +218,18 @@ def passed_counts(output, np, behaviours=None):
             problems.append(f"rank {rank}: {failed} checks failed in all")
     assert not problems, "\n".join(problems) + f"\n--- output tail ---\n{tail}"
     return min(p for p, _ in summaries.values())
+
+
+@pytest.fixture(scope="session")
+def own_device_env():
+    """The tests' own device (tests/mp/own_device.py: PrivateUse1 named owndev), built once
+    per session for this torch; the environment a launch needs to load it in every rank."""
+    sys.path.insert(0, str(MP_DIR))
+    try:
+        import own_device
+    finally:
+        sys.path.pop(0)
+    import torch
+    lib = own_device.build(ROOT / "build" / f"own_device-torch{torch.__version__}")
+    return {"MPIGPU_OWN_DEVICE_LIB": lib}
+

@@ -192,6 +192,15 @@ def test_mixed_cuda_and_cpu_ranks(np):
     assert passed_counts(out, np, fusion_behaviours(np)) >= 20
 
 
+def test_own_device_cuda_and_cpu_ranks_in_one_collective(own_device_env):
+    # ranks 0, 1, 2 on the tests' own device (via-cpu), CUDA and CPU, in the same collectives;
+    # the CUDA rank then sits in a group with a GPU beside a rank of another accelerator
+    out = run_mpi("collectives.py", 3, env={"MPIGPU_TEST_DEVICE": "own-cuda-cpu", **own_device_env})
+    assert passed_counts(out, 3, COLLECTIVES) > 1500
+    for rank, where in enumerate(("owndev:0", "cuda:", "cpu")):
+        assert f"[rank {rank}/3] collectives(np=3, device={where}" in out, out[-3000:]
+
+
 @pytest.mark.parametrize("path", ["direct", "staged", "hybrid"])
 def test_ddp_cuda(path):
     out = run_mpi("ddp.py", 2, env={"MPIGPU_TEST_DEVICE": "cuda", **path_env(path)})

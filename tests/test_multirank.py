@@ -81,6 +81,21 @@ def test_collectives(np):
     assert passed_counts(run_mpi("collectives.py", np), np, COLLECTIVES) > 1500
 
 
+@pytest.mark.parametrize("np, device", [(2, "own"), (3, "own-mixed")])
+def test_a_device_of_its_own_every_collective(np, device, own_device_env):
+    # The via-cpu path with a real device that is neither CPU nor CUDA (tests/mp/own_device.py,
+    # on torch's PrivateUse1): alone, and own-device ranks beside CPU ranks in one collective
+    out = run_mpi("collectives.py", np, env={"MPIGPU_TEST_DEVICE": device, **own_device_env})
+    assert passed_counts(out, np, COLLECTIVES) > 1500
+    on_own = [r for r in range(np) if device == "own" or r % 2 == 0]
+    for rank in range(np):
+        where = "owndev:0" if rank in on_own else "cpu"
+        assert f"[rank {rank}/{np}] collectives(np={np}, device={where}," in out, out[-3000:]
+    if device == "own-mixed":  # and point-to-point, groups, threads, DeviceMesh between them
+        out = run_mpi("p2p_groups.py", np, env={"MPIGPU_TEST_DEVICE": device, **own_device_env})
+        assert passed_counts(out, np, p2p_groups_behaviours(np)) >= 40
+
+
 def test_collectives_split_into_small_mpi_calls():
     # Every message above 5 elements is split: exercises the >2^31 element code paths cheaply.
     out = run_mpi("collectives.py", 3, env={"TORCH_MPIGPU_MAX_ELEMENTS_PER_CALL": "5"})

@@ -24,7 +24,7 @@ from .launcher import (choose_mpi_yield, detect_launcher, install_env_rendezvous
 __version__ = "0.1.0"
 BACKEND_NAME = "mpigpu"
 __all__ = ["BACKEND_NAME", "build_info", "detect_launcher", "info", "init_process_group",
-           "new_group", "setup_env", "ProcessGroupMPIGPU"]
+           "new_group", "serve_device", "setup_env", "ProcessGroupMPIGPU"]
 
 ProcessGroupMPIGPU = _C.ProcessGroupMPIGPU
 
@@ -47,9 +47,12 @@ def _create_backend(dist_backend_opts, pg_options):
 
 
 def _devices():
-    """Device types mpigpu serves: cpu, cuda, and xpu in torch builds that have it (XPU tensors
-    take the via-cpu path)."""
+    """Device types mpigpu serves: cpu, cuda, a PrivateUse1 device named before this import, and
+    xpu in torch builds that have it (those take the via-cpu path); serve_device() adds more."""
     devices = ["cpu", "cuda"]
+    privateuse1 = torch._C._get_privateuse1_backend_name()
+    if privateuse1 != "privateuseone":  # a PrivateUse1 device already named (imported first)
+        devices.append(privateuse1)
     xpu = getattr(torch, "xpu", None)
     try:
         if xpu is not None and xpu._is_compiled():
@@ -57,6 +60,17 @@ def _devices():
     except (AttributeError, RuntimeError):
         pass
     return devices
+
+
+def serve_device(device_type):
+    """Have mpigpu carry tensors of `device_type` too: a torch device type name such as "xpu", or
+    the name of a PrivateUse1 backend (torch.utils.rename_privateuse1_backend). Its tensors take
+    the via-cpu path (copied to host memory on the calling thread, and back before the Work
+    completes). Call it before init_process_group / new_group: torch fixes a group's devices when
+    it creates the group."""
+    devices = dist.Backend.backend_capability[BACKEND_NAME]
+    if device_type not in devices:
+        devices.append(device_type)
 
 
 def _register():

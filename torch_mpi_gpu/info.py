@@ -4,6 +4,7 @@ import json
 import sys
 
 import torch
+import torch.distributed as dist
 
 from . import _C, build_info, config, detect_launcher
 
@@ -35,7 +36,8 @@ def collect():
             "cpu tensors": "cpu: MPI on host memory (non-contiguous tensors are copied)",
             "cuda tensors": _cuda_paths(),
             "cuda reductions": _cuda_paths(_C.cuda_reduce_path),
-            "other devices (xpu, ...)": "via-cpu (host copy)",
+            "other devices (xpu, ...)": "via-cpu (host copy); device types served: "
+                                        + ", ".join(dist.Backend.backend_capability["mpigpu"]),
             "reductions": _C.reduction_rule(),
         },
         "settings": {s.name: (s.value if s.is_set else f"{s.shown_default or s.default} (default)")

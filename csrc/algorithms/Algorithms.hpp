@@ -32,7 +32,7 @@
 
 namespace mpigpu::algo {
 
-enum class Algo : int8_t { Mpi, Ring, Rhd, Allgather };
+// (Algo, the setting's values, is declared with the settings: Config.hpp)
 const char* algoName(Algo a);
 
 enum class OpKind { Allreduce, ReduceScatter, Reduce };

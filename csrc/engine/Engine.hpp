@@ -33,7 +33,7 @@
 #include <thread>
 #include <vector>
 
-#include "WorkMPIGPU.hpp"
+#include "engine/WorkMPIGPU.hpp"
 
 namespace mpigpu {
 

@@ -4,24 +4,7 @@
 
 #include <cstring>
 
-#include "mpi/Env.hpp"
-
-#if MPIGPU_WITH_CUDA
-#include "cuda/CudaPaths.hpp"
-#endif
-
 namespace mpigpu::paths {
-
-const char* pathName(PathKind kind) {
-  switch (kind) {
-    case PathKind::Cpu: return "cpu";
-    case PathKind::CudaDirect: return "cuda-direct";
-    case PathKind::CudaStaged: return "cuda-staged";
-    case PathKind::ViaCpu: return "via-cpu";
-    case PathKind::CudaAlgo: return "cuda-algo";
-  }
-  return "?";
-}
 
 size_t OpBuffers::add(std::vector<at::Tensor> users, Access access, bool elementwise) {
   TORCH_INTERNAL_ASSERT(!users.empty(), "mpigpu: a slot needs at least one tensor");
@@ -86,7 +69,7 @@ void OpBuffers::unpackInto(const at::Tensor& flat, const std::vector<at::Tensor>
 // A host buffer reused by every fused op of one group, so packing many small tensors costs a
 // memcpy into memory that is already mapped, not an allocation and page faults per op. Touched
 // only by the group's engine thread; regions are handed out per op and given back after it.
-struct PathFactory::HostScratch {
+struct HostScratch {
   explicit HostScratch(int64_t keepBytes) : keep(keepBytes) {}
 
   at::Tensor take(int64_t numel, at::ScalarType dtype) {
@@ -146,8 +129,10 @@ void unpackHost(const at::Tensor& flat, const std::vector<at::Tensor>& users) {
 // reused buffer (or used in place when they already lie back to back).
 class HostOpBuffers final : public OpBuffers {
  public:
-  HostOpBuffers(PathKind kind, at::Device device, std::shared_ptr<PathFactory::HostScratch> scratch)
-      : OpBuffers(kind, device), scratch_(std::move(scratch)) {}
+  HostOpBuffers(at::Device device, std::shared_ptr<HostScratch> scratch)
+      : OpBuffers(device.is_cpu() ? "cpu" : "via-cpu", device), scratch_(std::move(scratch)) {}
+
+  bool onCallerMemory() const override { return device_.is_cpu(); }
 
   void stageIn() override {
     scratch_->used = 0;
@@ -214,93 +199,18 @@ class HostOpBuffers final : public OpBuffers {
     if (s.readable()) packHost(s.users, s.mpi);
   }
 
-  std::shared_ptr<PathFactory::HostScratch> scratch_;
+  std::shared_ptr<HostScratch> scratch_;
 };
 
 }  // namespace
 
-std::pair<PathKind, std::string> chooseCudaPath(const Config& config) {
-#if !MPIGPU_WITH_CUDA
-  (void)config;
-  return {PathKind::ViaCpu,
-          "this build has no CUDA sources (rebuild with a CUDA torch, CUDA_HOME "
-          "set and TORCH_MPIGPU_WITH_CUDA=1); CUDA tensors are copied through "
-          "the host synchronously"};
-#else
-  if (config.cudaAware == CudaAware::DevicePointers) {
-    return {PathKind::CudaDirect, "TORCH_MPIGPU_CUDA_AWARE=1: device pointers go to MPI"};
-  }
-  if (config.cudaAware == CudaAware::Staged) {
-    return {PathKind::CudaStaged, "TORCH_MPIGPU_CUDA_AWARE=0: staged through pinned host memory"};
-  }
-  const auto& env = mpi::ensureInitialized();
-  if (env.cudaAwareRunTime == 1) {
-    return {PathKind::CudaDirect,
-            "the MPI library reports CUDA support at run time "
-            "(MPIX_Query_cuda_support / MPIX_GPU_query_support)"};
-  }
-  if (env.cudaAwareRunTime == 0) {
-    return {PathKind::CudaStaged,
-            "the MPI library reports no CUDA support; staged through "
-            "pinned host memory (TORCH_MPIGPU_CUDA_AWARE=1 overrides)"};
-  }
-  return {PathKind::CudaStaged,
-          "the MPI library cannot say whether it is CUDA-aware; staged "
-          "through pinned host memory (set TORCH_MPIGPU_CUDA_AWARE=1 if it "
-          "is)"};
-#endif
+std::shared_ptr<HostScratch> makeHostScratch(int64_t keepBytes) {
+  return std::make_shared<HostScratch>(keepBytes);
 }
 
-std::pair<PathKind, std::string> chooseCudaReducePath(const Config& config, PathKind cudaPath) {
-  if (cudaPath != PathKind::CudaDirect) return {cudaPath, "as the other ops"};
-  if (config.cudaReduce == CudaReduce::Direct) return {cudaPath, "TORCH_MPIGPU_CUDA_REDUCE=direct"};
-  if (config.cudaReduce == CudaReduce::Staged) {
-    return {PathKind::CudaStaged,
-            "TORCH_MPIGPU_CUDA_REDUCE=staged: staged through pinned host memory"};
-  }
-  if (mpi::ensureInitialized().libraryVersion.find("Open MPI") != std::string::npos) {
-    // Open MPI's coll/cuda copies device buffers to the host and reduces there, one blocking
-    // copy after another; our staged pipeline overlaps the copies with MPI (an H100 measured
-    // 4.6 ms against 12.7 ms for a 16 MiB all_reduce, 71 us against 363 us at 32 KiB).
-    return {PathKind::CudaStaged,
-            "Open MPI reduces device buffers on the host without "
-            "overlapping copies; staged through pinned host memory "
-            "(TORCH_MPIGPU_CUDA_REDUCE=direct overrides)"};
-  }
-  return {cudaPath, "device pointers go to MPI, which reduces them itself"};
-}
-
-PathFactory::PathFactory(const Config& config)
-    : config_(config),
-      // Big enough for a full fusion bucket; larger one-off packs get a temporary buffer.
-      hostScratch_(std::make_shared<HostScratch>(std::max<int64_t>(config.fusionBytes, 1 << 20))) {
-  std::tie(cudaPath_, cudaReason_) = chooseCudaPath(config_);
-  std::tie(cudaReducePath_, cudaReduceReason_) = chooseCudaReducePath(config_, cudaPath_);
-#if MPIGPU_WITH_CUDA
-  cudaState_ = cuda::createGroupState();
-#endif
-}
-
-PathFactory::~PathFactory() = default;
-
-std::shared_ptr<OpBuffers> PathFactory::create(const at::Device& device, bool reduces) {
-  if (device.is_cpu()) return std::make_shared<HostOpBuffers>(PathKind::Cpu, device, hostScratch_);
-#if MPIGPU_WITH_CUDA
-  if (device.is_cuda() && cudaPath_ != PathKind::ViaCpu) {
-    return cuda::createOpBuffers(reduces ? cudaReducePath_ : cudaPath_, device, cudaState_,
-                                 config_.stagingChunkBytes);
-  }
-#endif
-  return std::make_shared<HostOpBuffers>(PathKind::ViaCpu, device, hostScratch_);
-}
-
-std::shared_ptr<OpBuffers> PathFactory::createForAlgorithm(const at::Device& device) {
-#if MPIGPU_WITH_CUDA
-  if (device.is_cuda()) {
-    return cuda::createOpBuffers(PathKind::CudaAlgo, device, cudaState_, config_.stagingChunkBytes);
-  }
-#endif
-  return create(device);
+std::shared_ptr<OpBuffers> makeHostOpBuffers(const at::Device& device,
+                                             const std::shared_ptr<HostScratch>& scratch) {
+  return std::make_shared<HostOpBuffers>(device, scratch);
 }
 
 }  // namespace mpigpu::paths

@@ -1,9 +1,10 @@
-// The data paths: how one op's tensors meet MPI, one implementation per kind of device.
+// The data paths: how one op's tensors meet MPI. OpBuffers is one op's buffers; each device
+// type brings its own (paths/Devices.hpp is the seam):
 //
-//   cpu          MPI on host memory; contiguous tensors used in place
-//   cuda-direct  CUDA-aware MPI on device pointers, ordered against the caller's streams
-//   cuda-staged  device -> pinned host -> MPI -> device on a comm stream, pipelined in chunks
-//   via-cpu      any other device (XPU, ...; CUDA when built without CUDA sources): host copies
+//   cpu          MPI on host memory; contiguous tensors used in place (here)
+//   via-cpu      any device type without paths of its own (XPU, a PrivateUse1 device, CUDA in a
+//                build without CUDA sources): host copies (here)
+//   cuda-direct, cuda-staged, cuda-algo   cuda/CudaPaths.cpp
 //
 // An op adds its tensors as slots (a slot is one flat buffer MPI sees; a list of tensors becomes
 // one slot packed back to back), then runs on the engine thread:
@@ -25,33 +26,27 @@
 #include <string>
 #include <vector>
 
-#include "Config.hpp"
 #include "algorithms/Link.hpp"
 #include "algorithms/Reducer.hpp"
 
-namespace mpigpu::cuda {
-struct GroupStreams;  // cuda/CudaPaths.cpp: a group's comm stream per device
-}  // namespace mpigpu::cuda
-
 namespace mpigpu::paths {
-
-// CudaAlgo: CUDA tensors reduced by our algorithms (algorithms/): the op's buffers stay on the
-// device, the GPU reduces, and each message goes as a device pointer or through pinned memory.
-enum class PathKind { Cpu, CudaDirect, CudaStaged, ViaCpu, CudaAlgo };
-const char* pathName(PathKind kind);
 
 // What MPI does with a slot's memory.
 enum class Access { Read, ReadWrite, Write };
 
 class OpBuffers {
  public:
-  OpBuffers(PathKind kind, at::Device device) : kind_(kind), device_(device) {}
+  // `path`: the path's name (info(), the debug log): cpu, via-cpu, cuda-direct, ...
+  OpBuffers(const char* path, at::Device device) : path_(path), device_(device) {}
   virtual ~OpBuffers() = default;
   OpBuffers(const OpBuffers&) = delete;
   OpBuffers& operator=(const OpBuffers&) = delete;
 
-  PathKind kind() const { return kind_; }
+  const char* pathName() const { return path_; }
   at::Device device() const { return device_; }
+  // The op's memory is the caller's host memory, used by MPI as it is: the op may run (or be
+  // posted) on the calling thread, with no staging to order (the cpu path).
+  virtual bool onCallerMemory() const { return false; }
   // Bytes in all slots (what the op moves on this rank).
   int64_t bytes() const;
 
@@ -86,13 +81,13 @@ class OpBuffers {
   virtual void release() { slots_.clear(); }
 
   // ---- our reduction algorithms (engine thread, inside enter()) ----
-  // The local reduction step on this op's memory, and how the algorithm's messages travel
-  // (`staged`: device pieces through pinned host memory; host paths ignore it).
+  // The local reduction step on this op's memory, and how the algorithm's messages of an op of
+  // `opBytes` travel (a device path decides between its pointers and host staging).
   virtual std::unique_ptr<algo::Reducer> reducer(c10d::ReduceOp::RedOpType kind) const {
     return algo::makeHostReducer(kind);
   }
   virtual std::unique_ptr<algo::Link> link(const mpi::Comm& comm, const char* op,
-                                           bool staged) const {
+                                           int64_t opBytes) const {
     return std::make_unique<algo::Link>(comm, op);
   }
 
@@ -128,42 +123,17 @@ class OpBuffers {
   // Hook for add(): set up what the path can before the engine runs the op.
   virtual void onAdd(Slot& slot) {}
 
-  const PathKind kind_;
+  const char* const path_;
   const at::Device device_;
   std::vector<Slot> slots_;
 };
 
-// Chooses each op's path and creates its OpBuffers. One per process group: it owns the group's
-// comm streams, so ops of one group stay ordered on the device as they are on the wire.
-class PathFactory {
- public:
-  struct HostScratch;
-  explicit PathFactory(const Config& config);
-  ~PathFactory();
-  // `reduces`: the op reduces (allreduce, reduce, reduce_scatter), which may take another path.
-  std::shared_ptr<OpBuffers> create(const at::Device& device, bool reduces = false);
-  // For an op our algorithms reduce: host memory on the host paths, device memory (CudaAlgo) for
-  // CUDA tensors in a build with CUDA sources.
-  std::shared_ptr<OpBuffers> createForAlgorithm(const at::Device& device);
-  // Which path CUDA tensors take, and why (for info() and the debug log).
-  PathKind cudaPath() const { return cudaPath_; }
-  const std::string& cudaPathReason() const { return cudaReason_; }
-  PathKind cudaReducePath() const { return cudaReducePath_; }
-  const std::string& cudaReducePathReason() const { return cudaReduceReason_; }
-
- private:
-  Config config_;
-  PathKind cudaPath_, cudaReducePath_;
-  std::string cudaReason_, cudaReduceReason_;
-  std::shared_ptr<cuda::GroupStreams> cudaState_;  // the group's comm stream per device
-  std::shared_ptr<HostScratch>
-      hostScratch_;  // reused host fusion buffer: used by the thread running the
-                     // op (worker, or an inline caller), one op at a time
-};
-
-// How CUDA tensors travel with this build, this MPI and this setting (no group needed).
-std::pair<PathKind, std::string> chooseCudaPath(const Config& config);
-// The same for reductions, given the path of the other ops.
-std::pair<PathKind, std::string> chooseCudaReducePath(const Config& config, PathKind cudaPath);
+// A host buffer reused by every fused op of one group (paths/OpBuffers.cpp).
+struct HostScratch;
+std::shared_ptr<HostScratch> makeHostScratch(int64_t keepBytes);
+// Host memory: the cpu path for CPU tensors (`device` CPU), via-cpu for any other device type
+// (copied to the host on the calling thread at issue, in stream order; back on the engine).
+std::shared_ptr<OpBuffers> makeHostOpBuffers(const at::Device& device,
+                                             const std::shared_ptr<HostScratch>& scratch);
 
 }  // namespace mpigpu::paths

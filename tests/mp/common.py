@@ -27,6 +27,14 @@ if THREAD_LEVEL:
     if granted != f"MPI_THREAD_{THREAD_LEVEL.upper()}":  # else the test would test another path
         raise RuntimeError(f"MPIGPU_TEST_THREAD_LEVEL={THREAD_LEVEL} but MPI granted {granted}")
 
+# MPIGPU_TEST_DEVICE=own...: the tests' own device (own_device.py), served by mpigpu before any
+# group exists (torch fixes a group's device types when it creates it)
+TEST_DEVICE = os.environ.get("MPIGPU_TEST_DEVICE", "cpu")
+if TEST_DEVICE.startswith("own"):
+    import own_device
+
+    own_device.load()
+
 # Set by tests/conftest.py's repeat mode (MPIGPU_TEST_REPEAT): run i draws other inputs; a
 # failure prints the offset, and the same value replays it.
 SEED_OFFSET = int(os.environ.get("MPIGPU_TEST_SEED_OFFSET", "0"))
@@ -39,12 +47,27 @@ ALL_DTYPES = FLOAT_DTYPES + INT_DTYPES + [torch.bool]
 
 def use_test_device():
     """Put this rank's tensors on the device MPIGPU_TEST_DEVICE names (call after init):
-    cpu (default), cuda, or mixed (rank 0 on CUDA, the other ranks on CPU, in one collective).
+    cpu (default), cuda, mixed (rank 0 on CUDA, the other ranks on CPU, in one collective), own
+    (the tests' own PrivateUse1 device, own_device.py), own-mixed (own on even ranks, CPU on odd),
+    own-cuda-cpu (own, CUDA and CPU ranks by rank mod 3).
     Factory calls without a device then land there, so one script tests every path."""
-    want = os.environ.get("MPIGPU_TEST_DEVICE", "cpu")
+    want, rank = TEST_DEVICE, dist.get_rank()
     if want == "mixed":
-        want = "cuda" if dist.get_rank() == 0 else "cpu"
-    device = torch.device("cuda", torch.cuda.current_device()) if want == "cuda" else torch.device(want)
+        want = "cuda" if rank == 0 else "cpu"
+    elif want == "own-mixed":  # the tests' own device on even ranks, CPU on odd ones
+        want = "own" if rank % 2 == 0 else "cpu"
+    elif want == "own-cuda-cpu":  # own device, CUDA and CPU ranks in one collective
+        want = ("own", "cuda", "cpu")[rank % 3]
+    if want == "own":
+        device = torch.device("owndev", 0)
+        import torch_mpi_gpu
+        taken = torch_mpi_gpu._C.device_path("owndev")[0]
+        if taken != "via-cpu":  # the device stands for XPU and the like: no paths of its own
+            raise RuntimeError(f"the tests' own device takes {taken}, not via-cpu")
+    elif want == "cuda":
+        device = torch.device("cuda", torch.cuda.current_device())
+    else:
+        device = torch.device(want)
     torch.set_default_device(device)
     expect = os.environ.get("MPIGPU_EXPECT_PATH")
     if device.type == "cuda" and expect:

@@ -1,4 +1,4 @@
-#include "WorkMPIGPU.hpp"
+#include "engine/WorkMPIGPU.hpp"
 
 #include <sstream>
 

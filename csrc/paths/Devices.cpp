@@ -1,0 +1,91 @@
+#include "paths/Devices.hpp"
+
+#include <c10/util/Exception.h>
+
+#include <sstream>
+
+namespace mpigpu::paths {
+namespace {
+
+struct Registered {
+  DevicePathsFactory paths;
+  ReducerFactory reducer;
+};
+
+// Function-local: registrations run during static initialisation, in any order.
+std::map<c10::DeviceType, Registered>& registry() {
+  static std::map<c10::DeviceType, Registered> devices;
+  return devices;
+}
+
+const Registered* find(c10::DeviceType type) {
+  auto it = registry().find(type);
+  return it == registry().end() ? nullptr : &it->second;
+}
+
+PathChoice viaCpu(c10::DeviceType type) {
+  return {"via-cpu",
+          c10::str("this build has no paths of its own for ", c10::DeviceTypeName(type, true),
+                   " tensors; they are copied through host memory on the calling thread",
+                   type == c10::DeviceType::CUDA
+                       ? " (rebuild with a CUDA torch, CUDA_HOME set and TORCH_MPIGPU_WITH_CUDA=1)"
+                       : "")};
+}
+
+const char* useName(Use use) {
+  switch (use) {
+    case Use::Move: return "tensors";
+    case Use::Reduce: return "reductions";
+    case Use::Algorithm: return "reductions by our algorithms";
+  }
+  return "?";
+}
+
+}  // namespace
+
+DevicePathsRegistration::DevicePathsRegistration(c10::DeviceType type, DevicePathsFactory paths,
+                                                 ReducerFactory reducer) {
+  TORCH_INTERNAL_ASSERT(type != c10::DeviceType::CPU && !find(type),
+                        "mpigpu: paths for device type ", c10::DeviceTypeName(type),
+                        " registered twice (or for the built-in CPU)");
+  registry()[type] = {std::move(paths), std::move(reducer)};
+}
+
+PathFactory::PathFactory(const Config& config)
+    // Big enough for a full fusion bucket; larger one-off packs get a temporary buffer.
+    : hostScratch_(makeHostScratch(std::max<int64_t>(config.fusionBytes, 1 << 20))) {
+  for (const auto& [type, registered] : registry()) devices_[type] = registered.paths(config);
+}
+
+std::shared_ptr<OpBuffers> PathFactory::create(const at::Device& device, Use use) {
+  auto it = devices_.find(device.type());
+  if (it != devices_.end()) return it->second->create(device, use);
+  return makeHostOpBuffers(device, hostScratch_);  // cpu, or via-cpu
+}
+
+std::string PathFactory::describe() const {
+  std::ostringstream s;
+  s << "cpu tensors cpu";
+  for (const auto& [type, paths] : devices_) {
+    const std::string name = c10::DeviceTypeName(type, true);
+    for (Use use : {Use::Move, Use::Reduce, Use::Algorithm}) {
+      const PathChoice c = paths->choice(use);
+      s << ", " << name << " " << useName(use) << " " << c.name << " (" << c.reason << ")";
+    }
+  }
+  s << ", other devices via-cpu";
+  return s.str();
+}
+
+PathChoice describePath(c10::DeviceType type, Use use, const Config& config) {
+  if (type == c10::DeviceType::CPU) return {"cpu", "MPI on host memory"};
+  const Registered* registered = find(type);
+  return registered ? registered->paths(config)->choice(use) : viaCpu(type);
+}
+
+std::unique_ptr<algo::Reducer> makeReducer(c10::DeviceType type, c10d::ReduceOp::RedOpType kind) {
+  const Registered* registered = find(type);
+  return registered ? registered->reducer(kind) : algo::makeHostReducer(kind);
+}
+
+}  // namespace mpigpu::paths

@@ -1,0 +1,76 @@
+// The device seam: how tensors of one device type meet MPI. A device type registers its paths
+// once, from its own source file (a static DevicePathsRegistration), and nothing else in mpigpu
+// names it: the process group asks PathFactory for an op's buffers by device and use.
+//
+//   CPU                 built in: the cpu path (paths/OpBuffers.cpp)
+//   CUDA                cuda/CudaPaths.cpp, in builds with CUDA sources
+//   anything else       via-cpu: copies through host memory (XPU, a PrivateUse1 device, CUDA in a
+//                       build without CUDA sources)
+//
+// A new device type: one file that implements DevicePaths (its OpBuffers, with their link and
+// reducer) and registers it; setup.py compiles it.
+#pragma once
+
+#include <c10/core/DeviceType.h>
+
+#include <functional>
+#include <map>
+#include <memory>
+#include <string>
+
+#include "Config.hpp"
+#include "paths/OpBuffers.hpp"
+
+namespace mpigpu::paths {
+
+// What an op does with its buffers. The policy (MPI's collectives or our algorithms) is chosen
+// above this layer; the device decides how bytes move for each use.
+enum class Use {
+  Move,       // data movement and point-to-point: MPI's own calls
+  Reduce,     // MPI's own reduction (all_reduce, reduce, reduce_scatter)
+  Algorithm,  // our reduction algorithms (algorithms/): buffers, link and reducer of the device
+};
+
+// A path's name and why it was chosen (info(), a group's description).
+struct PathChoice {
+  std::string name;
+  std::string reason;
+};
+
+// One process group's paths for one device type (it may keep per-group state: comm streams).
+class DevicePaths {
+ public:
+  virtual ~DevicePaths() = default;
+  virtual std::shared_ptr<OpBuffers> create(const at::Device& device, Use use) = 0;
+  virtual PathChoice choice(Use use) const = 0;
+};
+
+// A group's DevicePaths from its settings; the device's reducer without a group (test hooks).
+using DevicePathsFactory = std::function<std::unique_ptr<DevicePaths>(const Config&)>;
+using ReducerFactory =
+    std::function<std::unique_ptr<algo::Reducer>(c10d::ReduceOp::RedOpType kind)>;
+struct DevicePathsRegistration {
+  DevicePathsRegistration(c10::DeviceType type, DevicePathsFactory paths, ReducerFactory reducer);
+};
+
+// Chooses each op's path and creates its OpBuffers. One per process group, holding the group's
+// paths of every registered device type (their per-group state: ops of one group stay ordered on
+// a device as they are on the wire) and the group's reused host buffer.
+class PathFactory {
+ public:
+  explicit PathFactory(const Config& config);
+  std::shared_ptr<OpBuffers> create(const at::Device& device, Use use = Use::Move);
+  // "cpu tensors cpu, cuda tensors cuda-direct (why), ..., other devices via-cpu"
+  std::string describe() const;
+
+ private:
+  std::map<c10::DeviceType, std::unique_ptr<DevicePaths>> devices_;
+  std::shared_ptr<HostScratch> hostScratch_;
+};
+
+// The path tensors of `type` take for `use` with these settings, without a group.
+PathChoice describePath(c10::DeviceType type, Use use, const Config& config);
+// The device's own reducer for our algorithms' local step (the host's for CPU and via-cpu).
+std::unique_ptr<algo::Reducer> makeReducer(c10::DeviceType type, c10d::ReduceOp::RedOpType kind);
+
+}  // namespace mpigpu::paths
