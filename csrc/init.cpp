@@ -208,17 +208,9 @@ c10d::ReduceOp::RedOpType reduceOpKind(const std::string& opName) {
 
 void reduceStep(const at::Tensor& dst, const at::Tensor& a, const at::Tensor& b,
                 const std::string& opName, double scale) {
-  const auto kind = reduceOpKind(opName);
-  if (!dst.is_cpu() &&
-      mpigpu::paths::describePath(dst.device().type(), mpigpu::paths::Use::Algorithm,
-                                  mpigpu::Config::fromEnv())
-              .name == "via-cpu") {
-    throw py::type_error(
-        "reduce_step: tensors of a device with a reducer of its own (cpu, cuda in "
-        "a CUDA build); others are reduced on the host after via-cpu");
-  }
+  auto reducer = mpigpu::paths::makeReducer(dst.device().type(), reduceOpKind(opName));
   py::gil_scoped_release noGil;
-  mpigpu::paths::makeReducer(dst.device().type(), kind)->combine(dst, a, b, scale);
+  reducer->combine(dst, a, b, scale);
 }
 
 // Which data path tensors of a device type take here for each use, and why.

@@ -84,8 +84,12 @@ PathChoice describePath(c10::DeviceType type, Use use, const Config& config) {
 }
 
 std::unique_ptr<algo::Reducer> makeReducer(c10::DeviceType type, c10d::ReduceOp::RedOpType kind) {
+  if (type == c10::DeviceType::CPU) return algo::makeHostReducer(kind);
   const Registered* registered = find(type);
-  return registered ? registered->reducer(kind) : algo::makeHostReducer(kind);
+  TORCH_CHECK_VALUE(registered, "mpigpu: ", c10::DeviceTypeName(type, true),
+                    " tensors have no reducer of their own in this build (via-cpu reduces them on "
+                    "the host)");
+  return registered->reducer(kind);
 }
 
 }  // namespace mpigpu::paths

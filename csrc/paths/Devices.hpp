@@ -70,7 +70,8 @@ class PathFactory {
 
 // The path tensors of `type` take for `use` with these settings, without a group.
 PathChoice describePath(c10::DeviceType type, Use use, const Config& config);
-// The device's own reducer for our algorithms' local step (the host's for CPU and via-cpu).
+// The device's own reducer for our algorithms' local step: the host's for CPU, a registered
+// device's own; a ValueError for other types (via-cpu reduces on the host). Needs no MPI.
 std::unique_ptr<algo::Reducer> makeReducer(c10::DeviceType type, c10d::ReduceOp::RedOpType kind);
 
 }  // namespace mpigpu::paths
