@@ -77,10 +77,26 @@ void bindMpi(py::module_& m) {
       "Initialises MPI if needed and describes it.");
 }
 
-// A program's communicator, as Python hands it: None is MPI_COMM_WORLD, else a Fortran handle.
-MPI_Comm commArg(const py::object& handle, const char* op) {
-  if (handle.is_none()) return MPI_COMM_WORLD;
-  return mpigpu::mpi::userComm(handle.cast<int64_t>(), op);
+// A program's communicator as Python hands it: None is MPI_COMM_WORLD, else its Fortran handle.
+std::optional<int64_t> commHandle(const py::object& handle) {
+  if (handle.is_none()) return std::nullopt;
+  return handle.cast<int64_t>();
+}
+
+MPI_Comm resolveComm(std::optional<int64_t> handle, const char* op) {
+  return handle ? mpigpu::mpi::userComm(*handle, op) : MPI_COMM_WORLD;
+}
+
+// MPI calls Python makes outside any group's ops (the rendezvous, a program's communicator).
+// Below MPI_THREAD_MULTIPLE they run on the one shared MPI thread, as every group's ops do, so
+// no two threads are ever inside MPI at once; otherwise on the caller. Without the GIL.
+void onMpiThread(const char* op, const std::function<void()>& fn) {
+  py::gil_scoped_release noGil;
+  if (!mpigpu::mpi::needsSerializedAccess()) {
+    fn();
+    return;
+  }
+  mpigpu::Engine::create("mpigpu-shared")->runAndWait(op, "", -1, fn);
 }
 
 // Rendezvous through MPI, over MPI_COMM_WORLD or a program's own communicator (comm=None:
@@ -89,12 +105,11 @@ void bindRendezvous(py::module_& m) {
   m.def(
       "bootstrap_address",
       [](const std::string& host, int port, const py::object& comm) {
-        const MPI_Comm c = commArg(comm, "init_process_group");
+        const auto handle = commHandle(comm);
         mpigpu::mpi::Bootstrap b;
-        {
-          py::gil_scoped_release noGil;
-          b = mpigpu::mpi::bootstrapAddress(host, port, c);
-        }
+        onMpiThread("init_process_group", [&] {
+          b = mpigpu::mpi::bootstrapAddress(host, port, resolveComm(handle, "init_process_group"));
+        });
         return py::make_tuple(b.host, b.port, b.singleHost, b.rank, b.size, b.localRank,
                               b.localSize);
       },
@@ -105,13 +120,12 @@ void bindRendezvous(py::module_& m) {
   m.def(
       "allgather_bytes",
       [](const py::bytes& mine, const py::object& comm) {
-        const MPI_Comm c = commArg(comm, "init_process_group");
+        const auto handle = commHandle(comm);
+        const std::string copy = mine;
         std::vector<std::string> all;
-        {
-          std::string copy = mine;
-          py::gil_scoped_release noGil;
-          all = mpigpu::mpi::allgatherStrings(copy, c);
-        }
+        onMpiThread("init_process_group", [&] {
+          all = mpigpu::mpi::allgatherStrings(copy, resolveComm(handle, "init_process_group"));
+        });
         py::list out;
         for (const auto& s : all) out.append(py::bytes(s));
         return out;
@@ -121,19 +135,22 @@ void bindRendezvous(py::module_& m) {
   m.def(
       "comm_rank_size",
       [](const py::object& comm, const std::string& op) {
+        const auto handle = commHandle(comm);
         int rank = 0, size = 1;
-        const MPI_Comm c = commArg(comm, op.c_str());
-        MPI_Comm_rank(c, &rank);
-        MPI_Comm_size(c, &size);
+        onMpiThread(op.c_str(), [&] {
+          const MPI_Comm c = resolveComm(handle, op.c_str());
+          MPI_Comm_rank(c, &rank);
+          MPI_Comm_size(c, &size);
+        });
         return py::make_tuple(rank, size);
       },
       "(rank, size) in comm; ValueError naming op for MPI_COMM_NULL or an intercommunicator.");
   m.def(
       "use_job_comm",
       [](const py::object& comm) {
-        const MPI_Comm c = commArg(comm, "init_process_group");
-        py::gil_scoped_release noGil;
-        mpigpu::mpi::useJobComm(c);
+        const auto handle = commHandle(comm);
+        onMpiThread("init_process_group",
+                    [&] { mpigpu::mpi::useJobComm(resolveComm(handle, "init_process_group")); });
       },
       py::arg("comm") = py::none(),
       "Collective over comm: a duplicate of it (MPI_COMM_WORLD for None) becomes the communicator "
@@ -141,7 +158,12 @@ void bindRendezvous(py::module_& m) {
   m.def(
       "job_ranks_of",
       [](const py::object& comm) {
-        return mpigpu::mpi::jobRanksOf(commArg(comm, "new_group"), "new_group");
+        const auto handle = commHandle(comm);
+        std::vector<int> ranks;
+        onMpiThread("new_group", [&] {
+          ranks = mpigpu::mpi::jobRanksOf(resolveComm(handle, "new_group"), "new_group");
+        });
+        return ranks;
       },
       "The default group's ranks of comm's members, in comm's rank order.");
 }

@@ -213,10 +213,12 @@ COMM_GROUPS = {"two ensembles by Split, interleaved", "errors",
                "a communicator in reverse rank order, and a subgroup from it"}
 
 
-@pytest.mark.parametrize("np", [3, 4])
-def test_groups_over_a_programs_communicator(np):
-    # torch_mpi_gpu.init_process_group(comm=) / new_group(comm=) against what mpi4py says
-    assert passed_counts(run_mpi("comm_groups.py", np), np, COMM_GROUPS) == 20
+@pytest.mark.parametrize("np, level", [(3, "multiple"), (4, "multiple"), (4, "serialized")])
+def test_groups_over_a_programs_communicator(np, level):
+    # torch_mpi_gpu.init_process_group(comm=) / new_group(comm=) against what mpi4py says; below
+    # MPI_THREAD_MULTIPLE their MPI calls go through the one shared MPI thread
+    env = SERIALIZED if level == "serialized" else {}
+    assert passed_counts(run_mpi("comm_groups.py", np, env=env), np, COMM_GROUPS) == 20
 
 
 def test_ensembles_example_trains_each_member_like_one_process():

@@ -2,6 +2,7 @@
 
 #include <cstdlib>
 #include <cstring>
+#include <optional>
 
 #include "Errors.hpp"
 #include "mpi/Check.hpp"
@@ -135,32 +136,31 @@ std::string threadLevelName(int level) {
 bool needsSerializedAccess() { return ensureInitialized().threadLevel < MPI_THREAD_MULTIPLE; }
 
 namespace {
+// Rank and size are kept with it: a group's constructor reads them on the caller's thread, where
+// no MPI call may run beside the engine's below MPI_THREAD_MULTIPLE.
 std::mutex g_jobMutex;
-MPI_Comm g_jobComm = MPI_COMM_WORLD;
+std::optional<JobComm> g_job;  // unset: MPI_COMM_WORLD
 }  // namespace
 
 JobComm jobComm() {
-  ensureInitialized();
-  JobComm j;
-  {
-    std::lock_guard<std::mutex> lock(g_jobMutex);
-    j.comm = g_jobComm;
-  }
-  MPI_Comm_rank(j.comm, &j.rank);
-  MPI_Comm_size(j.comm, &j.size);
-  return j;
+  const auto& env = ensureInitialized();
+  std::lock_guard<std::mutex> lock(g_jobMutex);
+  return g_job ? *g_job : JobComm{MPI_COMM_WORLD, env.worldRank, env.worldSize};
 }
 
 void useJobComm(MPI_Comm comm) {
   const auto& env = ensureInitialized();
-  MPI_Comm next = MPI_COMM_WORLD;
+  std::optional<JobComm> next;
   if (comm != MPI_COMM_NULL && comm != MPI_COMM_WORLD) {
-    MPIGPU_MPI_CHECK(MPI_Comm_dup(comm, &next), "init_process_group", env.worldRank);
-    MPIGPU_MPI_CHECK(MPI_Comm_set_errhandler(next, MPI_ERRORS_RETURN), "init_process_group",
+    next.emplace();
+    MPIGPU_MPI_CHECK(MPI_Comm_dup(comm, &next->comm), "init_process_group", env.worldRank);
+    MPIGPU_MPI_CHECK(MPI_Comm_set_errhandler(next->comm, MPI_ERRORS_RETURN), "init_process_group",
                      env.worldRank);
+    MPI_Comm_rank(next->comm, &next->rank);
+    MPI_Comm_size(next->comm, &next->size);
   }
   std::lock_guard<std::mutex> lock(g_jobMutex);
-  g_jobComm = next;
+  g_job = next;
 }
 
 MPI_Comm userComm(int64_t fortranHandle, const char* op) {
