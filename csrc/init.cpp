@@ -132,6 +132,10 @@ void bindRendezvous(py::module_& m) {
       },
       py::arg("mine"), py::arg("comm") = py::none(),
       "Collective over comm: every rank's bytes, in rank order.");
+}
+
+// A program's communicator: checked, made the job's, its members located in the default group.
+void bindProgramComm(py::module_& m) {
   m.def(
       "comm_rank_size",
       [](const py::object& comm, const std::string& op) {
@@ -340,6 +344,7 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   bindSettings(m);
   bindMpi(m);
   bindRendezvous(m);
+  bindProgramComm(m);
   bindLifecycle(m);
   bindPaths(m);
   bindAlgorithms(m);
