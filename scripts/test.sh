@@ -91,7 +91,7 @@ if [[ " $builds " == *" hosts "* ]]; then
   if why=$("$ROOT/scripts/two_hosts.sh" check 2>&1); then
     trap '"$ROOT/scripts/two_hosts.sh" down' EXIT  # the test fixture removes them too
     setup_cpu
-    # (test_hang_prone: 2 hosts x 2 ranks bound to cores, the launch check 23 times, p2p_groups,
+    # (test_hang_prone: 2 hosts x 2 ranks bound to cores, the launch check 15 times, p2p_groups,
     # a killed and a stalled rank, a waiting rank's threads; IP only: the launch check)
     MPIGPU_TEST_LAUNCHER=two-hosts-names run_suite "$CPU_VENV" \
       "two hosts, names resolve (mpirun)" test_multirank.py test_hang_prone.py \
