@@ -171,8 +171,7 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupMPIGPU::allreduce(std::vector<at::Ten
   // The whole op decides whose collectives it uses (its buffers depend on it), each bucket which
   // of our algorithms.
   const bool ours = chooseAlgo(algo::OpKind::Allreduce, tensors) != algo::Algo::Mpi;
-  auto bufs = ours ? paths_->create(tensors[0].device(), paths::Use::Algorithm)
-                   : reduceBuffersFor(tensors[0]);
+  auto bufs = reduceBuffersFor(tensors[0], ours);
   std::vector<Bucket> buckets;
   for (const auto& idx : fusedBuckets(tensors)) {
     auto red = mpi::resolveReduction(opts.reduceOp, tensors[idx[0]].scalar_type(), op, rank_);
@@ -217,8 +216,7 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupMPIGPU::reduce(std::vector<at::Tensor
   const int root = static_cast<int>(opts.rootRank);
   auto red = mpi::resolveReduction(opts.reduceOp, tensors[0].scalar_type(), op, rank_);
   const bool ours = chooseAlgo(algo::OpKind::Reduce, tensors) != algo::Algo::Mpi;
-  auto bufs = ours ? paths_->create(tensors[0].device(), paths::Use::Algorithm)
-                   : reduceBuffersFor(tensors[0]);
+  auto bufs = reduceBuffersFor(tensors[0], ours);
   // Only the root's tensor changes.
   const size_t slot = bufs->add(tensors[0], rank_ == root ? Access::ReadWrite : Access::Read,
                                 /*elementwise=*/true);
@@ -253,8 +251,7 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupMPIGPU::reduce_scatter(
   }
   auto red = mpi::resolveReduction(opts.reduceOp, outputs[0].scalar_type(), op, rank_);
   const bool ours = chooseAlgo(algo::OpKind::ReduceScatter, inputs[0]) != algo::Algo::Mpi;
-  auto bufs = ours ? paths_->create(outputs[0].device(), paths::Use::Algorithm)
-                   : reduceBuffersFor(outputs[0]);
+  auto bufs = reduceBuffersFor(outputs[0], ours);
   const size_t in = bufs->add(inputs[0], Access::Read);
   const size_t out = bufs->add(outputs[0], Access::Write);
   return enqueue(c10d::OpType::REDUCE_SCATTER, op, outputs, inputs[0], opts.timeout, opts.asyncOp,
@@ -296,8 +293,7 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupMPIGPU::reduce_scatter_tensor_coalesc
     mpi::Reduction red;
   };
   const bool ours = chooseAlgo(algo::OpKind::ReduceScatter, inputs) != algo::Algo::Mpi;
-  auto bufs = ours ? paths_->create(outputs[0].device(), paths::Use::Algorithm)
-                   : reduceBuffersFor(outputs[0]);
+  auto bufs = reduceBuffersFor(outputs[0], ours);
   std::vector<Bucket> buckets;
   for (const auto& idx : fusedBuckets(outputs)) {
     std::vector<at::Tensor> ins;

@@ -116,8 +116,9 @@ class ProcessGroupMPIGPU : public c10d::Backend {
   std::shared_ptr<paths::OpBuffers> buffersFor(const at::Tensor& t) {
     return paths_->create(t.device());
   }
-  std::shared_ptr<paths::OpBuffers> reduceBuffersFor(const at::Tensor& t) {
-    return paths_->create(t.device(), paths::Use::Reduce);
+  // A reduction's buffers: for our algorithms (`ours`) or MPI's own reduction.
+  std::shared_ptr<paths::OpBuffers> reduceBuffersFor(const at::Tensor& t, bool ours) {
+    return paths_->create(t.device(), ours ? paths::Use::Algorithm : paths::Use::Reduce);
   }
   // One Work per op, collectives and point-to-point alike; recorded when a coalescing block is
   // open (the second value says whether one is).

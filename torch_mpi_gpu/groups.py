@@ -8,12 +8,10 @@ The communicator's ranks are torch's ranks, the rendezvous (a store per communic
 inside it, and mpigpu's traffic runs on duplicates of it, never on it. Several disjoint
 communicators in one job each get an independent default group."""
 
-import socket
-
 import torch.distributed as dist
 
 from . import _C
-from .launcher import _free_port, agree_master_addr, select_cuda_device
+from .launcher import _free_port, select_cuda_device, store_address
 
 # The communicator (Fortran handle) the default group being made is over; None: MPI_COMM_WORLD.
 # Read by the backend's creator (torch_mpi_gpu._create_backend), which makes it the job's.
@@ -61,10 +59,7 @@ def init_process_group(comm=None, backend="mpigpu", **kwargs):
                            "group; call dist.destroy_process_group() first")
     select_cuda_device()
     # a free port on each communicator's rank 0: ensembles sharing a host each get a store
-    host, port, single_host, rank, size, _, _ = _C.bootstrap_address(
-        socket.gethostname(), _free_port(), handle)
-    if not single_host:
-        host = agree_master_addr(rank, lambda mine: _C.allgather_bytes(mine, handle))
+    host, port, rank, size, _, _ = store_address(_free_port(), handle)
     url_host = f"[{host}]" if ":" in host else host
     global _default_group_comm
     _default_group_comm = handle

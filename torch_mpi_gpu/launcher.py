@@ -284,6 +284,19 @@ def select_cuda_device(environ=None):
     return device
 
 
+def store_address(port, comm=None):
+    """Collective over `comm` (a Fortran handle; None: MPI_COMM_WORLD): where the rendezvous
+    store listens, rank 0's `port` on the address every rank reaches (loopback when all share a
+    host). Returns (host, port, rank, size, index among the ranks on its host, their count)."""
+    from . import _C
+
+    host, port, single_host, rank, size, host_rank, host_size = _C.bootstrap_address(
+        socket.gethostname(), port, comm)
+    if not single_host:
+        host = agree_master_addr(rank, lambda mine: _C.allgather_bytes(mine, comm))
+    return ("127.0.0.1" if single_host else host), port, rank, size, host_rank, host_size
+
+
 def setup_env(force=False):
     """Fill torch's rendezvous variables from the MPI launcher; returns what was set (or None).
 
@@ -297,14 +310,10 @@ def setup_env(force=False):
             del os.environ[key]
     if found is None or (all(v in os.environ for v in TORCH_VARS) and not force):
         return None
-    from . import _C
-
     select_cuda_device()
     port = int(config.get("TORCH_MPIGPU_MASTER_PORT") or 0) or _free_port()
-    host, port, single_host, rank, size, host_rank, host_size = _C.bootstrap_address(
-        socket.gethostname(), port)
+    host, port, rank, size, host_rank, host_size = store_address(port)
     check_world_size(found, size)
-    host = "127.0.0.1" if single_host else agree_master_addr(rank, _C.allgather_bytes)
     values = {"RANK": str(rank), "WORLD_SIZE": str(size), "MASTER_ADDR": host,
               "MASTER_PORT": str(port)}
     # the launcher's local rank, else the rank's place among the ranks on its host

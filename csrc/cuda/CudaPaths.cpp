@@ -305,6 +305,8 @@ std::pair<Mode, std::string> chooseReduceMode(const Config& config, Mode moveMod
 }
 
 class CudaPaths final : public paths::DevicePaths {
+  static constexpr int64_t kNever = std::numeric_limits<int64_t>::max();  // messages never direct
+
  public:
   explicit CudaPaths(const Config& config)
       : chunkBytes_(config.stagingChunkBytes), streams_(std::make_shared<GroupStreams>()) {
@@ -312,10 +314,9 @@ class CudaPaths final : public paths::DevicePaths {
     std::tie(reduce_, reduceWhy_) = chooseReduceMode(config, move_);
     // Our algorithms' messages: device pointers need a CUDA-aware MPI; below cudaDirectBytes
     // pinned staging is cheaper.
-    constexpr int64_t never = std::numeric_limits<int64_t>::max();
-    algoDirectFrom_ = move_ != Mode::Direct                     ? never
+    algoDirectFrom_ = move_ != Mode::Direct                     ? kNever
                       : config.cudaReduce == CudaReduce::Direct ? 0
-                      : config.cudaReduce == CudaReduce::Staged ? never
+                      : config.cudaReduce == CudaReduce::Staged ? kNever
                                                                 : config.cudaDirectBytes;
   }
 
@@ -330,13 +331,12 @@ class CudaPaths final : public paths::DevicePaths {
       return {modeName(move_),
               moveWhy_ + "; staging pieces of " + std::to_string(chunkBytes_) + " bytes"};
     if (use == Use::Reduce) return {modeName(reduce_), reduceWhy_};
-    constexpr int64_t never = std::numeric_limits<int64_t>::max();
     return {modeName(Mode::Algo),
             "buffers stay on the GPU, which reduces; messages " +
-                (algoDirectFrom_ == never ? std::string("through pinned host memory")
-                 : algoDirectFrom_ == 0   ? std::string("as device pointers")
-                                          : c10::str("as device pointers from ", algoDirectFrom_,
-                                                     " bytes, through pinned host memory below"))};
+                (algoDirectFrom_ == kNever ? std::string("through pinned host memory")
+                 : algoDirectFrom_ == 0    ? std::string("as device pointers")
+                                           : c10::str("as device pointers from ", algoDirectFrom_,
+                                                      " bytes, through pinned host memory below"))};
   }
 
  private:

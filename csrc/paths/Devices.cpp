@@ -58,9 +58,10 @@ PathFactory::PathFactory(const Config& config)
 }
 
 std::shared_ptr<OpBuffers> PathFactory::create(const at::Device& device, Use use) {
+  if (device.is_cpu()) return makeHostOpBuffers(device, hostScratch_);  // built in
   auto it = devices_.find(device.type());
   if (it != devices_.end()) return it->second->create(device, use);
-  return makeHostOpBuffers(device, hostScratch_);  // cpu, or via-cpu
+  return makeHostOpBuffers(device, hostScratch_);  // via-cpu
 }
 
 std::string PathFactory::describe() const {
