@@ -148,7 +148,7 @@ def extension():
     }
     sources = sorted(glob.glob("csrc/*.cpp") + glob.glob("csrc/engine/*.cpp") +
                      glob.glob("csrc/mpi/*.cpp") + glob.glob("csrc/paths/*.cpp") +
-                     glob.glob("csrc/algorithms/*.cpp"))
+                     glob.glob("csrc/algorithms/*.cpp") + glob.glob("csrc/node/*.cpp"))
     macros = [("MPIGPU_WITH_CUDA", "1" if with_cuda else "0")]
     # The C++ standard is left to torch.utils.cpp_extension: torch 2.13 wants C++17, 2.14 C++20.
     cxx = ["-O3", "-Wall", "-Wno-unused-parameter"]

@@ -86,12 +86,7 @@ Config Config::fromEnv() {
   c.cudaReduce = parseChoice<CudaReduce>(
       "TORCH_MPIGPU_CUDA_REDUCE",
       {{"auto", CudaReduce::Auto}, {"direct", CudaReduce::Direct}, {"staged", CudaReduce::Staged}});
-  using algo::Algo;
-  c.algo = parseChoice<std::optional<Algo>>("TORCH_MPIGPU_ALGO", {{"auto", std::nullopt},
-                                                                  {"mpi", Algo::Mpi},
-                                                                  {"ring", Algo::Ring},
-                                                                  {"rhd", Algo::Rhd},
-                                                                  {"allgather", Algo::Allgather}});
+  c.algo = requiredValueOf("TORCH_MPIGPU_ALGO");
   c.stagingChunkBytes = parseInt("TORCH_MPIGPU_STAGING_CHUNK_BYTES", 1, kTiB);
   c.fusionBytes = parseInt("TORCH_MPIGPU_FUSION_BYTES", 0, kTiB);
   c.fuseBelowBytes = parseInt("TORCH_MPIGPU_FUSE_BELOW_BYTES", 0, kTiB);
@@ -101,6 +96,9 @@ Config Config::fromEnv() {
   c.hostHalfRingBytes = parseInt("TORCH_MPIGPU_HOST_HALF_RING_BYTES", 0, kHuge);
   c.hostReduceScatterRingBytes = parseInt("TORCH_MPIGPU_HOST_RS_RING_BYTES", 0, kHuge);
   c.cudaDirectBytes = parseInt("TORCH_MPIGPU_CUDA_DIRECT_BYTES", 0, kHuge);
+  c.nodeBufferBytes = parseInt("TORCH_MPIGPU_NODE_BUFFER_BYTES", 0, kTiB);
+  c.nodeOneShotBytes = parseInt("TORCH_MPIGPU_NODE_ONE_SHOT_BYTES", 0, kHuge);
+  c.pretendNodes = static_cast<int>(parseInt("TORCH_MPIGPU_PRETEND_NODES", 1, 1 << 20));
   return c;
 }
 

@@ -4,15 +4,9 @@
 #pragma once
 
 #include <cstdint>
-#include <optional>
 #include <string>
 
 namespace mpigpu {
-namespace algo {
-// TORCH_MPIGPU_ALGO's values: MPI's own collectives or one of ours (algorithms/Algorithms.hpp).
-enum class Algo : int8_t { Mpi, Ring, Rhd, Allgather };
-}  // namespace algo
-
 // How CUDA tensors meet MPI (TORCH_MPIGPU_CUDA_AWARE=auto|1|0): ask the MPI library, device
 // pointers (CUDA-aware MPI), or staged through pinned host memory.
 enum class CudaAware : int8_t { Auto, DevicePointers, Staged };
@@ -46,9 +40,9 @@ struct Config {
   // when the group's engine is idle; 0 always hands ops to the engine.
   int64_t inlineBytes = 0;
 
-  // The algorithm forced for every reduction, or none: auto (TORCH_MPIGPU_ALGO=
-  // auto|mpi|ring|rhd|allgather).
-  std::optional<algo::Algo> algo;
+  // TORCH_MPIGPU_ALGO: `auto`, `mpi`, or the name of a row of the algorithm table, which the
+  // group resolves when it is made (algorithms/Algorithms.hpp: policyFor).
+  std::string algo;
   // Largest message of our algorithms; pieces of one step pipeline against the reduction.
   // 32 MiB: on one shared H100 every device message costs a context switch, and 32 MiB pieces
   // beat 4 MiB ones at 64-256 MiB (1.15-1.65 ms against 1.31-1.93 ms).
@@ -68,6 +62,13 @@ struct Config {
   // ops of at least this many bytes, through pinned host memory below (device messages pay for
   // the GPU's context switches on a shared GPU and for IPC set-up).
   int64_t cudaDirectBytes = 0;
+  // The node-aware algorithms: bytes of shared memory per rank and half (0: none, and the
+  // algorithms off); all_reduce up to nodeOneShotBytes is one-shot (one barrier, every rank
+  // reduces everything), larger two-shot (two barriers, each rank reduces 1/p).
+  int64_t nodeBufferBytes = 0;
+  int64_t nodeOneShotBytes = 0;
+  // Test-only: each real node is cut into this many pretend nodes (hierarchical code on one host).
+  int pretendNodes = 1;
 
   static Config fromEnv();
 };

@@ -88,6 +88,7 @@ ProcessGroupMPIGPU::ProcessGroupMPIGPU(c10::intrusive_ptr<c10d::Store> store, in
   comm_.size = size;
   comm_.maxCount = config_.maxElementsPerCall;
   algoComm_ = comm_;
+  policy_ = algo::policyFor(config_.algo);
   paths_ = std::make_unique<paths::PathFactory>(config_);
   engine_ = Engine::create("mpigpu-" + groupName_);
   const int hasGpu = at::hasCUDA() ? 1 : 0;
@@ -104,6 +105,12 @@ ProcessGroupMPIGPU::ProcessGroupMPIGPU(c10::intrusive_ptr<c10d::Store> store, in
     MPIGPU_MPI_CHECK(MPI_Allreduce(&hasGpu, &anyGpu, 1, MPI_INT, MPI_MAX, comm_.handle),
                      "new_group", rank_);
     groupHasGpu_ = anyGpu != 0;
+    // the node algorithms serve host tensors: groups with a GPU have no use for them yet
+    if (size_ > 1 && config_.nodeBufferBytes > 0 && !groupHasGpu_) {
+      node_ = std::make_unique<node::Node>(
+          node::Topology::build(algoComm_, config_.pretendNodes, "new_group"), algoComm_,
+          config_.nodeBufferBytes, config_.nodeOneShotBytes);
+    }
   });
   if (config_.debug) {
     // c10 logging: INFO lines show with TORCH_CPP_LOG_LEVEL=INFO, as torch's own backends' do
@@ -148,6 +155,7 @@ void ProcessGroupMPIGPU::shutdown() {
     const bool done = engine->runAndWait(
         "destroy_process_group", groupName_, rank_,
         [this] {
+          if (node_) node_->free();
           mpi::freeComm(&algoComm_.handle);
           mpi::freeComm(&comm_.handle);
         },
@@ -192,8 +200,11 @@ std::string ProcessGroupMPIGPU::describe() const {
   s << "), " << env.libraryVersion << ", " << mpi::threadLevelName(env.threadLevel) << ", timeout "
     << timeout().count() << " ms, max elements per MPI call " << config_.maxElementsPerCall
     << ", fusion up to " << config_.fusionBytes
-    << " bytes per MPI call; paths: " << paths_->describe()
-    << "; reductions: " << algo::describeChoice(config_, groupHasGpu_);
+    << " bytes per MPI call; paths: " << paths_->describe() << "; nodes: "
+    << (node_ ? node_->describe()
+              : std::string("not looked at (a single rank, a member with a GPU, or "
+                            "TORCH_MPIGPU_NODE_BUFFER_BYTES=0)"))
+    << "; reductions: " << algo::describeChoice(policy_, config_, groupHasGpu_);
   return s.str();
 }
 

@@ -25,11 +25,16 @@ using paths::Access;
 using paths::OpBuffers;
 using std::chrono::milliseconds;
 
-algo::Algo ProcessGroupMPIGPU::chooseAlgo(algo::OpKind kind,
-                                          const std::vector<at::Tensor>& tensors) const {
+algo::Facts ProcessGroupMPIGPU::factsOf(algo::OpKind kind,
+                                        const std::vector<at::Tensor>& tensors) const {
   int64_t bytes = 0;
   for (const auto& t : tensors) bytes += t.numel() * static_cast<int64_t>(t.element_size());
-  return algo::choose(config_, kind, bytes, tensors[0].scalar_type(), size_, groupHasGpu_);
+  return {kind, bytes, tensors[0].scalar_type(), size_, groupHasGpu_, node_ && node_->suits()};
+}
+
+const algo::Algorithm* ProcessGroupMPIGPU::chooseAlgo(
+    algo::OpKind kind, const std::vector<at::Tensor>& tensors) const {
+  return algo::choose(policy_, config_, factsOf(kind, tensors));
 }
 
 std::vector<std::vector<size_t>> ProcessGroupMPIGPU::fusedBuckets(
@@ -44,7 +49,7 @@ void ProcessGroupMPIGPU::withAlgorithm(const OpBuffers& bufs, const char* op, co
   auto reducer = bufs.reducer(red.kind);
   const int64_t piece = std::clamp<int64_t>(
       config_.algoPieceBytes / static_cast<int64_t>(buf.element_size()), 1, algoComm_.maxCount);
-  algo::Context ctx{*link, *reducer, red, piece};
+  algo::Context ctx{*link, *reducer, red, piece, node_.get()};
   fn(ctx);
 }
 
@@ -166,17 +171,18 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupMPIGPU::allreduce(std::vector<at::Ten
   struct Bucket {
     size_t slot;
     mpi::Reduction red;
-    algo::Algo algo;
+    const algo::Algorithm* algo;  // null: MPI's own
   };
   // The whole op decides whose collectives it uses (its buffers depend on it), each bucket which
   // of our algorithms.
-  const bool ours = chooseAlgo(algo::OpKind::Allreduce, tensors) != algo::Algo::Mpi;
+  const bool ours = chooseAlgo(algo::OpKind::Allreduce, tensors) != nullptr;
   auto bufs = reduceBuffersFor(tensors[0], ours);
   std::vector<Bucket> buckets;
   for (const auto& idx : fusedBuckets(tensors)) {
     auto red = mpi::resolveReduction(opts.reduceOp, tensors[idx[0]].scalar_type(), op, rank_);
-    auto a = ours ? chooseAlgo(algo::OpKind::Allreduce, pick(tensors, idx)) : algo::Algo::Mpi;
-    if (ours && a == algo::Algo::Mpi) a = algo::Algo::Ring;
+    const algo::Algorithm* a = nullptr;
+    if (ours)
+      a = &algo::chooseOurs(policy_, config_, factsOf(algo::OpKind::Allreduce, pick(tensors, idx)));
     buckets.push_back({bufs->add(pick(tensors, idx), Access::ReadWrite, /*elementwise=*/true),
                        std::move(red), a});
   }
@@ -184,12 +190,12 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupMPIGPU::allreduce(std::vector<at::Ten
                  [this, op, buckets](OpBuffers& b) {
                    for (const auto& k : buckets) {
                      b.run(k.slot, [&](at::Tensor& t) {
-                       if (k.algo == algo::Algo::Mpi) {
+                       if (k.algo == nullptr) {
                          mpi::allreduceInPlace(comm_, op, t, k.red);
                          return;
                        }
                        withAlgorithm(b, op, t, k.red,
-                                     [&](algo::Context& c) { algo::allreduce(c, k.algo, t); });
+                                     [&](algo::Context& c) { algo::allreduce(c, *k.algo, t); });
                      });
                    }
                  });
@@ -215,8 +221,8 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupMPIGPU::reduce(std::vector<at::Tensor
   MPIGPU_CHECK_VALUE(opts.rootTensor == 0, op, rank_, "rootTensor must be 0");
   const int root = static_cast<int>(opts.rootRank);
   auto red = mpi::resolveReduction(opts.reduceOp, tensors[0].scalar_type(), op, rank_);
-  const bool ours = chooseAlgo(algo::OpKind::Reduce, tensors) != algo::Algo::Mpi;
-  auto bufs = reduceBuffersFor(tensors[0], ours);
+  const algo::Algorithm* ours = chooseAlgo(algo::OpKind::Reduce, tensors);
+  auto bufs = reduceBuffersFor(tensors[0], ours != nullptr);
   // Only the root's tensor changes.
   const size_t slot = bufs->add(tensors[0], rank_ == root ? Access::ReadWrite : Access::Read,
                                 /*elementwise=*/true);
@@ -228,7 +234,7 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupMPIGPU::reduce(std::vector<at::Tensor
             mpi::reduce(comm_, op, t, t, red, root);
             return;
           }
-          withAlgorithm(b, op, t, red, [&](algo::Context& c) { algo::reduce(c, t, root); });
+          withAlgorithm(b, op, t, red, [&](algo::Context& c) { algo::reduce(c, *ours, t, root); });
         });
       },
       root);
@@ -250,8 +256,8 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupMPIGPU::reduce_scatter(
                        outputs[0].numel(), " elements, one has ", t.numel());
   }
   auto red = mpi::resolveReduction(opts.reduceOp, outputs[0].scalar_type(), op, rank_);
-  const bool ours = chooseAlgo(algo::OpKind::ReduceScatter, inputs[0]) != algo::Algo::Mpi;
-  auto bufs = reduceBuffersFor(outputs[0], ours);
+  const algo::Algorithm* ours = chooseAlgo(algo::OpKind::ReduceScatter, inputs[0]);
+  auto bufs = reduceBuffersFor(outputs[0], ours != nullptr);
   const size_t in = bufs->add(inputs[0], Access::Read);
   const size_t out = bufs->add(outputs[0], Access::Write);
   return enqueue(c10d::OpType::REDUCE_SCATTER, op, outputs, inputs[0], opts.timeout, opts.asyncOp,
@@ -261,7 +267,7 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupMPIGPU::reduce_scatter(
                      return;
                    }
                    withAlgorithm(b, op, b.mpi(in), red, [&](algo::Context& c) {
-                     algo::reduceScatter(c, b.mpi(in), b.mpi(out));
+                     algo::reduceScatter(c, *ours, b.mpi(in), b.mpi(out));
                    });
                  });
 }
@@ -292,8 +298,8 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupMPIGPU::reduce_scatter_tensor_coalesc
     size_t in, out;
     mpi::Reduction red;
   };
-  const bool ours = chooseAlgo(algo::OpKind::ReduceScatter, inputs) != algo::Algo::Mpi;
-  auto bufs = reduceBuffersFor(outputs[0], ours);
+  const algo::Algorithm* ours = chooseAlgo(algo::OpKind::ReduceScatter, inputs);
+  auto bufs = reduceBuffersFor(outputs[0], ours != nullptr);
   std::vector<Bucket> buckets;
   for (const auto& idx : fusedBuckets(outputs)) {
     std::vector<at::Tensor> ins;
@@ -312,7 +318,7 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupMPIGPU::reduce_scatter_tensor_coalesc
                        continue;
                      }
                      withAlgorithm(b, op, b.mpi(k.in), k.red, [&](algo::Context& c) {
-                       algo::reduceScatter(c, b.mpi(k.in), b.mpi(k.out));
+                       algo::reduceScatter(c, *ours, b.mpi(k.in), b.mpi(k.out));
                      });
                    }
                  });

@@ -13,6 +13,7 @@
 
 #include "Config.hpp"
 #include "algorithms/Algorithms.hpp"
+#include "node/Node.hpp"
 #include "engine/WorkMPIGPU.hpp"
 #include "engine/Engine.hpp"
 #include "mpi/Collectives.hpp"
@@ -131,7 +132,10 @@ class ProcessGroupMPIGPU : public c10d::Backend {
   c10::intrusive_ptr<c10d::Work> enqueueP2P(c10d::OpType type, const char* op, at::Tensor tensor,
                                             int peer, int tag);
   // Our algorithms (algorithms/): the choice for an op, and one run of it on the engine.
-  algo::Algo chooseAlgo(algo::OpKind kind, const std::vector<at::Tensor>& tensors) const;
+  algo::Facts factsOf(algo::OpKind kind, const std::vector<at::Tensor>& tensors) const;
+  // Null: MPI's own collectives.
+  const algo::Algorithm* chooseAlgo(algo::OpKind kind,
+                                    const std::vector<at::Tensor>& tensors) const;
   // The fused buckets of a coalesced op, the same on every rank (Fusion.hpp: fuseBelow).
   std::vector<std::vector<size_t>> fusedBuckets(const std::vector<at::Tensor>& tensors) const;
   // Runs `fn` with the messages (Link) and reducer of this op's memory, on the engine.
@@ -157,6 +161,11 @@ class ProcessGroupMPIGPU : public c10d::Backend {
   mpi::Comm algoComm_;
   // Some member has a GPU (agreed at creation): decides the algorithms on every rank alike.
   bool groupHasGpu_ = false;
+  // TORCH_MPIGPU_ALGO, resolved against the algorithm table.
+  algo::Policy policy_;
+  // Which ranks share a node and the shared memory among them (groups of host ranks only: the
+  // node algorithms serve host tensors); null where the group has no use for them.
+  std::unique_ptr<node::Node> node_;
   std::unique_ptr<paths::PathFactory> paths_;
   // Read by callers, cleared by shutdown()/abort() from any thread: through currentEngine().
   mutable std::mutex engineMutex_;

@@ -43,8 +43,20 @@ const SettingSpec kSettings[] = {
      "elsewhere. Our algorithms (the GPU reduces either way): `auto` device pointers for ops "
      "from `TORCH_MPIGPU_CUDA_DIRECT_BYTES`, pinned staging below; `direct`; `staged`"},
     {"TORCH_MPIGPU_ALGO", "auto", "", ReadAt::GroupCreation,
-     "reduction algorithm: `auto`, `mpi`, `ring`, `rhd`, `allgather` (the last two for "
-     "all_reduce; reduce_scatter and reduce use the ring). Every rank must use the same value"},
+     "reduction algorithm: `auto`, `mpi` (MPI's own), or one of ours by name: `node`, `ring`, "
+     "`rhd`, `allgather` (`python -m torch_mpi_gpu info` lists them with the ops each serves; an "
+     "op "
+     "one does not serve uses the ring). Every rank must use the same value"},
+    {"TORCH_MPIGPU_NODE_BUFFER_BYTES", "1048576", "", ReadAt::GroupCreation,
+     "node-aware algorithms: shared memory per rank and half (twice this per rank and group, made "
+     "at the group's first node-aware op); bigger ops go in pieces of this size. `0`: no shared "
+     "memory, the node algorithm off"},
+    {"TORCH_MPIGPU_NODE_ONE_SHOT_BYTES", "65536", "", ReadAt::GroupCreation,
+     "node algorithm on one node: all_reduce up to this size is one-shot (every rank reduces every "
+     "input), above two-shot (each reduces 1/p, then all copy)"},
+    {"TORCH_MPIGPU_PRETEND_NODES", "1", "", ReadAt::GroupCreation,
+     "test-only: cut each node into this many nodes of consecutive ranks, so the hierarchical "
+     "algorithms run on one host"},
     {"TORCH_MPIGPU_ALGO_MIN_BYTES", "2097152", "", ReadAt::GroupCreation,
      "auto, groups with a GPU: reductions below this use MPI's own collectives, from here the "
      "ring"},

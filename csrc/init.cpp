@@ -272,6 +272,29 @@ void bindPaths(py::module_& m) {
   }
 }
 
+// The algorithm table, as Python sees it (info, tests, docs).
+void bindAlgorithmTable(py::module_& m) {
+  m.def(
+      "algorithms",
+      [] {
+        py::list rows;
+        for (const auto* a : mpigpu::algo::algorithms()) {
+          py::list ops;
+          if (a->allreduce) ops.append("all_reduce");
+          if (a->reduceScatter) ops.append("reduce_scatter");
+          if (a->reduce) ops.append("reduce");
+          py::dict row;
+          row["name"] = a->name;
+          row["summary"] = a->summary;
+          row["ops"] = ops;
+          rows.append(row);
+        }
+        return rows;
+      },
+      "The algorithm table: each algorithm's name (its TORCH_MPIGPU_ALGO value), what it does "
+      "and the ops it serves, in the order auto asks them.");
+}
+
 // Unit-test hooks and counters of the algorithms and fusion layers.
 void bindAlgorithms(py::module_& m) {
   m.def("_fusion_buckets", &mpigpu::fusionBuckets, py::arg("tensors"), py::arg("limit_bytes"),
@@ -283,20 +306,22 @@ void bindAlgorithms(py::module_& m) {
         "MPI communication calls made by this process so far (tests use it to prove fusion).");
   m.def(
       "reduction_rule",
-      [] { return mpigpu::algo::describeChoice(mpigpu::Config::fromEnv(), at::hasCUDA()); },
+      [] {
+        const auto config = mpigpu::Config::fromEnv();
+        return mpigpu::algo::describeChoice(mpigpu::algo::policyFor(config.algo), config,
+                                            at::hasCUDA());
+      },
       "How reductions choose their algorithm with the current settings, for a group in which some "
       "member has a GPU exactly when this process sees one.");
   m.def(
       "algorithm_runs",
       [] {
         py::dict d;
-        for (auto a :
-             {mpigpu::algo::Algo::Ring, mpigpu::algo::Algo::Rhd, mpigpu::algo::Algo::Allgather}) {
-          d[mpigpu::algo::algoName(a)] = mpigpu::algo::runCount(a);
-        }
+        for (const auto* a : mpigpu::algo::algorithms()) d[a->name] = mpigpu::algo::runCount(*a);
         return d;
       },
       "How many reductions each of our algorithms has run in this process.");
+
   m.def(
       "_resolve_reduction",
       [](const std::string& reduceOp, const at::Tensor& sample, std::optional<double> premul) {
@@ -348,5 +373,6 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   bindLifecycle(m);
   bindPaths(m);
   bindAlgorithms(m);
+  bindAlgorithmTable(m);
   bindFlightRecorder(m);
 }

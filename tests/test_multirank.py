@@ -103,7 +103,8 @@ def test_collectives_split_into_small_mpi_calls():
 
 
 # Our reduction algorithms forced on host tensors (TORCH_MPIGPU_ALGO), with 64-byte messages so
-# every size above 16 floats is cut into pieces that pipeline.
+# every size above 16 floats is cut into pieces that pipeline. (`node` is what auto picks on one
+# host, so the plain tests above run it; MPI's own reductions are forced below.)
 ALGOS = ["ring", "rhd", "allgather"]
 
 
@@ -115,13 +116,48 @@ AUTO_ALGORITHM = {"fp16/bf16 all_reduce: the ring from HOST_HALF_RING_BYTES",
                   "fp32 all_reduce: MPI's own at any size",
                   "reduce_scatter: the ring from HOST_RS_RING_BYTES (fp16/bf16 from HOST_HALF_RING)",
                   "reduce: MPI's own"}
+NO_NODE = {"TORCH_MPIGPU_NODE_BUFFER_BYTES": "0"}
 
 
-@pytest.mark.parametrize("np", [1, 2, 3])
-def test_auto_algorithm_choice_at_its_thresholds(np):
-    out = run_mpi("auto_algorithm.py", np)
+@pytest.mark.parametrize("np, env", [(1, {}), (2, NO_NODE), (3, NO_NODE), (2, {}), (3, {})])
+def test_auto_algorithm_choice_at_its_thresholds(np, env):
+    out = run_mpi("auto_algorithm.py", np, env=env)
     gpu = {"a member has a GPU: MPI's own below ALGO_MIN_BYTES, then the ring"}
-    assert passed_counts(out, np, gpu if torch.cuda.is_available() else AUTO_ALGORITHM) >= 2
+    node = {"ranks sharing a node: the node algorithm for every reduction"}
+    want = gpu if torch.cuda.is_available() else node if np > 1 and not env else AUTO_ALGORITHM
+    assert passed_counts(out, np, want) >= 2
+
+
+@pytest.mark.parametrize("np", [2, 3])
+def test_collectives_with_mpis_own_reductions(np):
+    out = run_mpi("collectives.py", np, env={"TORCH_MPIGPU_ALGO": "mpi"})
+    assert passed_counts(out, np, COLLECTIVES) > 1500
+
+
+# The node algorithm in its shapes: pieces much smaller than the ops (4 KiB per rank and half:
+# every size above 1024 floats is chunked; one-shot off or always), and nodes pretended on this
+# host so the hierarchical path runs (uniform 2 x 2 and 2 x 3; 3 + 2 ranks is not uniform: the
+# group falls back, and says so).
+NODE_SHAPES = {
+    "one node, 3 ranks, 4 KiB pieces, two-shot": (3, {"TORCH_MPIGPU_NODE_BUFFER_BYTES": "4096",
+                                                      "TORCH_MPIGPU_NODE_ONE_SHOT_BYTES": "0"}),
+    "one node, 4 ranks, one-shot at any size": (4, {"TORCH_MPIGPU_NODE_ONE_SHOT_BYTES": str(1 << 40)}),
+    "2 nodes x 2 ranks, 4 KiB pieces": (4, {"TORCH_MPIGPU_PRETEND_NODES": "2",
+                                            "TORCH_MPIGPU_NODE_BUFFER_BYTES": "4096"}),
+    "2 nodes x 3 ranks": (6, {"TORCH_MPIGPU_PRETEND_NODES": "2"}),
+    "nodes of 3 and 2 ranks (falls back)": (5, {"TORCH_MPIGPU_PRETEND_NODES": "2"}),
+}
+
+
+@pytest.mark.parametrize("shape", NODE_SHAPES)
+def test_collectives_with_node_algorithm(shape):
+    np, env = NODE_SHAPES[shape]
+    uniform = "falls back" not in shape
+    forced = {"TORCH_MPIGPU_ALGO": "node"} if uniform else {}
+    out = run_mpi("collectives.py", np, env={**env, **forced})
+    pretended = {"the group's pretend nodes"} if "PRETEND" in str(env) else set()
+    forced = {FORCED_ALGORITHM} if uniform else set()
+    assert passed_counts(out, np, COLLECTIVES | pretended | forced) > 1500
 
 
 @pytest.mark.parametrize("algo", ALGOS)

@@ -2,6 +2,7 @@
 with TORCH_MPIGPU_TIMEOUT_ACTION=report). Launched directly (these jobs are meant to fail)."""
 
 import re
+from pathlib import Path
 import subprocess
 import sys
 import time
@@ -83,7 +84,14 @@ def test_killed_rank_ends_the_job():
     # a task killed by a signal unless told to (--kill-on-bad-exit, as the README says); the
     # others would wait until the watchdog's timeout.
     env = {"SLURM_KILL_BAD_EXIT": "1"} if LAUNCHER == "srun-pmi2" else {}
+    shm_before = set(Path("/dev/shm").glob("mpigpu-*"))
     rc, out, took = launch("die", 3, env)
+    # the others were waiting in the node algorithm's shared memory: its name was unlinked when
+    # the group made it, so nothing of ours is left behind
+    left = set(Path("/dev/shm").glob("mpigpu-*")) - shm_before
+    assert not left, f"shared-memory segments left after the job: {left}"
+    if not LAUNCHER.startswith("two-hosts"):  # (3 ranks on two hosts: no node algorithm)
+        assert "node algorithm runs: 0" not in out, out[-3000:]
     # every rank started (a crash at start-up is no test of a killed rank), and the job ended
     started = set(re.findall(r"\[rank (\d+)\] started at", out))
     assert started == {"0", "1", "2"}, f"ranks that started: {started}\n{out[-3000:]}"

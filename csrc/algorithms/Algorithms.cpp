@@ -1,5 +1,8 @@
 #include "algorithms/Algorithms.hpp"
 
+#include "algorithms/NodeAlgorithms.hpp"
+#include "algorithms/Steps.hpp"
+
 #include <ATen/core/grad_mode.h>
 #include <c10/util/StringUtil.h>
 
@@ -8,105 +11,10 @@
 #include <vector>
 
 namespace mpigpu::algo {
-namespace {
-std::atomic<uint64_t> g_runs[4];
-void counted(Algo a) { g_runs[static_cast<int>(a)].fetch_add(1, std::memory_order_relaxed); }
-}  // namespace
-
-uint64_t runCount(Algo a) { return g_runs[static_cast<int>(a)].load(std::memory_order_relaxed); }
-
-const char* algoName(Algo a) {
-  switch (a) {
-    case Algo::Mpi: return "mpi";
-    case Algo::Ring: return "ring";
-    case Algo::Rhd: return "rhd";
-    case Algo::Allgather: return "allgather";
-  }
-  return "?";
-}
-
-// ---------------------------------------------------------------------------------------------
-// Choice
-
-Algo choose(const Config& config, OpKind kind, int64_t bytes, at::ScalarType dtype, int worldSize,
-            bool groupHasGpu) {
-  if (config.algo) {
-    const Algo forced = *config.algo;
-    // rhd and allgather are all_reduce algorithms; the others' blocks are the ring's
-    if (kind != OpKind::Allreduce && (forced == Algo::Rhd || forced == Algo::Allgather)) {
-      return Algo::Ring;
-    }
-    return forced;
-  }
-  if (!groupHasGpu) {
-    // MPI reduces fp16/bf16 with a user-defined op one element at a time; Open MPI 5's
-    // reduce_scatter lost to the ring from 1 MiB (see Config.hpp)
-    const bool half = dtype == at::kHalf || dtype == at::kBFloat16;
-    if (worldSize > 1 && half && kind != OpKind::Reduce && bytes >= config.hostHalfRingBytes) {
-      return Algo::Ring;
-    }
-    if (worldSize > 1 && kind == OpKind::ReduceScatter &&
-        bytes >= config.hostReduceScatterRingBytes) {
-      return Algo::Ring;
-    }
-    return Algo::Mpi;
-  }
-  // Below algoMinBytes MPI's own (staged for CUDA tensors) was faster on the GPU (Config.hpp).
-  return bytes < config.algoMinBytes ? Algo::Mpi : Algo::Ring;
-}
-
-std::string describeChoice(const Config& config, bool groupHasGpu) {
-  if (config.algo) {
-    return c10::str("TORCH_MPIGPU_ALGO=", algoName(*config.algo),
-                    " for every reduction (reduce_scatter and reduce: ring unless mpi)");
-  }
-  if (!groupHasGpu) {
-    return c10::str(
-        "auto, no member has a GPU: MPI's own collectives, except the ring for "
-        "fp16/bf16 all_reduce and reduce_scatter from ",
-        config.hostHalfRingBytes, " bytes and any reduce_scatter from ",
-        config.hostReduceScatterRingBytes, " bytes");
-  }
-  return c10::str("auto, a member has a GPU: MPI's own below ", config.algoMinBytes,
-                  " bytes, from there the ring, reduced on the device; messages of at most ",
-                  config.algoPieceBytes, " bytes");
-}
-
 // ---------------------------------------------------------------------------------------------
 // Algorithms
 
 namespace {
-
-// n elements cut into k blocks whose sizes differ by at most one.
-struct Blocks {
-  int64_t n;
-  int k;
-  int64_t offset(int b) const { return b * (n / k) + std::min<int64_t>(b, n % k); }
-  int64_t length(int b) const { return offset(b + 1) - offset(b); }
-};
-
-int mod(int a, int p) { return ((a % p) + p) % p; }
-
-// Calls f(offset, count) for consecutive pieces of [0, len): the same cut on every rank, so
-// sender and receiver agree on each message.
-template <typename F>
-void forPieces(int64_t len, int64_t piece, F&& f) {
-  for (int64_t off = 0; off < len; off += piece) f(off, std::min(piece, len - off));
-}
-
-double finalScale(const Context& c, int size) { return c.red.divideBySize ? 1.0 / size : 1.0; }
-
-// PREMUL_SUM: every rank's input times its factor, before anything is summed. In place when the
-// buffer is the op's own result; else a copy, so the caller's input is left as it was.
-at::Tensor prescale(const Context& c, const at::Tensor& in, bool inPlace) {
-  if (!c.red.needsPrescale()) return in;
-  at::NoGradGuard noGrad;
-  at::Tensor factor = c.red.premulTensor.defined()
-                          ? c.red.premulTensor.to(in.device(), in.scalar_type())
-                          : at::scalar_tensor(*c.red.premulScalar, in.options());
-  if (inPlace) return in.mul_(factor);
-  return in * factor;
-}
 
 // Ring reduce-scatter over size blocks of `in`; rank r ends with block r reduced in `out`.
 // inPlace: partial sums are kept in `in` itself and `out` is in's block r (all_reduce); else
@@ -308,37 +216,37 @@ void allgatherAllreduce(Context& c, const at::Tensor& buf) {
     c.reducer.combine(buf, buf, rows[k], k == p - 1 ? finalScale(c, p) : 1.0);
 }
 
-}  // namespace
-
-void allreduce(Context& c, Algo algo, const at::Tensor& buf) {
-  counted(algo);
-  if (buf.numel() == 0) return;
+bool ringAllreduce(Context& c, const at::Tensor& buf) {
   prescale(c, buf, /*inPlace=*/true);
-  switch (algo) {
-    case Algo::Ring: {
-      const int p = c.link.comm().size, r = c.link.comm().rank;
-      const Blocks blk{buf.numel(), p};
-      ringReduceScatter(c, buf, buf.narrow(0, blk.offset(r), blk.length(r)), /*inPlace=*/true);
-      ringAllgather(c, buf);
-      break;
-    }
-    case Algo::Rhd: rhdAllreduce(c, buf); break;
-    case Algo::Allgather: allgatherAllreduce(c, buf); break;
-    case Algo::Mpi: TORCH_INTERNAL_ASSERT(false, "mpigpu: algo::allreduce called for mpi");
-  }
+  const int p = c.link.comm().size, r = c.link.comm().rank;
+  const Blocks blk{buf.numel(), p};
+  ringReduceScatter(c, buf, buf.narrow(0, blk.offset(r), blk.length(r)), /*inPlace=*/true);
+  ringAllgather(c, buf);
   c.link.settle();
+  return true;
 }
 
-void reduceScatter(Context& c, const at::Tensor& in, const at::Tensor& out) {
-  counted(Algo::Ring);
-  if (out.numel() == 0) return;
+bool rhdAllreduceOp(Context& c, const at::Tensor& buf) {
+  prescale(c, buf, /*inPlace=*/true);
+  rhdAllreduce(c, buf);
+  c.link.settle();
+  return true;
+}
+
+bool allgatherAllreduceOp(Context& c, const at::Tensor& buf) {
+  prescale(c, buf, /*inPlace=*/true);
+  allgatherAllreduce(c, buf);
+  c.link.settle();
+  return true;
+}
+
+bool ringReduceScatterOp(Context& c, const at::Tensor& in, const at::Tensor& out) {
   ringReduceScatter(c, prescale(c, in, /*inPlace=*/false), out, /*inPlace=*/false);
   c.link.settle();
+  return true;
 }
 
-void reduce(Context& c, const at::Tensor& buf, int root) {
-  counted(Algo::Ring);
-  if (buf.numel() == 0) return;
+bool ringReduce(Context& c, const at::Tensor& buf, int root) {
   const int p = c.link.comm().size, r = c.link.comm().rank;
   const Blocks blk{buf.numel(), p};
   if (r == root) {
@@ -359,6 +267,156 @@ void reduce(Context& c, const at::Tensor& buf, int root) {
     sendWhole(c, mine, root);
   }
   c.link.settle();
+  return true;
+}
+
+}  // namespace
+
+// ---------------------------------------------------------------------------------------------
+// The table
+
+namespace {
+
+bool isHalf(at::ScalarType t) { return t == at::kHalf || t == at::kBFloat16; }
+
+// Measured on the 2-core CI VM, Open MPI 5, 2 ranks (benchmarks/results/node_cpu_2ranks.txt):
+// shared memory beat MPI's own at every size and op for host tensors.
+bool nodePicks(const Config& config, const Facts& f) {
+  return !f.groupHasGpu && f.nodeSuits && f.worldSize > 1 && config.nodeBufferBytes > 0;
+}
+std::string nodeRule(const Config& config, bool groupHasGpu) {
+  if (groupHasGpu || config.nodeBufferBytes == 0) return "";
+  return "node where more than one rank shares a node (the same count on every node)";
+}
+
+bool ringPicks(const Config& config, const Facts& f) {
+  if (f.worldSize == 1) return false;
+  // Below algoMinBytes MPI's own (staged for CUDA tensors) was faster on the GPU (Config.hpp).
+  if (f.groupHasGpu) return f.bytes >= config.algoMinBytes;
+  // MPI reduces fp16/bf16 with a user-defined op one element at a time; Open MPI 5's
+  // reduce_scatter lost to the ring from 1 MiB (see Config.hpp)
+  if (isHalf(f.dtype) && f.kind != OpKind::Reduce && f.bytes >= config.hostHalfRingBytes)
+    return true;
+  return f.kind == OpKind::ReduceScatter && f.bytes >= config.hostReduceScatterRingBytes;
+}
+std::string ringRule(const Config& config, bool groupHasGpu) {
+  if (groupHasGpu) {
+    return c10::str("ring from ", config.algoMinBytes,
+                    " bytes, reduced on the device; messages of "
+                    "at most ",
+                    config.algoPieceBytes, " bytes");
+  }
+  return c10::str("ring for fp16/bf16 all_reduce and reduce_scatter from ",
+                  config.hostHalfRingBytes, " bytes and any reduce_scatter from ",
+                  config.hostReduceScatterRingBytes, " bytes");
+}
+
+bool never(const Config&, const Facts&) { return false; }
+std::string neverRule(const Config&, bool) { return ""; }
+
+const Algorithm kNode{"node",
+                      "shared memory inside a node (one-shot / two-shot), hierarchical across "
+                      "nodes",
+                      &nodeAllreduce,
+                      &nodeReduceScatter,
+                      &nodeReduce,
+                      &nodePicks,
+                      &nodeRule};
+const Algorithm kRing{
+    "ring",         "reduce-scatter + all-gather around the ring over point-to-point",
+    &ringAllreduce, &ringReduceScatterOp,
+    &ringReduce,    &ringPicks,
+    &ringRule};
+const Algorithm kRhd{
+    "rhd",           "recursive halving + doubling over point-to-point (all_reduce)",
+    &rhdAllreduceOp, nullptr,
+    nullptr,         &never,
+    &neverRule};
+const Algorithm kAllgather{"allgather",
+                           "one MPI_Allgather, then every rank reduces all inputs (all_reduce)",
+                           &allgatherAllreduceOp,
+                           nullptr,
+                           nullptr,
+                           &never,
+                           &neverRule};
+
+// The order auto asks the rows in.
+const std::vector<const Algorithm*> kTable{&kNode, &kRing, &kRhd, &kAllgather};
+
+// one counter per row (value-initialised: zero)
+std::atomic<uint64_t>* const g_runs = new std::atomic<uint64_t>[kTable.size()]();
+
+size_t indexOf(const Algorithm& a) {
+  for (size_t i = 0; i < kTable.size(); ++i)
+    if (kTable[i] == &a) return i;
+  TORCH_INTERNAL_ASSERT(false, "mpigpu: an algorithm outside the table");
+}
+void counted(const Algorithm& a) { g_runs[indexOf(a)].fetch_add(1, std::memory_order_relaxed); }
+
+}  // namespace
+
+const std::vector<const Algorithm*>& algorithms() { return kTable; }
+const Algorithm& ring() { return kRing; }
+uint64_t runCount(const Algorithm& a) { return g_runs[indexOf(a)].load(std::memory_order_relaxed); }
+
+Policy policyFor(const std::string& word) {
+  if (word == "auto") return {};
+  if (word == "mpi") return {true, nullptr};
+  std::string words = "auto, mpi";
+  for (const Algorithm* a : kTable) {
+    if (word == a->name) return {true, a};
+    words += c10::str(", ", a->name);
+  }
+  C10_THROW_ERROR(ValueError,
+                  c10::str("mpigpu: TORCH_MPIGPU_ALGO=", word, " must be one of: ", words));
+}
+
+const Algorithm* choose(const Policy& policy, const Config& config, const Facts& facts) {
+  if (policy.forced) return policy.algorithm;
+  for (const Algorithm* a : kTable)
+    if (a->autoPicks(config, facts)) return a;
+  return nullptr;
+}
+
+const Algorithm& chooseOurs(const Policy& policy, const Config& config, const Facts& facts) {
+  const Algorithm* a = choose(policy, config, facts);
+  return a != nullptr ? *a : kRing;
+}
+
+std::string describeChoice(const Policy& policy, const Config& config, bool groupHasGpu) {
+  if (policy.forced) {
+    if (policy.algorithm == nullptr) return "TORCH_MPIGPU_ALGO=mpi: MPI's own for every reduction";
+    return c10::str("TORCH_MPIGPU_ALGO=", policy.algorithm->name,
+                    " for every reduction (the ring for the ops it does not serve)");
+  }
+  std::string rules;
+  for (const Algorithm* a : kTable) {
+    const std::string rule = a->autoRule(config, groupHasGpu);
+    if (!rule.empty()) rules += rule + "; ";
+  }
+  return c10::str("auto, ", groupHasGpu ? "a member has a GPU: " : "no member has a GPU: ", rules,
+                  "MPI's own otherwise");
+}
+
+void allreduce(Context& c, const Algorithm& a, const at::Tensor& buf) {
+  const Algorithm& run = a.allreduce != nullptr ? a : kRing;
+  if (buf.numel() == 0 || run.allreduce(c, buf)) return counted(run);
+  counted(kRing);
+  kRing.allreduce(c, buf);
+}
+
+void reduceScatter(Context& c, const Algorithm& a, const at::Tensor& in, const at::Tensor& out) {
+  const Algorithm& run = a.reduceScatter != nullptr ? a : kRing;
+  if (out.numel() == 0 || run.reduceScatter(c, in, out)) return counted(run);
+  counted(kRing);
+  kRing.reduceScatter(c, in, out);
+}
+
+void reduce(Context& c, const Algorithm& a, const at::Tensor& buf, int root) {
+  const Algorithm& run = a.reduce != nullptr ? a : kRing;
+  if (buf.numel() == 0 || run.reduce(c, buf, root)) return counted(run);
+  counted(kRing);
+  kRing.reduce(c, buf, root);
 }
 
 }  // namespace mpigpu::algo

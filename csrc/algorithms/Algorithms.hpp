@@ -1,8 +1,17 @@
 // Our own reduction algorithms: compositions of point-to-point messages (Link) and a local
 // reduction step (Reducer), so a CUDA tensor is reduced by the GPU even where the MPI library
-// would reduce device buffers on the host. The same code runs on host buffers, which is how CPU
-// CI tests every algorithm.
+// would reduce device buffers on the host; and node-aware ones that reach the node's peers through
+// shared memory (algorithms/NodeAlgorithms.cpp). The same code runs on host buffers, which is how
+// CPU CI tests every algorithm.
 //
+// Every algorithm is one row of one table (Algorithms.cpp: `kTable`): its name (the value of
+// TORCH_MPIGPU_ALGO that forces it), the ops it serves, one function per op, and when `auto`
+// picks it. Adding one is adding a row.
+//
+//   node       ranks on one node: every rank's input in shared memory, then one-shot (each rank
+//              reduces every slot, small ops) or two-shot (each reduces its 1/p slice, then all
+//              copy the slices). Across nodes, hierarchical: reduce inside the node, the slice
+//              over MPI between same-local-index ranks, gather inside the node
 //   ring       reduce-scatter + all-gather around the ring: 2(p-1) steps of n/p elements each,
 //              bandwidth-optimal for any rank count
 //   rhd        recursive halving (reduce-scatter) + recursive doubling (all-gather), 2 log2(p)
@@ -15,53 +24,93 @@
 // so while piece j is being reduced piece j+1 is still arriving. Every rank ends with bitwise
 // the same result: each block is reduced by exactly one rank, in an order fixed by the rank
 // count alone (ring: around the ring starting after the block's owner; rhd: pairwise along the
-// hypercube; allgather: rank 0, 1, 2, ... on every rank), and then copied to the others.
+// hypercube; allgather and node: rank 0, 1, 2, ... on every rank), and then copied to the others.
 //
-// reduce_scatter and reduce always use the ring (its blocks are the ranks' output blocks).
+// An op a forced algorithm does not serve, or cannot run in this group (node without a
+// segment), runs the ring.
 #pragma once
 
 #include <ATen/ATen.h>
 #include <torch/csrc/distributed/c10d/Types.hpp>
 
 #include <string>
+#include <vector>
 
 #include "Config.hpp"
 #include "algorithms/Link.hpp"
 #include "algorithms/Reducer.hpp"
 #include "mpi/Types.hpp"
 
+namespace mpigpu::node {
+class Node;
+}
+
 namespace mpigpu::algo {
 
-// (Algo, the setting's values, is declared with the settings: Config.hpp)
-const char* algoName(Algo a);
-
 enum class OpKind { Allreduce, ReduceScatter, Reduce };
-
-// An op's algorithm. Everything it depends on is the same on every rank of a group (sizes, dtype,
-// rank count, settings, and whether any member has a GPU, agreed when the group was made), so
-// every rank picks the same algorithm even when their tensors live on different devices. On the
-// per-op path: no strings.
-Algo choose(const Config& config, OpKind kind, int64_t bytes, at::ScalarType dtype, int worldSize,
-            bool groupHasGpu);
-// One line for info() and the group's description: the rule `choose` follows, and why.
-std::string describeChoice(const Config& config, bool groupHasGpu);
 
 struct Context {
   Link& link;
   Reducer& reducer;
   const mpi::Reduction& red;
   int64_t pieceElems;  // largest message, in elements
+  node::Node* node;    // the group's node-aware state; null where the group has none
 };
 
-// How many ops each algorithm has run in this process (tests prove a forced algorithm ran).
-uint64_t runCount(Algo a);
+// What an op's choice depends on. All of it is the same on every rank of a group (sizes, dtype,
+// rank count, settings, the group's shape and whether any member has a GPU, agreed when the
+// group was made), so every rank picks the same algorithm even when their tensors live on
+// different devices.
+struct Facts {
+  OpKind kind;
+  int64_t bytes;
+  at::ScalarType dtype;
+  int worldSize;
+  bool groupHasGpu;
+  bool nodeSuits;  // the group has node-aware state that suits it (node::Node::suits)
+};
 
-// In place on `buf` (every rank's result in every rank's buf).
-void allreduce(Context& c, Algo algo, const at::Tensor& buf);
-// `in` holds size x out.numel() elements, rank-major; rank r gets block r reduced, in `out`.
-// `in` is not modified.
-void reduceScatter(Context& c, const at::Tensor& in, const at::Tensor& out);
-// The root's `buf` gets the reduction; other ranks' `buf` is read only.
-void reduce(Context& c, const at::Tensor& buf, int root);
+// One row of the table. An op function returns false when it cannot run in this group (the ring
+// runs the op instead); nullptr: the op is not served.
+struct Algorithm {
+  const char* name;
+  const char* summary;
+  bool (*allreduce)(Context& c, const at::Tensor& buf);
+  // `in` holds size x out.numel() elements, rank-major; rank r gets block r reduced, in `out`.
+  bool (*reduceScatter)(Context& c, const at::Tensor& in, const at::Tensor& out);
+  // The root's `buf` gets the reduction; other ranks' `buf` is read only.
+  bool (*reduce)(Context& c, const at::Tensor& buf, int root);
+  // auto: whether this row takes the op (rows are asked in table order; MPI's own collectives
+  // take what none does), and that rule in words ("" : only when forced).
+  bool (*autoPicks)(const Config& config, const Facts& facts);
+  std::string (*autoRule)(const Config& config, bool groupHasGpu);
+};
+
+// Every row, in the order auto asks them.
+const std::vector<const Algorithm*>& algorithms();
+const Algorithm& ring();
+
+// TORCH_MPIGPU_ALGO resolved once per group: auto, mpi (MPI's own for every reduction), or a row.
+struct Policy {
+  bool forced = false;
+  const Algorithm* algorithm = nullptr;  // forced: null means mpi
+};
+// A word that is neither auto, mpi nor a row's name is a ValueError listing the words.
+Policy policyFor(const std::string& word);
+
+// An op's algorithm; null: MPI's own collectives. On the per-op path: no strings.
+const Algorithm* choose(const Policy& policy, const Config& config, const Facts& facts);
+// As choose, for an op whose buffers were made for our algorithms: never null (the ring).
+const Algorithm& chooseOurs(const Policy& policy, const Config& config, const Facts& facts);
+// One line for info() and the group's description: the rule `choose` follows, and why.
+std::string describeChoice(const Policy& policy, const Config& config, bool groupHasGpu);
+
+// How many ops each algorithm has run in this process (tests prove a forced algorithm ran).
+uint64_t runCount(const Algorithm& a);
+
+// Run `a` for the op (the ring where `a` does not serve it or cannot run here).
+void allreduce(Context& c, const Algorithm& a, const at::Tensor& buf);
+void reduceScatter(Context& c, const Algorithm& a, const at::Tensor& in, const at::Tensor& out);
+void reduce(Context& c, const Algorithm& a, const at::Tensor& buf, int root);
 
 }  // namespace mpigpu::algo

@@ -89,7 +89,8 @@ void freeComm(MPI_Comm* comm) {
   }
 }
 
-void allreduceInPlace(const Comm& c, const char* op, at::Tensor& buf, const Reduction& red) {
+void allreduceInPlace(const Comm& c, const char* op, at::Tensor& buf, const Reduction& red,
+                      bool counted) {
   if (red.needsPrescale()) {
     if (red.premulTensor.defined())
       buf.mul_(red.premulTensor.to(buf.device(), buf.scalar_type()));
@@ -99,7 +100,7 @@ void allreduceInPlace(const Comm& c, const char* op, at::Tensor& buf, const Redu
   }
   const int64_t es = buf.element_size();
   forChunks(buf.numel(), c.maxCount, [&](int64_t off, int n) {
-    ++g_calls;
+    if (counted) ++g_calls;
     MPIGPU_MPI_CHECK(
         MPI_Allreduce(MPI_IN_PLACE, bytes(buf) + off * es, n, red.type, red.op, c.handle), op,
         c.rank);
@@ -219,7 +220,7 @@ void scatter(const Comm& c, const char* op, const at::Tensor* in, at::Tensor& ou
 }
 
 void reduceScatter(const Comm& c, const char* op, const at::Tensor& in, at::Tensor& out,
-                   const Reduction& red) {
+                   const Reduction& red, bool counted) {
   const int64_t count = out.numel();
   if (count == 0) return;
   const at::Tensor send = prescaled(in, red);
@@ -231,7 +232,7 @@ void reduceScatter(const Comm& c, const char* op, const at::Tensor& in, at::Tens
     const bool whole = n == count;
     at::Tensor piece = whole ? send : send.view({c.size, count}).narrow(1, off, n).contiguous();
     settle(piece);
-    ++g_calls;
+    if (counted) ++g_calls;
     MPIGPU_MPI_CHECK(
         MPI_Reduce_scatter_block(bytes(piece), bytes(result) + off * result.element_size(), n,
                                  red.type, red.op, c.handle),

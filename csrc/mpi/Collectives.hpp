@@ -31,7 +31,9 @@ void freeComm(MPI_Comm* comm);
 // Number of MPI communication calls made by this process (tests count them to prove fusion).
 uint64_t callCount();
 
-void allreduceInPlace(const Comm& c, const char* op, at::Tensor& buf, const Reduction& red);
+// `counted`: adds to callCount() (false inside our algorithms, which count their runs themselves).
+void allreduceInPlace(const Comm& c, const char* op, at::Tensor& buf, const Reduction& red,
+                      bool counted = true);
 void broadcast(const Comm& c, const char* op, at::Tensor& buf, int root);
 // `out` is used on the root only and may be `in` itself.
 void reduce(const Comm& c, const char* op, const at::Tensor& in, at::Tensor& out,
@@ -44,7 +46,7 @@ void gather(const Comm& c, const char* op, const at::Tensor& in, at::Tensor* out
 void scatter(const Comm& c, const char* op, const at::Tensor* in, at::Tensor& out, int root);
 // `in` holds size * out.numel() elements.
 void reduceScatter(const Comm& c, const char* op, const at::Tensor& in, at::Tensor& out,
-                   const Reduction& red);
+                   const Reduction& red, bool counted = true);
 // Counts in elements, one per peer; data packed in peer order. `uniform`: every rank passes the
 // same counts (all_to_all_single without splits), so whether to split needs no agreement round.
 void alltoallv(const Comm& c, const char* op, const at::Tensor& in,

@@ -1,9 +1,13 @@
-"""The automatic algorithm choice on host tensors (TORCH_MPIGPU_ALGO=auto, no GPU in the group),
-at its thresholds: fp16/bf16 all_reduce and reduce_scatter take our ring from
+"""The automatic algorithm choice on host tensors (TORCH_MPIGPU_ALGO=auto, no GPU in the group).
+Where more than one rank shares a node (the same count on every node, read from the group's
+description), the node algorithm takes every reduction of any size and dtype. Elsewhere
+(TORCH_MPIGPU_NODE_BUFFER_BYTES=0, one rank per node, a single rank), the rules at their thresholds: fp16/bf16 all_reduce and reduce_scatter take our ring from
 TORCH_MPIGPU_HOST_HALF_RING_BYTES, any reduce_scatter from TORCH_MPIGPU_HOST_RS_RING_BYTES, and
 everything else (fp32 all_reduce however big, reduce of any dtype) MPI's own. Sizes just below and
 at each threshold (the input's bytes); which ran is read from the algorithm counters, and every
 result is checked against the float64 reference within its bound."""
+
+import re
 
 import torch
 import torch.distributed as dist
@@ -19,10 +23,13 @@ def main():
     half_ring = int(torch_mpi_gpu.config.get("TORCH_MPIGPU_HOST_HALF_RING_BYTES"))
     rs_ring = int(torch_mpi_gpu.config.get("TORCH_MPIGPU_HOST_RS_RING_BYTES"))
 
-    def ring_ran(fn):
-        before = torch_mpi_gpu._C.algorithm_runs()["ring"]
+    def ran(name, fn):
+        before = torch_mpi_gpu._C.algorithm_runs()[name]
         fn()
-        return torch_mpi_gpu._C.algorithm_runs()["ring"] > before
+        return torch_mpi_gpu._C.algorithm_runs()[name] > before
+
+    def ring_ran(fn):
+        return ran("ring", fn)
 
     def all_reduce(dtype, numel, seed):
         inputs = [make_input(seed, r, numel, dtype) for r in range(world)]
@@ -50,6 +57,20 @@ def main():
                not all_reduce(torch.float32, algo_min // 4 - 1, 5))
         at = all_reduce(torch.float32, algo_min // 4, 6)
         c.true("fp32 all_reduce at ALGO_MIN_BYTES: the ring", at, f"ring ran: {at}")
+        return c.finish()
+
+    described = dist.group.WORLD._get_backend(torch.device("cpu")).describe()
+    shape = re.search(r"nodes: (\d+) nodes? x (\d+) ranks?", described)
+    if world > 1 and int(torch_mpi_gpu.config.get("TORCH_MPIGPU_NODE_BUFFER_BYTES")) > 0:
+        c.section("ranks sharing a node: the node algorithm for every reduction")
+        c.true("the group's description: nodes x ranks per node = world",
+               shape is not None and int(shape[1]) * int(shape[2]) == world, described)
+        for i, (dtype, numel) in enumerate([(torch.float32, 1), (torch.float32, rs_ring),
+                                            (torch.bfloat16, half_ring), (torch.float16, 3)]):
+            node = ran("node", lambda: all_reduce(dtype, numel, 60 + i))
+            c.true(f"{dtype} all_reduce of {numel} elements: node", node)
+            node = ran("node", lambda: reduce_scatter(dtype, numel, 70 + i))
+            c.true(f"{dtype} reduce_scatter of {numel} x {world} elements: node", node)
         return c.finish()
 
     c.section("fp16/bf16 all_reduce: the ring from HOST_HALF_RING_BYTES")

@@ -12,9 +12,9 @@ from common import (ALL_DTYPES, FLOAT_DTYPES, Checker, make_input,
                     reduced, reference_reduce, reduction_bound, run,
                     use_test_device)
 
-# a forced algorithm of ours (not MPI's own collectives)
-OUR_ALGO = os.environ.get("TORCH_MPIGPU_ALGO") if os.environ.get("TORCH_MPIGPU_ALGO") in (
-    "ring", "rhd", "allgather") else None
+# a forced algorithm of ours (a row of the algorithm table, not MPI's own collectives)
+OUR_ALGO = os.environ.get("TORCH_MPIGPU_ALGO") if os.environ.get("TORCH_MPIGPU_ALGO") in {
+    a["name"] for a in torch_mpi_gpu._C.algorithms()} else None
 
 RED_OPS = {
     "sum": dist.ReduceOp.SUM, "avg": dist.ReduceOp.AVG, "product": dist.ReduceOp.PRODUCT,
@@ -155,14 +155,17 @@ def main():
     for i, m in enumerate(mine):
         want, bound = summed(i, m.dtype)
         c.close(f"all_reduce_coalesced tensor {i} {m.dtype}", m, want, m.dtype, bound=bound)
-    before = torch_mpi_gpu_calls()
+    before, ours_before = torch_mpi_gpu_calls(), sum(torch_mpi_gpu._C.algorithm_runs().values())
     with dist._coalescing_manager(async_ops=True) as cm:
         parts = [x.clone() for x in per_rank[rank] if x.dtype == torch.float32]
         for p in parts:
             dist.all_reduce(p)
     cm.wait()
+    # one run of our algorithm, or MPI's own call (split where MAX_ELEMENTS_PER_CALL is small)
+    ours = sum(torch_mpi_gpu._C.algorithm_runs().values()) > ours_before
     c.true("coalescing manager: one MPI call for one dtype",
-           torch_mpi_gpu_calls() - before == chunks(8), f"{torch_mpi_gpu_calls() - before} calls")
+           torch_mpi_gpu_calls() - before == (1 if ours else chunks(8)),
+           f"{torch_mpi_gpu_calls() - before} calls")
     for j, i in enumerate((0, 2)):
         want, bound = summed(i, torch.float32)
         c.close(f"coalescing manager all_reduce {j}", parts[j], want, torch.float32, bound=bound)
@@ -278,6 +281,15 @@ def main():
     dist.broadcast_object_list(lst, src=0)
     c.true("broadcast_object_list", lst == ["from 0", 3], str(lst))
     dist.barrier()
+    pretend = int(os.environ.get("TORCH_MPIGPU_PRETEND_NODES", "1"))
+    if pretend > 1:
+        # one host cut into `pretend` nodes of consecutive ranks (sizes differing by at most one)
+        c.section("the group's pretend nodes")
+        described = dist.group.WORLD._get_backend(torch.device("cpu")).describe()
+        k = min(pretend, world)
+        want = (f"nodes: {k} nodes x {world // k} ranks" if world % k == 0 else
+                f"nodes: nodes of {world // k} to {world // k + 1} ranks (not uniform)")
+        c.true("the description names them", want in described, f"want {want!r} in {described}")
     if OUR_ALGO:
         c.section("the forced algorithm ran")
         runs = torch_mpi_gpu._C.algorithm_runs()

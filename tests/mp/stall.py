@@ -18,6 +18,8 @@ import time
 import torch
 import torch.distributed as dist
 
+import torch_mpi_gpu
+
 from common import Checker, run
 
 
@@ -28,7 +30,9 @@ def main():
     c = Checker(f"stall({mode}, np={world})")
     t = torch.ones(16)
     dist.all_reduce(t)  # everyone is up
-    print(f"[rank {rank}] started at {time.time():.3f}", flush=True)
+    runs = torch_mpi_gpu._C.algorithm_runs()
+    print(f"[rank {rank}] started at {time.time():.3f} (node algorithm runs: {runs['node']})",
+          flush=True)
     if mode == "die":
         if rank == 1:
             time.sleep(0.5)

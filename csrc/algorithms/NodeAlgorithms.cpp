@@ -1,0 +1,234 @@
+#include "algorithms/NodeAlgorithms.hpp"
+
+#include <c10/util/ParallelGuard.h>
+
+#include <cstring>
+#include <vector>
+
+#include "algorithms/Steps.hpp"
+#include "mpi/Collectives.hpp"
+#include "node/Node.hpp"
+
+namespace mpigpu::algo {
+namespace {
+
+using node::Node;
+using node::SharedSegment;
+using node::Topology;
+
+struct NodeOp {
+  Context& c;
+  Node& node;
+  SharedSegment& seg;
+  const Topology& topo;
+  const char* op;
+  int rank;  // in the group, for errors
+  void sync() { seg.sync(op, rank); }
+  at::Tensor slot(int r, at::ScalarType t, int64_t n) const { return seg.slot(r, t, n); }
+};
+
+// The reduction across nodes is MPI's: no AVG division (done once, at the end) and no PREMUL
+// factor (applied to the inputs before anything was summed).
+mpi::Reduction plainSum(const mpi::Reduction& red) {
+  mpi::Reduction r = red;
+  r.divideBySize = false;
+  r.premulScalar.reset();
+  r.premulTensor = at::Tensor();
+  return r;
+}
+
+// dst = sources[0] op sources[1] op ... in the order given, times `scale` at the last step.
+// dst may be sources[0] (and only that one: it is read first).
+void combineAll(Context& c, const at::Tensor& dst, const std::vector<at::Tensor>& sources,
+                double scale) {
+  const size_t k = sources.size();
+  if (k == 1) {
+    if (!dst.is_same(sources[0])) dst.copy_(sources[0]);
+    if (scale != 1.0) dst.mul_(scale);
+    return;
+  }
+  c.reducer.combine(dst, sources[0], sources[1], k == 2 ? scale : 1.0);
+  for (size_t j = 2; j < k; ++j) c.reducer.combine(dst, dst, sources[j], j == k - 1 ? scale : 1.0);
+}
+
+// The same range [off, off+len) of every local rank's slot, starting at `first` and going round.
+std::vector<at::Tensor> slotRanges(const NodeOp& o, at::ScalarType t, int64_t slotElems,
+                                   int64_t off, int64_t len, int first) {
+  std::vector<at::Tensor> v;
+  const int L = o.topo.localSize;
+  for (int j = 0; j < L; ++j)
+    v.push_back(o.slot((first + j) % L, t, slotElems).narrow(0, off, len));
+  return v;
+}
+
+// Small SUMs (the latency-bound case: gradients' norms, loss values, flags) in a plain loop over
+// the slots, without building tensors: the same additions in the same order as the reducer's.
+constexpr int64_t kSmallBytes = 4096;
+
+template <typename T, typename Acc = T>
+void sumSlots(const NodeOp& o, T* out, int64_t n, double scale) {
+  const int L = o.topo.localSize;
+  const T* first = reinterpret_cast<const T*>(o.seg.slotData(0));
+  for (int64_t i = 0; i < n; ++i) {
+    Acc acc = static_cast<Acc>(first[i]);
+    for (int j = 1; j < L; ++j)
+      acc += static_cast<Acc>(reinterpret_cast<const T*>(o.seg.slotData(j))[i]);
+    out[i] = scale != 1.0 ? static_cast<T>(acc * static_cast<Acc>(scale)) : static_cast<T>(acc);
+  }
+}
+
+// True when it did the op (float/double SUM, AVG, PREMUL_SUM up to kSmallBytes on one node).
+bool smallAllreduce(NodeOp& o, const at::Tensor& buf, double scale) {
+  const int64_t bytes = buf.numel() * buf.element_size();
+  const bool sum = arithmeticOf(o.c.red.kind) == c10d::ReduceOp::SUM;
+  const auto t = buf.scalar_type();
+  if (!sum || bytes > kSmallBytes || o.topo.nodes != 1 || (t != at::kFloat && t != at::kDouble))
+    return false;
+  std::memcpy(o.seg.slotData(o.topo.localRank), buf.const_data_ptr(), bytes);
+  o.sync();
+  if (t == at::kFloat)
+    sumSlots<float>(o, buf.data_ptr<float>(), buf.numel(), scale);
+  else
+    sumSlots<double>(o, buf.data_ptr<double>(), buf.numel(), scale);
+  o.seg.flip();
+  return true;
+}
+
+// In place on the host tensor `buf`, in pieces of one slot.
+void allreduceOnHost(NodeOp& o, const at::Tensor& buf) {
+  prescale(o.c, buf, /*inPlace=*/true);
+  const Topology& t = o.topo;
+  const int L = t.localSize, me = t.localRank;
+  const auto dtype = buf.scalar_type();
+  const double scale = finalScale(o.c, t.nodes * L);
+  if (smallAllreduce(o, buf, scale)) return;
+  const int64_t chunk = o.seg.slotBytes() / buf.element_size();
+  // one-shot: every rank reduces all slots in rank order (the same bits everywhere); two-shot:
+  // each rank reduces its 1/L of them, then all copy every slice
+  const bool oneShot = t.nodes == 1 && buf.numel() * buf.element_size() <= o.node.oneShotBytes();
+  forPieces(buf.numel(), chunk, [&](int64_t off, int64_t m) {
+    at::Tensor part = buf.narrow(0, off, m);
+    o.slot(me, dtype, m).copy_(part);
+    o.sync();
+    if (oneShot) {
+      combineAll(o.c, part, slotRanges(o, dtype, m, 0, m, 0), scale);
+    } else {
+      const Blocks blk{m, L};
+      const int64_t bo = blk.offset(me), bl = blk.length(me);
+      if (bl > 0) {
+        // starting from this rank's own slot, the only one it writes: in place there
+        auto sources = slotRanges(o, dtype, m, bo, bl, me);
+        at::Tensor mine = sources[0];
+        combineAll(o.c, mine, sources, t.nodes == 1 ? scale : 1.0);
+        if (t.nodes > 1) {
+          mpi::allreduceInPlace(t.crossComm, o.op, mine, plainSum(o.c.red), /*counted=*/false);
+          if (scale != 1.0) mine.mul_(scale);
+        }
+      }
+      o.sync();
+      for (int j = 0; j < L; ++j) {
+        part.narrow(0, blk.offset(j), blk.length(j))
+            .copy_(o.slot(j, dtype, m).narrow(0, blk.offset(j), blk.length(j)));
+      }
+    }
+    o.seg.flip();
+  });
+}
+
+// `in` holds size x out.numel() elements in group rank order; this rank's block reduced to out.
+void reduceScatterOnHost(NodeOp& o, const at::Tensor& in, const at::Tensor& out) {
+  const Topology& t = o.topo;
+  const int L = t.localSize, me = t.localRank, p = t.nodes * L;
+  const auto dtype = out.scalar_type();
+  const int64_t m = out.numel();
+  const at::Tensor rows = prescale(o.c, in, /*inPlace=*/false).view({p, m});
+  const int64_t cols = std::max<int64_t>(1, o.seg.slotBytes() / (out.element_size() * p));
+  const double scale = finalScale(o.c, p);
+  forPieces(m, cols, [&](int64_t off, int64_t w) {
+    o.slot(me, dtype, p * w).view({p, w}).copy_(rows.narrow(1, off, w));
+    o.sync();
+    at::Tensor dst = out.narrow(0, off, w);
+    if (t.nodes == 1) {
+      combineAll(o.c, dst, slotRanges(o, dtype, p * w, me * w, w, 0), scale);
+    } else {
+      // the node's sum of every block this rank's cross-node peers own, then MPI's
+      // reduce_scatter among those peers
+      at::Tensor mine = at::empty({t.nodes * w}, out.options());
+      for (int i = 0; i < t.nodes; ++i) {
+        combineAll(o.c, mine.narrow(0, i * w, w),
+                   slotRanges(o, dtype, p * w, t.crossMembers[i] * w, w, 0), 1.0);
+      }
+      mpi::reduceScatter(t.crossComm, o.op, mine, dst, plainSum(o.c.red), /*counted=*/false);
+      if (scale != 1.0) dst.mul_(scale);
+    }
+    o.seg.flip();
+  });
+}
+
+// The root's buf gets the reduction; the others' buf is only read.
+void reduceOnHost(NodeOp& o, const at::Tensor& buf, int root) {
+  const Topology& t = o.topo;
+  if (t.nodes > 1) {  // across nodes: the hierarchical all_reduce, on a copy off the root
+    at::Tensor work = o.c.link.comm().rank == root ? buf : buf.clone();
+    allreduceOnHost(o, work);
+    return;
+  }
+  const int L = t.localSize, me = t.localRank;
+  const auto dtype = buf.scalar_type();
+  const double scale = finalScale(o.c, L);
+  const int64_t chunk = o.seg.slotBytes() / buf.element_size();
+  const at::Tensor in = prescale(o.c, buf, /*inPlace=*/false);
+  forPieces(buf.numel(), chunk, [&](int64_t off, int64_t m) {
+    o.slot(me, dtype, m).copy_(in.narrow(0, off, m));
+    o.sync();
+    if (me == root) combineAll(o.c, buf.narrow(0, off, m), slotRanges(o, dtype, m, 0, m, 0), scale);
+    o.seg.flip();
+  });
+}
+
+// Runs fn(op context, host tensors): on the tensors themselves when they are host memory, else
+// on host copies (a forced `node` with tensors of another device) copied back afterwards.
+template <typename F>
+bool onNode(Context& c, std::vector<at::Tensor> tensors, std::vector<bool> written, F&& fn) {
+  Node* node = c.node;
+  SharedSegment* seg = node != nullptr && node->suits() ? node->segment(c.link.op()) : nullptr;
+  if (seg == nullptr) return false;
+  std::vector<at::Tensor> host;
+  bool copied = false;
+  for (const auto& t : tensors) {
+    copied = copied || !t.is_cpu();
+    host.push_back(t.is_cpu() ? t : t.to(at::kCPU));
+  }
+  // copies are reduced by the host's reducer, not the device's
+  std::unique_ptr<Reducer> hostReducer = copied ? makeHostReducer(c.red.kind) : nullptr;
+  Context hc{c.link, copied ? *hostReducer : c.reducer, c.red, c.pieceElems, c.node};
+  NodeOp o{hc, *node, *seg, node->topology(), c.link.op(), c.link.comm().rank};
+  {
+    // Every rank of the node copies and reduces at once, typically one rank per core: ATen's
+    // intra-op threads would only take cores from the peers this rank waits for.
+    c10::ParallelGuard serial(true);
+    fn(o, host);
+  }
+  for (size_t i = 0; i < tensors.size(); ++i)
+    if (written[i] && !tensors[i].is_same(host[i])) tensors[i].copy_(host[i]);
+  return true;
+}
+
+}  // namespace
+
+bool nodeAllreduce(Context& c, const at::Tensor& buf) {
+  return onNode(c, {buf}, {true},
+                [](NodeOp& o, std::vector<at::Tensor>& h) { allreduceOnHost(o, h[0]); });
+}
+
+bool nodeReduceScatter(Context& c, const at::Tensor& in, const at::Tensor& out) {
+  return onNode(c, {in, out}, {false, true},
+                [](NodeOp& o, std::vector<at::Tensor>& h) { reduceScatterOnHost(o, h[0], h[1]); });
+}
+
+bool nodeReduce(Context& c, const at::Tensor& buf, int root) {
+  return onNode(c, {buf}, {true},
+                [root](NodeOp& o, std::vector<at::Tensor>& h) { reduceOnHost(o, h[0], root); });
+}
+
+}  // namespace mpigpu::algo

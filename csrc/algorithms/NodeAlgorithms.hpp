@@ -1,0 +1,14 @@
+// The node-aware algorithms (the table's `node` row): shared memory among a node's ranks and,
+// for groups that span nodes, MPI between same-local-index ranks. Each returns false, before
+// touching anything, where the group has no segment (the ring runs the op then).
+#pragma once
+
+#include "algorithms/Algorithms.hpp"
+
+namespace mpigpu::algo {
+
+bool nodeAllreduce(Context& c, const at::Tensor& buf);
+bool nodeReduceScatter(Context& c, const at::Tensor& in, const at::Tensor& out);
+bool nodeReduce(Context& c, const at::Tensor& buf, int root);
+
+}  // namespace mpigpu::algo

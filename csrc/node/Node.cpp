@@ -1,0 +1,49 @@
+#include "node/Node.hpp"
+
+#include <c10/util/Logging.h>
+#include <c10/util/StringUtil.h>
+
+#include "mpi/Check.hpp"
+
+namespace mpigpu::node {
+
+Node::Node(Topology topology, const mpi::Comm& group, int64_t slotBytes, int64_t oneShotBytes)
+    : topology_(std::move(topology)),
+      group_(group),
+      slotBytes_(slotBytes),
+      oneShotBytes_(oneShotBytes) {}
+
+Node::~Node() = default;
+
+SharedSegment* Node::segment(const char* op) {
+  if (tried_) return segment_.get();
+  tried_ = true;
+  std::string why;
+  segment_ = SharedSegment::create(topology_.nodeComm, slotBytes_, op, group_.rank, &why);
+  int ok = segment_ ? 1 : 0;
+  MPIGPU_MPI_CHECK(MPI_Allreduce(MPI_IN_PLACE, &ok, 1, MPI_INT, MPI_MIN, group_.handle), op,
+                   group_.rank);
+  if (!ok) {
+    segment_.reset();
+    unavailable_ = why.empty() ? "another rank could not map its node's segment" : why;
+    LOG(WARNING) << "mpigpu " << op << " [rank " << group_.rank
+                 << "]: no shared-memory segment for the node-aware algorithms (" << unavailable_
+                 << "); this group's reductions use the ring instead";
+  }
+  return segment_.get();
+}
+
+void Node::free() {
+  segment_.reset();
+  topology_.free();
+}
+
+std::string Node::describe() const {
+  std::string s = topology_.describe();
+  if (!suits()) return s;
+  if (!unavailable_.empty()) return c10::str(s, ", shared memory unavailable: ", unavailable_);
+  return c10::str(s, ", shared memory ", slotBytes_, " bytes per rank and half",
+                  tried_ ? "" : " (made at the first node-aware op)");
+}
+
+}  // namespace mpigpu::node

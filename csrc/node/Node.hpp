@@ -1,0 +1,43 @@
+// A group's node-aware state: its topology (made with the group) and its shared-memory segment
+// (made at the first op that needs it, so groups that never reduce on the host hold none).
+#pragma once
+
+#include <memory>
+#include <string>
+
+#include "node/SharedSegment.hpp"
+#include "node/Topology.hpp"
+
+namespace mpigpu::node {
+
+class Node {
+ public:
+  // `group`: the communicator the ranks agree over when the segment is made.
+  Node(Topology topology, const mpi::Comm& group, int64_t slotBytes, int64_t oneShotBytes);
+  ~Node();
+  Node(const Node&) = delete;
+  Node& operator=(const Node&) = delete;
+
+  const Topology& topology() const { return topology_; }
+  int64_t oneShotBytes() const { return oneShotBytes_; }
+  // Whether the node-aware algorithms suit this group's shape: more than one rank on a node, the
+  // same number on every node. The same answer on every rank.
+  bool suits() const { return topology_.uniform && topology_.localSize > 1; }
+  // The segment, made by the first call (collective over the group: every rank agrees whether it
+  // exists, so all fall back together). Null: unavailable; describe() says why.
+  SharedSegment* segment(const char* op);
+  // Frees the communicators (on the engine thread; collective in spirit, as at group destroy).
+  void free();
+  std::string describe() const;
+
+ private:
+  Topology topology_;
+  mpi::Comm group_;
+  int64_t slotBytes_;
+  int64_t oneShotBytes_;
+  std::unique_ptr<SharedSegment> segment_;
+  bool tried_ = false;
+  std::string unavailable_;
+};
+
+}  // namespace mpigpu::node

@@ -1,0 +1,162 @@
+#include "node/SharedSegment.hpp"
+
+#include <fcntl.h>
+#include <sched.h>
+#include <signal.h>
+#include <sys/mman.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include <c10/util/StringUtil.h>
+
+#include <atomic>
+#include <cerrno>
+#include <chrono>
+#include <cstring>
+#include <thread>
+
+#include "Errors.hpp"
+#include "mpi/Check.hpp"
+
+namespace mpigpu::node {
+
+// 128 bytes: two cache lines, so the adjacent-line prefetcher does not couple two ranks' counters.
+struct SharedSegment::Peer {
+  uint64_t arrived;  // syncs this rank has reached (atomic access only)
+  int64_t pid;
+  uint8_t pad[112];
+};
+static_assert(sizeof(SharedSegment::Peer) == 128, "one Peer per 128 bytes");
+
+namespace {
+
+constexpr size_t kPage = 4096;
+
+// A spin-wait hint: the waiting thread leaves the core's resources to its sibling hyperthread,
+// which may be the very peer it waits for.
+inline void cpuRelax() {
+#if defined(__x86_64__) || defined(__i386__)
+  __builtin_ia32_pause();
+#elif defined(__aarch64__)
+  asm volatile("yield" ::: "memory");
+#endif
+}
+size_t roundUp(size_t n, size_t to) { return (n + to - 1) / to * to; }
+
+std::string errnoText(int e) { return std::strerror(e); }
+
+// Rank 0's part: a new name, the file sized and its pages reserved, mapped. "" on success.
+std::string makeSegment(const std::string& name, size_t bytes, int* fdOut) {
+  const int fd = shm_open(name.c_str(), O_CREAT | O_EXCL | O_RDWR, 0600);
+  if (fd < 0) return c10::str("shm_open(", name, "): ", errnoText(errno));
+  *fdOut = fd;
+  if (ftruncate(fd, static_cast<off_t>(bytes)) != 0)
+    return c10::str("ftruncate(", bytes, " bytes): ", errnoText(errno));
+  // reserve the pages now: a tmpfs that cannot hold them says so here, not with SIGBUS later
+  const int rc = posix_fallocate(fd, 0, static_cast<off_t>(bytes));
+  if (rc != 0) {
+    return c10::str("reserving ", bytes, " bytes in /dev/shm: ", errnoText(rc),
+                    " (make /dev/shm larger, e.g. docker --shm-size, or lower "
+                    "TORCH_MPIGPU_NODE_BUFFER_BYTES)");
+  }
+  return "";
+}
+
+}  // namespace
+
+std::unique_ptr<SharedSegment> SharedSegment::create(const mpi::Comm& nodeComm, int64_t slotBytes,
+                                                     const char* op, int rankForErrors,
+                                                     std::string* why) {
+  std::unique_ptr<SharedSegment> seg(new SharedSegment());
+  seg->localRank_ = nodeComm.rank;
+  seg->localSize_ = nodeComm.size;
+  seg->slotBytes_ = static_cast<int64_t>(roundUp(static_cast<size_t>(slotBytes), kPage));
+  seg->headerBytes_ = roundUp(sizeof(Peer) * nodeComm.size, kPage);
+  const size_t bytes = seg->headerBytes_ + 2 * nodeComm.size * static_cast<size_t>(seg->slotBytes_);
+  static std::atomic<int> made{0};
+  // unique on the node: rank 0's pid, and a count within that process
+  char name[64] = {0};
+  std::snprintf(name, sizeof name, "/mpigpu-%ld-%d", static_cast<long>(getpid()), made++);
+  MPIGPU_MPI_CHECK(MPI_Bcast(name, sizeof name, MPI_CHAR, 0, nodeComm.handle), op, rankForErrors);
+  std::string error;
+  int fd = -1;
+  if (nodeComm.rank == 0) error = makeSegment(name, bytes, &fd);
+  int made0 = error.empty() ? 1 : 0;
+  MPIGPU_MPI_CHECK(MPI_Bcast(&made0, 1, MPI_INT, 0, nodeComm.handle), op, rankForErrors);
+  if (nodeComm.rank != 0 && made0) {
+    fd = shm_open(name, O_RDWR, 0600);
+    if (fd < 0) error = c10::str("shm_open(", name, ") of rank 0's segment: ", errnoText(errno));
+  }
+  if (made0 && fd >= 0) {
+    void* p = mmap(nullptr, bytes, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
+    if (p == MAP_FAILED) {
+      error = c10::str("mmap(", bytes, " bytes): ", errnoText(errno));
+    } else {
+      seg->base_ = static_cast<uint8_t*>(p);
+      seg->mappedBytes_ = bytes;
+      seg->peer(nodeComm.rank)->pid = getpid();
+    }
+  }
+  if (fd >= 0) close(fd);
+  // every rank has mapped it (or failed to): the name can go
+  MPIGPU_MPI_CHECK(MPI_Barrier(nodeComm.handle), op, rankForErrors);
+  if (nodeComm.rank == 0 && fd >= 0) shm_unlink(name);
+  if (!made0 && error.empty()) error = "rank 0 of this node could not make the segment";
+  if (!error.empty()) {
+    *why = error;
+    return nullptr;
+  }
+  return seg;
+}
+
+SharedSegment::~SharedSegment() {
+  if (base_ != nullptr) munmap(base_, mappedBytes_);
+}
+
+SharedSegment::Peer* SharedSegment::peer(int rank) const {
+  return reinterpret_cast<Peer*>(base_ + sizeof(Peer) * rank);
+}
+
+at::Tensor SharedSegment::slot(int rank, at::ScalarType dtype, int64_t elems) const {
+  return at::from_blob(slotData(rank), {elems}, at::TensorOptions().dtype(dtype));
+}
+
+void SharedSegment::checkAlive(int rank, const char* op, int rankForErrors) const {
+  const auto pid = static_cast<pid_t>(peer(rank)->pid);
+  if (pid > 0 && kill(pid, 0) != 0 && errno == ESRCH) {
+    MPIGPU_THROW_BACKEND(op, rankForErrors, "local rank ", rank, " of this node (pid ", pid,
+                         ") exited while this rank waited for it in shared memory; the job "
+                         "cannot go on: end it and see that rank's output for why it ended");
+  }
+}
+
+void SharedSegment::sync(const char* op, int rankForErrors) {
+  ++epoch_;
+  __atomic_store_n(&peer(localRank_)->arrived, epoch_, __ATOMIC_RELEASE);
+  using Clock = std::chrono::steady_clock;
+  for (int r = 0; r < localSize_; ++r) {
+    if (r == localRank_) continue;
+    uint64_t* arrived = &peer(r)->arrived;
+    if (__atomic_load_n(arrived, __ATOMIC_ACQUIRE) >= epoch_) continue;
+    const auto start = Clock::now();
+    auto nextCheck = start + std::chrono::milliseconds(200);
+    for (uint64_t spins = 0; __atomic_load_n(arrived, __ATOMIC_ACQUIRE) < epoch_; ++spins) {
+      if (spins < 2000) {  // the peer is usually microseconds behind
+        cpuRelax();
+        continue;
+      }
+      const auto now = Clock::now();
+      if (now - start < std::chrono::milliseconds(5)) {
+        sched_yield();  // oversubscribed: let the peer run
+      } else {
+        std::this_thread::sleep_for(std::chrono::microseconds(50));
+      }
+      if (now >= nextCheck) {
+        checkAlive(r, op, rankForErrors);
+        nextCheck = now + std::chrono::milliseconds(200);
+      }
+    }
+  }
+}
+
+}  // namespace mpigpu::node

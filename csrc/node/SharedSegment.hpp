@@ -1,0 +1,65 @@
+// A group's shared-memory segment on one node: per rank two slots (alternate halves, so one
+// barrier per step is enough: a slot is rewritten two steps later, after every peer has passed
+// the barrier in between) and an arrival counter. Ranks reach each other's slots by plain loads
+// and stores; `sync` is the only ordering between them.
+//
+// POSIX shared memory, not an MPI-3 shared window: the name is unlinked as soon as every rank has
+// mapped it, so nothing is left in /dev/shm whatever happens to the job later (a killed rank,
+// MPI_Abort), and the pages are reserved up front (posix_fallocate), so a full /dev/shm is an
+// error at creation rather than a SIGBUS in the middle of an op.
+#pragma once
+
+#include <ATen/ATen.h>
+
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "mpi/Collectives.hpp"
+
+namespace mpigpu::node {
+
+class SharedSegment {
+ public:
+  // Collective over `nodeComm`. Null, with the reason in `why`, when this rank could not map it
+  // (the caller agrees with the other ranks before anyone uses it).
+  static std::unique_ptr<SharedSegment> create(const mpi::Comm& nodeComm, int64_t slotBytes,
+                                               const char* op, int rankForErrors, std::string* why);
+  ~SharedSegment();
+  SharedSegment(const SharedSegment&) = delete;
+  SharedSegment& operator=(const SharedSegment&) = delete;
+
+  int64_t slotBytes() const { return slotBytes_; }
+  int localRank() const { return localRank_; }
+  int localSize() const { return localSize_; }
+  // `elems` elements of `dtype` at the start of `rank`'s slot in the current half.
+  at::Tensor slot(int rank, at::ScalarType dtype, int64_t elems) const;
+  // The same slot's first byte (small ops skip building tensors).
+  uint8_t* slotData(int rank) const {
+    return base_ + headerBytes_ + (2 * static_cast<size_t>(rank) + half_) * slotBytes_;
+  }
+  // Barrier over the node's ranks: this rank's arrival, then every peer's. Spins briefly, then
+  // yields, then sleeps, so oversubscribed ranks make progress. A peer whose process has gone
+  // is an error naming `op`, not a hang.
+  void sync(const char* op, int rankForErrors);
+  // The other half: the next step's slots.
+  void flip() { half_ ^= 1; }
+
+  struct Peer;  // a rank's entry in the header
+
+ private:
+  SharedSegment() = default;
+  Peer* peer(int rank) const;
+  void checkAlive(int rank, const char* op, int rankForErrors) const;
+
+  uint8_t* base_ = nullptr;
+  size_t mappedBytes_ = 0;
+  int64_t slotBytes_ = 0;
+  size_t headerBytes_ = 0;
+  int localRank_ = 0, localSize_ = 1;
+  int half_ = 0;
+  uint64_t epoch_ = 0;  // syncs so far: the same on every rank of the node
+};
+
+}  // namespace mpigpu::node

@@ -1,0 +1,34 @@
+// Which ranks of a group share a node, found once when the group is made: a node communicator
+// (MPI_Comm_split_type(MPI_COMM_TYPE_SHARED): ranks that can map the same memory) and, when every
+// node holds the same number of the group's ranks, a cross-node communicator per local index
+// (the ranks that hold the same place on every node). Node-aware algorithms
+// (algorithms/NodeAlgorithms.cpp) read from here; subgroups get their own.
+#pragma once
+
+#include <string>
+#include <vector>
+
+#include "mpi/Collectives.hpp"
+
+namespace mpigpu::node {
+
+struct Topology {
+  int nodes = 1;                  // how many nodes the group spans (uniform groups only; else 0)
+  int localRank = 0;              // this rank's index among the group's ranks on its node
+  int localSize = 1;              // the group's ranks on this node
+  bool uniform = true;            // every node holds localSize of the group's ranks
+  int fewest = 1, most = 1;       // ranks per node, over all nodes
+  mpi::Comm nodeComm;             // the group's ranks on this node, in group rank order
+  mpi::Comm crossComm;            // uniform and nodes > 1: same local index, one rank per node
+  std::vector<int> crossMembers;  // crossComm's members' group ranks, in crossComm rank order
+
+  // Collective over `group`, on the group's engine thread. `pretendNodes` > 1 (a test-only
+  // setting) cuts each real node into that many nodes of consecutive ranks, so the
+  // hierarchical algorithms run on one machine.
+  static Topology build(const mpi::Comm& group, int pretendNodes, const char* op);
+  void free();
+  // "1 node x 4 ranks", "2 nodes x 2 ranks", "nodes of 1 to 3 ranks (not uniform)".
+  std::string describe() const;
+};
+
+}  // namespace mpigpu::node
