@@ -5,6 +5,8 @@ producer sleeps on the GPU for tens of milliseconds before writing, so an unorde
 the old zeros. MPIGPU_EXPECT_PATH names the path the run must take (so a test of the staged
 path cannot silently run the direct one)."""
 
+import contextlib
+
 import torch
 import torch.distributed as dist
 
@@ -21,6 +23,16 @@ def busy_then_fill(t, value):
     t.fill_(value)
 
 
+@contextlib.contextmanager
+def on(stream):
+    """Work on `stream`, after everything already queued on the current stream: the buffers were
+    made there (torch.zeros), and a clone on `stream` that does not wait for their fill can read
+    a recycled block's old values (#24: 42.0 seen where zeros were due)."""
+    stream.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(stream):
+        yield
+
+
 def main():
     dist.init_process_group("mpigpu")
     rank, world = dist.get_rank(), dist.get_world_size()
@@ -34,7 +46,7 @@ def main():
     c.section("collectives issued while the producer runs")
     for async_op in (False, True):
         t = torch.zeros(N, device=dev)
-        with torch.cuda.stream(producer):
+        with on(producer):
             busy_then_fill(t, rank + 1.0)
             w = dist.all_reduce(t, async_op=async_op)
             if async_op:
@@ -46,7 +58,7 @@ def main():
 
     # Same for a broadcast from a busy root, an all_gather and send/recv.
     t = torch.zeros(N, device=dev)
-    with torch.cuda.stream(producer):
+    with on(producer):
         if rank == 0:
             busy_then_fill(t, 42.0)
         dist.broadcast(t, src=0)
@@ -56,7 +68,7 @@ def main():
 
     mine = torch.zeros(N // 4, device=dev)
     outs = [torch.empty_like(mine) for _ in range(world)]
-    with torch.cuda.stream(producer):
+    with on(producer):
         busy_then_fill(mine, float(rank))
         dist.all_gather(outs, mine)
         seen = torch.stack(outs)
@@ -67,7 +79,7 @@ def main():
     if world > 1:
         c.section("send/recv from a busy stream")
         buf = torch.zeros(N, device=dev)
-        with torch.cuda.stream(producer):
+        with on(producer):
             if rank == 0:
                 busy_then_fill(buf, 7.0)
                 dist.send(buf, 1)
@@ -85,7 +97,7 @@ def main():
     t = torch.full((N,), rank + 1.0, device=dev)
     torch.cuda.current_stream().synchronize()
     w = dist.all_reduce(t, async_op=True)
-    with torch.cuda.stream(consumer):
+    with torch.cuda.stream(consumer):  # ordered by the Work or future alone
         w.wait()
         doubled = t * 2
     consumer.synchronize()
@@ -94,11 +106,11 @@ def main():
     # 3. The future is CUDA-aware: then() callbacks and wait() on another stream see the result.
     c.section("the future orders another stream")
     t = torch.zeros(N, device=dev)
-    with torch.cuda.stream(producer):
+    with on(producer):
         busy_then_fill(t, rank + 1.0)
         fut = dist.all_reduce(t, async_op=True).get_future()
     chained = fut.then(lambda f: f.value()[0] * 3)
-    with torch.cuda.stream(consumer):
+    with torch.cuda.stream(consumer):  # ordered by the Work or future alone
         tripled = chained.wait() + 0
     consumer.synchronize()
     c.close("future.then consumed on another stream", tripled, torch.full((N,), 3 * total))
@@ -106,7 +118,7 @@ def main():
     # 4. Many async ops in flight from a busy stream, waited in reverse order.
     c.section("8 async ops in flight from a busy stream")
     ts = [torch.zeros(N // 16, device=dev) for _ in range(8)]
-    with torch.cuda.stream(producer):
+    with on(producer):
         torch.cuda._sleep(SLEEP_CYCLES)
         for i, x in enumerate(ts):
             x.fill_(float(rank + i))
