@@ -67,6 +67,8 @@ struct Config {
   // reduces everything), larger two-shot (two barriers, each rank reduces 1/p).
   int64_t nodeBufferBytes = 0;
   int64_t nodeOneShotBytes = 0;
+  // auto: groups that span nodes take the node algorithm (hierarchical) from this size.
+  int64_t nodeAcrossMinBytes = 0;
   // Test-only: each real node is cut into this many pretend nodes (hierarchical code on one host).
   int pretendNodes = 1;
 

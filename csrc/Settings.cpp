@@ -54,6 +54,9 @@ const SettingSpec kSettings[] = {
     {"TORCH_MPIGPU_NODE_ONE_SHOT_BYTES", "65536", "", ReadAt::GroupCreation,
      "node algorithm on one node: all_reduce up to this size is one-shot (every rank reduces every "
      "input), above two-shot (each reduces 1/p, then all copy)"},
+    {"TORCH_MPIGPU_NODE_ACROSS_MIN_BYTES", "262144", "", ReadAt::GroupCreation,
+     "auto, groups that span nodes: reductions from this size take the node algorithm "
+     "(hierarchical), smaller ones MPI's own"},
     {"TORCH_MPIGPU_PRETEND_NODES", "1", "", ReadAt::GroupCreation,
      "test-only: cut each node into this many nodes of consecutive ranks, so the hierarchical "
      "algorithms run on one host"},

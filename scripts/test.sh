@@ -95,7 +95,7 @@ if [[ " $builds " == *" hosts "* ]]; then
     # a killed and a stalled rank, a waiting rank's threads; IP only: the launch check)
     MPIGPU_TEST_LAUNCHER=two-hosts-names run_suite "$CPU_VENV" \
       "two hosts, names resolve (mpirun)" test_multirank.py test_hang_prone.py \
-      -k "launcher or ddp or fsdp or (collectives and not algorithm and not split) or hang_prone \
+      -k "launcher or ddp or fsdp or (collectives and not algorithm and not split) or hang_prone or node_across \
 or communicator" "$@"
     # IP only changes how ranks find the rendezvous (and mpirun its hosts): the launcher, exit and
     # dead-rank tests, and the launch check 10 times; the ops themselves ran by name above

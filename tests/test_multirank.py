@@ -137,31 +137,45 @@ def test_collectives_with_mpis_own_reductions(np):
 # The node algorithm in its shapes: pieces much smaller than the ops (4 KiB per rank and half:
 # every size above 1024 floats is chunked; one-shot off or always), and nodes pretended on this
 # host so the hierarchical path runs (uniform 2 x 2 and 2 x 3; 3 + 2 ranks is not uniform: the
-# group falls back, and says so).
+# group falls back, and says so). (np, settings, the group's description)
 NODE_SHAPES = {
     "one node, 3 ranks, 4 KiB pieces, two-shot": (3, {"TORCH_MPIGPU_NODE_BUFFER_BYTES": "4096",
-                                                      "TORCH_MPIGPU_NODE_ONE_SHOT_BYTES": "0"}),
-    "one node, 4 ranks, one-shot at any size": (4, {"TORCH_MPIGPU_NODE_ONE_SHOT_BYTES": str(1 << 40)}),
+                                                      "TORCH_MPIGPU_NODE_ONE_SHOT_BYTES": "0"},
+                                                  "1 node x 3 ranks"),
+    "one node, 4 ranks, one-shot at any size": (4, {"TORCH_MPIGPU_NODE_ONE_SHOT_BYTES": str(1 << 40)},
+                                                "1 node x 4 ranks"),
     "2 nodes x 2 ranks, 4 KiB pieces": (4, {"TORCH_MPIGPU_PRETEND_NODES": "2",
-                                            "TORCH_MPIGPU_NODE_BUFFER_BYTES": "4096"}),
-    "2 nodes x 3 ranks": (6, {"TORCH_MPIGPU_PRETEND_NODES": "2"}),
-    "nodes of 3 and 2 ranks (falls back)": (5, {"TORCH_MPIGPU_PRETEND_NODES": "2"}),
+                                            "TORCH_MPIGPU_NODE_BUFFER_BYTES": "4096"},
+                                        "2 nodes x 2 ranks"),
+    "2 nodes x 3 ranks": (6, {"TORCH_MPIGPU_PRETEND_NODES": "2"}, "2 nodes x 3 ranks"),
+    "nodes of 3 and 2 ranks (falls back)": (5, {"TORCH_MPIGPU_PRETEND_NODES": "2"},
+                                            "nodes of 2 to 3 ranks (not uniform)"),
 }
+
+
+def node_collectives(np, env, shape, forced=True):
+    env = {**env, "MPIGPU_EXPECT_NODES": shape, **({"TORCH_MPIGPU_ALGO": "node"} if forced else {})}
+    out = run_mpi("collectives.py", np, env=env)
+    behaviours = COLLECTIVES | {"the group's nodes"} | ({FORCED_ALGORITHM} if forced else set())
+    assert passed_counts(out, np, behaviours) > 1500
 
 
 @pytest.mark.parametrize("shape", NODE_SHAPES)
 def test_collectives_with_node_algorithm(shape):
-    np, env = NODE_SHAPES[shape]
-    uniform = "falls back" not in shape
-    forced = {"TORCH_MPIGPU_ALGO": "node"} if uniform else {}
-    out = run_mpi("collectives.py", np, env={**env, **forced})
-    pretended = {"the group's pretend nodes"} if "PRETEND" in str(env) else set()
-    forced = {FORCED_ALGORITHM} if uniform else set()
-    assert passed_counts(out, np, COLLECTIVES | pretended | forced) > 1500
+    np, env, described = NODE_SHAPES[shape]
+    node_collectives(np, env, described, forced="falls back" not in shape)
+
+
+def test_collectives_node_across_the_launchers_hosts():
+    # 4 ranks as the launcher places them: one host (1 x 4), or the two simulated hosts (2 x 2,
+    # ranks 0 and 2 on one host: hierarchical with non-consecutive members), 4 KiB pieces
+    two_hosts = LAUNCHER.startswith("two-hosts")
+    node_collectives(4, {"TORCH_MPIGPU_NODE_BUFFER_BYTES": "4096"},
+                     "2 nodes x 2 ranks" if two_hosts else "1 node x 4 ranks")
 
 
 @pytest.mark.parametrize("algo", ALGOS)
-@pytest.mark.parametrize("np", RANKS + [5])
+@pytest.mark.parametrize("np", [2, 3, 4, 5])  # (one rank: no messages; test_collectives[1])
 def test_collectives_with_algorithm(algo, np):
     out = run_mpi("collectives.py", np, env=algo_env(algo))
     assert passed_counts(out, np, COLLECTIVES | {FORCED_ALGORITHM}) > 1500

@@ -279,14 +279,22 @@ namespace {
 
 bool isHalf(at::ScalarType t) { return t == at::kHalf || t == at::kBFloat16; }
 
-// Measured on the 2-core CI VM, Open MPI 5, 2 ranks (benchmarks/results/node_cpu_2ranks.txt):
-// shared memory beat MPI's own at every size and op for host tensors.
+// Measured on the 2-core CI VM, Open MPI 5: inside one node (2 ranks) shared memory was as fast
+// as MPI's own at 8 B and 1.4-4x faster from 1 MiB (benchmarks/results/node_cpu_2ranks.txt);
+// across two simulated hosts x 2 ranks the hierarchical path tied MPI's own at 256 KiB and won
+// 2.7-3.3x from 1 MiB, but lost below (64 KiB: 606 against 180 us;
+// benchmarks/results/two_hosts/node_2hosts_x2.txt).
 bool nodePicks(const Config& config, const Facts& f) {
-  return !f.groupHasGpu && f.nodeSuits && f.worldSize > 1 && config.nodeBufferBytes > 0;
+  if (f.groupHasGpu || !f.nodeSuits || f.worldSize == 1 || config.nodeBufferBytes == 0)
+    return false;
+  return !f.nodeSpans || f.bytes >= config.nodeAcrossMinBytes;
 }
 std::string nodeRule(const Config& config, bool groupHasGpu) {
   if (groupHasGpu || config.nodeBufferBytes == 0) return "";
-  return "node where more than one rank shares a node (the same count on every node)";
+  return c10::str(
+      "node where more than one rank shares a node (the same count on every node): "
+      "at any size inside one node, from ",
+      config.nodeAcrossMinBytes, " bytes across nodes");
 }
 
 bool ringPicks(const Config& config, const Facts& f) {

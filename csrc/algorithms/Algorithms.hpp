@@ -68,6 +68,7 @@ struct Facts {
   int worldSize;
   bool groupHasGpu;
   bool nodeSuits;  // the group has node-aware state that suits it (node::Node::suits)
+  bool nodeSpans;  // ... and spans more than one node
 };
 
 // One row of the table. An op function returns false when it cannot run in this group (the ring

@@ -65,33 +65,68 @@ std::vector<at::Tensor> slotRanges(const NodeOp& o, at::ScalarType t, int64_t sl
 // the slots, without building tensors: the same additions in the same order as the reducer's.
 constexpr int64_t kSmallBytes = 4096;
 
-template <typename T, typename Acc = T>
-void sumSlots(const NodeOp& o, T* out, int64_t n, double scale) {
+// out[i] = the sum over the node's slots j of slot_j[offset + i], in slot order, times `scale`.
+template <typename T>
+void sumSlots(const NodeOp& o, T* out, int64_t offset, int64_t n, double scale) {
   const int L = o.topo.localSize;
-  const T* first = reinterpret_cast<const T*>(o.seg.slotData(0));
+  const T* first = reinterpret_cast<const T*>(o.seg.slotData(0)) + offset;
   for (int64_t i = 0; i < n; ++i) {
-    Acc acc = static_cast<Acc>(first[i]);
-    for (int j = 1; j < L; ++j)
-      acc += static_cast<Acc>(reinterpret_cast<const T*>(o.seg.slotData(j))[i]);
-    out[i] = scale != 1.0 ? static_cast<T>(acc * static_cast<Acc>(scale)) : static_cast<T>(acc);
+    T acc = first[i];
+    for (int j = 1; j < L; ++j) acc += reinterpret_cast<const T*>(o.seg.slotData(j))[offset + i];
+    out[i] = scale != 1.0 ? static_cast<T>(acc * static_cast<T>(scale)) : acc;
   }
 }
 
-// True when it did the op (float/double SUM, AVG, PREMUL_SUM up to kSmallBytes on one node).
-bool smallAllreduce(NodeOp& o, const at::Tensor& buf, double scale) {
-  const int64_t bytes = buf.numel() * buf.element_size();
-  const bool sum = arithmeticOf(o.c.red.kind) == c10d::ReduceOp::SUM;
-  const auto t = buf.scalar_type();
-  if (!sum || bytes > kSmallBytes || o.topo.nodes != 1 || (t != at::kFloat && t != at::kDouble))
-    return false;
-  std::memcpy(o.seg.slotData(o.topo.localRank), buf.const_data_ptr(), bytes);
+// Whether `in` takes the small path: a float/double SUM (AVG, PREMUL_SUM) of at most
+// kSmallBytes on one node.
+bool small(const NodeOp& o, const at::Tensor& in) {
+  const auto t = in.scalar_type();
+  return arithmeticOf(o.c.red.kind) == c10d::ReduceOp::SUM && o.topo.nodes == 1 &&
+         in.numel() * in.element_size() <= kSmallBytes && (t == at::kFloat || t == at::kDouble);
+}
+
+// Copies `in` (contiguous, host) into this rank's slot, waits for the node, and sums the slots'
+// elements [offset, offset + out.numel()) into `out` (which may be `in`).
+void smallSum(NodeOp& o, const at::Tensor& in, const at::Tensor& out, int64_t offset,
+              double scale) {
+  std::memcpy(o.seg.slotData(o.topo.localRank), in.const_data_ptr(),
+              in.numel() * in.element_size());
   o.sync();
-  if (t == at::kFloat)
-    sumSlots<float>(o, buf.data_ptr<float>(), buf.numel(), scale);
+  if (in.scalar_type() == at::kFloat)
+    sumSlots<float>(o, out.data_ptr<float>(), offset, out.numel(), scale);
   else
-    sumSlots<double>(o, buf.data_ptr<double>(), buf.numel(), scale);
+    sumSlots<double>(o, out.data_ptr<double>(), offset, out.numel(), scale);
   o.seg.flip();
-  return true;
+}
+
+// Two-shot on one piece: the slices the peers reduce go to this rank's slot; this rank reduces
+// its own slice (its own input first, then the peers' slots round from the next rank) into its
+// slot, across nodes over MPI too; then every rank copies every slice.
+void twoShotPiece(NodeOp& o, const at::Tensor& part, double scale) {
+  const Topology& t = o.topo;
+  const int L = t.localSize, me = t.localRank;
+  const auto dtype = part.scalar_type();
+  const int64_t m = part.numel();
+  const Blocks blk{m, L};
+  auto slice = [&](const at::Tensor& x, int b) {
+    return x.narrow(0, blk.offset(b), blk.length(b));
+  };
+  const at::Tensor slot = o.slot(me, dtype, m);
+  for (int j = 0; j < L; ++j)
+    if (j != me) slice(slot, j).copy_(slice(part, j));
+  o.sync();
+  if (blk.length(me) > 0) {
+    std::vector<at::Tensor> sources{slice(part, me)};
+    for (int j = 1; j < L; ++j) sources.push_back(slice(o.slot((me + j) % L, dtype, m), me));
+    at::Tensor mine = slice(slot, me);
+    combineAll(o.c, mine, sources, t.nodes == 1 ? scale : 1.0);
+    if (t.nodes > 1) {
+      mpi::allreduceInPlace(t.crossComm, o.op, mine, plainSum(o.c.red), /*counted=*/false);
+      if (scale != 1.0) mine.mul_(scale);
+    }
+  }
+  o.sync();
+  for (int j = 0; j < L; ++j) slice(part, j).copy_(slice(o.slot(j, dtype, m), j));
 }
 
 // In place on the host tensor `buf`, in pieces of one slot.
@@ -101,35 +136,19 @@ void allreduceOnHost(NodeOp& o, const at::Tensor& buf) {
   const int L = t.localSize, me = t.localRank;
   const auto dtype = buf.scalar_type();
   const double scale = finalScale(o.c, t.nodes * L);
-  if (smallAllreduce(o, buf, scale)) return;
+  if (small(o, buf)) return smallSum(o, buf, buf, 0, scale);
   const int64_t chunk = o.seg.slotBytes() / buf.element_size();
   // one-shot: every rank reduces all slots in rank order (the same bits everywhere); two-shot:
-  // each rank reduces its 1/L of them, then all copy every slice
+  // each rank reduces its 1/L, then all copy every slice
   const bool oneShot = t.nodes == 1 && buf.numel() * buf.element_size() <= o.node.oneShotBytes();
   forPieces(buf.numel(), chunk, [&](int64_t off, int64_t m) {
     at::Tensor part = buf.narrow(0, off, m);
-    o.slot(me, dtype, m).copy_(part);
-    o.sync();
     if (oneShot) {
+      o.slot(me, dtype, m).copy_(part);
+      o.sync();
       combineAll(o.c, part, slotRanges(o, dtype, m, 0, m, 0), scale);
     } else {
-      const Blocks blk{m, L};
-      const int64_t bo = blk.offset(me), bl = blk.length(me);
-      if (bl > 0) {
-        // starting from this rank's own slot, the only one it writes: in place there
-        auto sources = slotRanges(o, dtype, m, bo, bl, me);
-        at::Tensor mine = sources[0];
-        combineAll(o.c, mine, sources, t.nodes == 1 ? scale : 1.0);
-        if (t.nodes > 1) {
-          mpi::allreduceInPlace(t.crossComm, o.op, mine, plainSum(o.c.red), /*counted=*/false);
-          if (scale != 1.0) mine.mul_(scale);
-        }
-      }
-      o.sync();
-      for (int j = 0; j < L; ++j) {
-        part.narrow(0, blk.offset(j), blk.length(j))
-            .copy_(o.slot(j, dtype, m).narrow(0, blk.offset(j), blk.length(j)));
-      }
+      twoShotPiece(o, part, scale);
     }
     o.seg.flip();
   });
@@ -141,7 +160,9 @@ void reduceScatterOnHost(NodeOp& o, const at::Tensor& in, const at::Tensor& out)
   const int L = t.localSize, me = t.localRank, p = t.nodes * L;
   const auto dtype = out.scalar_type();
   const int64_t m = out.numel();
-  const at::Tensor rows = prescale(o.c, in, /*inPlace=*/false).view({p, m});
+  const at::Tensor input = prescale(o.c, in, /*inPlace=*/false);
+  if (small(o, input)) return smallSum(o, input, out, me * m, finalScale(o.c, p));
+  const at::Tensor rows = input.view({p, m});
   const int64_t cols = std::max<int64_t>(1, o.seg.slotBytes() / (out.element_size() * p));
   const double scale = finalScale(o.c, p);
   forPieces(m, cols, [&](int64_t off, int64_t w) {

@@ -281,14 +281,11 @@ def main():
     dist.broadcast_object_list(lst, src=0)
     c.true("broadcast_object_list", lst == ["from 0", 3], str(lst))
     dist.barrier()
-    pretend = int(os.environ.get("TORCH_MPIGPU_PRETEND_NODES", "1"))
-    if pretend > 1:
-        # one host cut into `pretend` nodes of consecutive ranks (sizes differing by at most one)
-        c.section("the group's pretend nodes")
+    if os.environ.get("MPIGPU_EXPECT_NODES"):
+        # the group's shape as the launcher (or TORCH_MPIGPU_PRETEND_NODES) laid the ranks out
+        c.section("the group's nodes")
         described = dist.group.WORLD._get_backend(torch.device("cpu")).describe()
-        k = min(pretend, world)
-        want = (f"nodes: {k} nodes x {world // k} ranks" if world % k == 0 else
-                f"nodes: nodes of {world // k} to {world // k + 1} ranks (not uniform)")
+        want = "nodes: " + os.environ["MPIGPU_EXPECT_NODES"]
         c.true("the description names them", want in described, f"want {want!r} in {described}")
     if OUR_ALGO:
         c.section("the forced algorithm ran")
