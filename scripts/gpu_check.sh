@@ -5,7 +5,7 @@
 # runs the CUDA benchmark (mpigpu auto and each algorithm and message path forced, the previous
 # default (MPI's reduction staged), raw MPI, gloo on host copies, NCCL 2.30 on the same GPU), then
 # the GPU tests. Every step is time-boxed so a lease ends with whatever finished; everything goes
-# to $OUT (default ./gpu-results), at most 8 files.
+# to $OUT (default ./gpu-results), at most 10 files.
 #
 #   OMPI_TARBALL=.carry/openmpi-cuda-4.1.4.tar.gz NCCL_TARBALL=.carry/nccl-2.30.7-sm90.tar.xz \
 #     scripts/gpu_check.sh
@@ -17,10 +17,15 @@ NCCL_TARBALL="${NCCL_TARBALL:-$ROOT/.carry/nccl-2.30.7-sm90.tar.xz}"
 ALLREDUCE_BUDGET_S="${ALLREDUCE_BUDGET_S:-100}"
 OTHERS_BUDGET_S="${OTHERS_BUDGET_S:-60}"
 TEST_BUDGET_S="${TEST_BUDGET_S:-200}"
-# GPU_TESTS: what pytest runs at the end (files and -k, from tests/); BENCH=0 skips the NCCL
-# reference and the benchmarks (a quick check of a change).
+# GPU_TESTS: what pytest runs at the end (files and -k, from tests/), TEST_RUNS times in a row
+# (each run's log kept); BENCH=0 skips the NCCL reference and the benchmarks (a quick check of a
+# change, or #24's run: BENCH=0 TEST_RUNS=3); SANITIZER=0 skips compute-sanitizer (memcheck,
+# racecheck, synccheck over a short CUDA soak at 2 ranks, SANITIZER_BUDGET_S each).
 GPU_TESTS="${GPU_TESTS:-test_gpu.py}"
+TEST_RUNS="${TEST_RUNS:-1}"
 BENCH="${BENCH:-1}"
+SANITIZER="${SANITIZER:-1}"
+SANITIZER_BUDGET_S="${SANITIZER_BUDGET_S:-60}"
 # What the all_reduce sweep compares (bench --backends); the default is the full comparison.
 ALLREDUCE_BACKENDS="${ALLREDUCE_BACKENDS:-mpigpu,mpigpu[ALGO=mpi],mpigpu[ALGO=ring;CUDA_REDUCE=direct],mpigpu[ALGO=allgather;CUDA_REDUCE=direct],mpigpu[ALGO=rhd;CUDA_REDUCE=direct],MPI,gloo-host}"
 mkdir -p "$OUT" /tmp/ompi /tmp/nccl
@@ -110,11 +115,29 @@ bench "$OTHERS_BUDGET_S" others_cuda_2ranks --ops reduce_scatter,allgather,broad
 
 fi
 
-step "GPU tests: $GPU_TESTS (budget ${TEST_BUDGET_S}s)"
-eval "test_args=($GPU_TESTS)"  # a shell-quoted list of pytest arguments ("-k 'a or b'")
-(cd "$ROOT/tests" && timeout "$TEST_BUDGET_S" python -m pytest -v -rs --durations=0 -p no:cacheprovider "${test_args[@]}") \
-  > "$OUT/test_gpu.log" 2>&1
-status=$?
-tail -40 "$OUT/test_gpu.log"
+if [ "$SANITIZER" = 1 ]; then
+  # every rank under the sanitizer; its report (and 'ERROR SUMMARY: n errors') per tool
+  for tool in memcheck racecheck synccheck; do
+    step "compute-sanitizer --tool $tool over 40 soak cases, 2 ranks (budget ${SANITIZER_BUDGET_S}s)"
+    (cd "$ROOT/tests/mp" && MPIGPU_TEST_DEVICE=cuda MPIGPU_RANDOM_CASES=40 MPIGPU_SOAK_MAX_ELEMENTS=20000 \
+      TORCH_MPIGPU_CUDA_DIRECT_BYTES=32768 TORCH_MPIGPU_ALGO_MIN_BYTES=65536 TORCH_MPIGPU_ALGO_PIECE_BYTES=8192 \
+      timeout "$SANITIZER_BUDGET_S" mpirun --oversubscribe -np 2 \
+      "$CUDA_HOME/bin/compute-sanitizer" --tool "$tool" --error-exitcode 9 python device_soak.py) \
+      >> "$OUT/sanitizer.log" 2>&1
+    echo "=== $tool exit $?" | tee -a "$OUT/sanitizer.log"
+  done
+  grep -E "ERROR SUMMARY|=== .* exit" "$OUT/sanitizer.log"
+fi
+
+status=0
+for run in $(seq 1 "$TEST_RUNS"); do
+  step "GPU tests, run $run of $TEST_RUNS: $GPU_TESTS (budget ${TEST_BUDGET_S}s)"
+  eval "test_args=($GPU_TESTS)"  # a shell-quoted list of pytest arguments ("-k 'a or b'")
+  (cd "$ROOT/tests" && timeout "$TEST_BUDGET_S" python -m pytest -v -rs --durations=0 -p no:cacheprovider "${test_args[@]}") \
+    > "$OUT/test_gpu_run$run.log" 2>&1
+  rc=$?
+  tail -25 "$OUT/test_gpu_run$run.log"
+  [ "$rc" = 0 ] || status=$rc
+done
 step done
 exit "$status"

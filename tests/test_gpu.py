@@ -156,7 +156,7 @@ def test_algorithms_cuda(algo, np, transport):
 
 
 @pytest.mark.parametrize("path", ["direct", "staged", "hybrid"])
-@pytest.mark.parametrize("np", [2, 3])
+@pytest.mark.parametrize("np", [2, 3, 4])
 def test_collectives_cuda(path, np):
     out = run_mpi("collectives.py", np, env={"MPIGPU_TEST_DEVICE": "cuda", **path_env(path)})
     assert passed_counts(out, np, COLLECTIVES) > 1500
@@ -170,10 +170,33 @@ def test_p2p_groups_cuda(path, np):
 
 
 @pytest.mark.parametrize("path", ["direct", "staged"])
-@pytest.mark.parametrize("np", [2, 3])
+@pytest.mark.parametrize("np", [2, 3, 4])
 def test_stream_ordering(path, np):
     out = run_mpi("cuda_streams.py", np, env={"MPIGPU_TEST_DEVICE": "cuda", **path_env(path)})
     assert passed_counts(out, np, cuda_streams_behaviours(np)) >= 7
+
+
+# The random differential soak on CUDA tensors (#24): each path and forced algorithms at 2-4 ranks
+# on the one GPU, and mixed CUDA/CPU ranks; the thresholds lowered so sizes either side of each
+# stay small. 600 cases a run, 5,400 in all.
+SOAK_THRESHOLDS = {"TORCH_MPIGPU_ALGO_MIN_BYTES": "65536", "TORCH_MPIGPU_CUDA_DIRECT_BYTES": "32768",
+                   "TORCH_MPIGPU_STAGING_CHUNK_BYTES": "16384", "TORCH_MPIGPU_ALGO_PIECE_BYTES": "8192"}
+SOAK_RUNS = {
+    "direct, 2 ranks": (2, "direct", {}), "direct, 3 ranks": (3, "direct", {}),
+    "direct, 4 ranks": (4, "direct", {}), "staged, 3 ranks": (3, "staged", {}),
+    "hybrid, 4 ranks": (4, "hybrid", {}), "ring forced, 3 ranks": (3, "hybrid", {"TORCH_MPIGPU_ALGO": "ring"}),
+    "rhd forced, 4 ranks": (4, "staged", {"TORCH_MPIGPU_ALGO": "rhd"}),
+    "mixed CUDA/CPU, 2 ranks": (2, None, {}), "mixed CUDA/CPU, 3 ranks": (3, None, {}),
+}
+
+
+@pytest.mark.parametrize("run", SOAK_RUNS)
+def test_device_soak(run):
+    np, path, extra = SOAK_RUNS[run]
+    device = {"MPIGPU_TEST_DEVICE": "cuda", **path_env(path)} if path else {"MPIGPU_TEST_DEVICE": "mixed"}
+    env = {**device, **SOAK_THRESHOLDS, **extra, "MPIGPU_RANDOM_CASES": "600"}
+    out = run_mpi("device_soak.py", np, env=env, timeout=600)
+    assert passed_counts(out, np, {"random cases against the CPU reference"}) >= 600
 
 
 def cuda_streams_behaviours(np):

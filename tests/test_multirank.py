@@ -174,6 +174,17 @@ def test_collectives_node_across_the_launchers_hosts():
                      "2 nodes x 2 ranks" if two_hosts else "1 node x 4 ranks")
 
 
+# The GPU soak's generator and CPU reference (#24), here on host tensors: edge sizes around the
+# node algorithm's thresholds (lowered), views at offsets, send/recv rings; and with the ring.
+@pytest.mark.parametrize("np, algo", [(2, "auto"), (3, "auto"), (3, "ring")])
+def test_device_soak_generator_and_reference_on_cpu(np, algo):
+    env = {"MPIGPU_RANDOM_CASES": "300", "TORCH_MPIGPU_ALGO": algo,
+           "TORCH_MPIGPU_NODE_BUFFER_BYTES": "8192", "TORCH_MPIGPU_NODE_ONE_SHOT_BYTES": "2048",
+           "TORCH_MPIGPU_ALGO_PIECE_BYTES": "4096"}
+    out = run_mpi("device_soak.py", np, env=env)
+    assert passed_counts(out, np, {"random cases against the CPU reference"}) >= 300
+
+
 @pytest.mark.parametrize("algo", ALGOS)
 @pytest.mark.parametrize("np", [2, 3, 4, 5])  # (one rank: no messages; test_collectives[1])
 def test_collectives_with_algorithm(algo, np):
