@@ -18,7 +18,7 @@ COLLECTIVES = {"reductions: every op x dtype x size", "premul_sum with a tensor 
                "complex tensors", "many tensors in one call, coalescing manager",
                "data movement: every op x dtype x size",
                "coalesced all_gather_into_tensor / reduce_scatter_tensor", "objects and barrier",
-               "non-contiguous tensors, every op"} | (
+               "non-contiguous tensors, every op", "reductions in subgroups"} | (
     {"all_gather_single / reduce_scatter_single"} if hasattr(dist, "all_gather_single") else set())
 FORCED_ALGORITHM = "the forced algorithm ran"
 

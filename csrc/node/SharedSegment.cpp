@@ -70,6 +70,8 @@ std::unique_ptr<SharedSegment> SharedSegment::create(const mpi::Comm& nodeComm, 
   std::unique_ptr<SharedSegment> seg(new SharedSegment());
   seg->localRank_ = nodeComm.rank;
   seg->localSize_ = nodeComm.size;
+  const long cores = sysconf(_SC_NPROCESSORS_ONLN);
+  if (cores > 0 && nodeComm.size > cores) seg->spinLimit_ = 0;
   seg->slotBytes_ = static_cast<int64_t>(roundUp(static_cast<size_t>(slotBytes), kPage));
   seg->headerBytes_ = roundUp(sizeof(Peer) * nodeComm.size, kPage);
   const size_t bytes = seg->headerBytes_ + 2 * nodeComm.size * static_cast<size_t>(seg->slotBytes_);
@@ -141,7 +143,7 @@ void SharedSegment::sync(const char* op, int rankForErrors) {
     const auto start = Clock::now();
     auto nextCheck = start + std::chrono::milliseconds(200);
     for (uint64_t spins = 0; __atomic_load_n(arrived, __ATOMIC_ACQUIRE) < epoch_; ++spins) {
-      if (spins < 2000) {  // the peer is usually microseconds behind
+      if (spins < spinLimit_) {  // the peer is usually microseconds behind
         cpuRelax();
         continue;
       }

@@ -59,6 +59,9 @@ class SharedSegment {
   size_t headerBytes_ = 0;
   int localRank_ = 0, localSize_ = 1;
   int half_ = 0;
+  // Spins before yielding: none where the node's ranks outnumber its cores (a spinning rank
+  // would hold the core its peer needs until the scheduler's tick).
+  uint64_t spinLimit_ = 2000;
   uint64_t epoch_ = 0;  // syncs so far: the same on every rank of the node
 };
 

@@ -273,6 +273,10 @@ def main():
         seed += 1
         new_spellings(c, rank, world, seed)
 
+    c.section("reductions in subgroups")
+    seed += 1
+    subgroup_reductions(c, rank, world, seed)
+
     c.section("objects and barrier")
     objs = [None] * world
     dist.all_gather_object(objs, {"rank": rank, "payload": "x" * rank})
@@ -292,6 +296,34 @@ def main():
         runs = torch_mpi_gpu._C.algorithm_runs()
         c.true(f"TORCH_MPIGPU_ALGO={OUR_ALGO} ran", runs.get(OUR_ALGO, 0) > 0, str(runs))
     return c.finish()
+
+
+def subgroup_reductions(c, rank, world, seed):
+    """all_reduce and reduce_scatter in subgroups: each half of the ranks (inside one node where
+    nodes are consecutive blocks) and the even and odd ranks (across nodes); sizes below and
+    above the node algorithm's one-shot limit and its pieces."""
+    half = (world + 1) // 2
+    for name, members in (("first half", list(range(half))), ("second half", list(range(half, world))),
+                          ("even ranks", list(range(0, world, 2))), ("odd ranks", list(range(1, world, 2)))):
+        if not members:
+            continue
+        group = dist.new_group(members)  # every rank, in the same order
+        if rank not in members:
+            continue
+        me, k = members.index(rank), len(members)
+        for n in (1, 1000, 70000):
+            seed += 1
+            inputs = [make_input(seed, r, n, torch.float32) for r in members]
+            t = inputs[me].clone()
+            dist.all_reduce(t, group=group)
+            want, bound = reduced("sum", inputs, torch.float32)
+            c.close(f"{name} all_reduce n={n}", t, want, torch.float32, bound=bound)
+            big = [make_input(seed + 1, r, k * n, torch.float32) for r in members]
+            out = torch.empty(n)
+            dist.reduce_scatter_tensor(out, big[me].clone(), group=group)
+            want, bound = reduced("sum", big, torch.float32)
+            mine = slice(me * n, (me + 1) * n)
+            c.close(f"{name} reduce_scatter n={n}", out, want[mine], torch.float32, bound=bound[mine])
 
 
 # torch 2.13 renamed all_gather_into_tensor / reduce_scatter_tensor (the old names warn); both
