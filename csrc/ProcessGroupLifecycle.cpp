@@ -180,6 +180,7 @@ void ProcessGroupMPIGPU::abort() {
   }
   if (!engine) return;
   Watchdog::removeGroup(groupName_, rank_);
+  if (node_) node_->cancel();  // an op waiting in shared memory fails instead of waiting on
   // Not freed: MPI_Comm_free is collective in spirit, and an op stuck in MPI still uses them.
   // (a shared engine goes on serving the other groups, unless this group's op blocks MPI)
   const bool stopped = engine->abortGroup(groupName_, "was aborted (the process group's abort())");

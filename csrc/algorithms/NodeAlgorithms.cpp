@@ -23,7 +23,7 @@ struct NodeOp {
   const Topology& topo;
   const char* op;
   int rank;  // in the group, for errors
-  void sync() { seg.sync(op, rank); }
+  void sync() { seg.sync(op, rank, node.cancelled()); }
   at::Tensor slot(int r, at::ScalarType t, int64_t n) const { return seg.slot(r, t, n); }
 };
 

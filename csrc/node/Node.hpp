@@ -2,6 +2,7 @@
 // (made at the first op that needs it, so groups that never reduce on the host hold none).
 #pragma once
 
+#include <atomic>
 #include <memory>
 #include <string>
 
@@ -26,6 +27,9 @@ class Node {
   // The segment, made by the first call (collective over the group: every rank agrees whether it
   // exists, so all fall back together). Null: unavailable; describe() says why.
   SharedSegment* segment(const char* op);
+  // abort(): an op waiting in the segment gives up (within 200 ms) instead of waiting forever.
+  void cancel() { cancelled_.store(true, std::memory_order_relaxed); }
+  const std::atomic<bool>& cancelled() const { return cancelled_; }
   // Frees the communicators (on the engine thread; collective in spirit, as at group destroy).
   void free();
   std::string describe() const;
@@ -37,6 +41,7 @@ class Node {
   int64_t oneShotBytes_;
   std::unique_ptr<SharedSegment> segment_;
   bool tried_ = false;
+  std::atomic<bool> cancelled_{false};
   std::string unavailable_;
 };
 

@@ -132,7 +132,7 @@ void SharedSegment::checkAlive(int rank, const char* op, int rankForErrors) cons
   }
 }
 
-void SharedSegment::sync(const char* op, int rankForErrors) {
+void SharedSegment::sync(const char* op, int rankForErrors, const std::atomic<bool>& cancelled) {
   ++epoch_;
   __atomic_store_n(&peer(localRank_)->arrived, epoch_, __ATOMIC_RELEASE);
   using Clock = std::chrono::steady_clock;
@@ -155,6 +155,11 @@ void SharedSegment::sync(const char* op, int rankForErrors) {
       }
       if (now >= nextCheck) {
         checkAlive(r, op, rankForErrors);
+        if (cancelled.load(std::memory_order_relaxed)) {
+          MPIGPU_THROW_BACKEND(op, rankForErrors,
+                               "the process group was aborted while this op waited for local rank ",
+                               r, " in shared memory; create a new group to go on");
+        }
         nextCheck = now + std::chrono::milliseconds(200);
       }
     }

@@ -11,6 +11,7 @@
 
 #include <ATen/ATen.h>
 
+#include <atomic>
 #include <cstdint>
 #include <memory>
 #include <string>
@@ -42,7 +43,8 @@ class SharedSegment {
   // Barrier over the node's ranks: this rank's arrival, then every peer's. Spins briefly, then
   // yields, then sleeps, so oversubscribed ranks make progress. A peer whose process has gone
   // is an error naming `op`, not a hang.
-  void sync(const char* op, int rankForErrors);
+  // `cancelled` (checked with the peers' liveness): the group was aborted, give up waiting.
+  void sync(const char* op, int rankForErrors, const std::atomic<bool>& cancelled);
   // The other half: the next step's slots.
   void flip() { half_ ^= 1; }
 
