@@ -18,7 +18,7 @@ import torch.distributed as dist
 
 import torch_mpi_gpu
 from common import SEED_OFFSET, Checker, run, use_test_device
-from random_ops import OPS, RED, CaseRun
+from random_ops import OPS, RED, CaseRun, run_batches
 
 THRESHOLDS = ["TORCH_MPIGPU_ALGO_MIN_BYTES", "TORCH_MPIGPU_CUDA_DIRECT_BYTES",
               "TORCH_MPIGPU_STAGING_CHUNK_BYTES", "TORCH_MPIGPU_ALGO_PIECE_BYTES",
@@ -130,24 +130,9 @@ def main():
                 f"device={torch.get_default_device()})")
     c.section("random cases against the CPU reference")
     rng = random.Random((seed + SEED_OFFSET) * 100 + world)  # the same stream on every rank
-    i = 0
-    while i < cases:
-        batch = []
-        for _ in range(min(rng.randint(1, 4), cases - i)):
-            case = SoakCase(rng, i, rank, world, on_gpu)
-            async_op = rng.random() < 0.6
-            work = case.issue(async_op)
-            batch.append((case, work if async_op else None))
-            i += 1
-        order = list(range(len(batch)))
-        rng.shuffle(order)
-        for k in order:
-            if batch[k][1] is not None:
-                batch[k][1].wait()
-        if on_gpu:
-            torch.cuda.synchronize()  # results are read on the host below
-        for case, _ in batch:
-            case.check(c)
+    # (results are read on the host: the GPU's queued work first)
+    run_batches(c, rng, cases, lambda i: SoakCase(rng, i, rank, world, on_gpu),
+                settle=torch.cuda.synchronize if on_gpu else lambda: None)
     # every rank drew the same cases; a rank that ran fewer (a lost case) shows as a count
     counts = torch.tensor([cases], dtype=torch.int64)
     dist.all_reduce(counts)

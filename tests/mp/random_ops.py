@@ -156,6 +156,28 @@ class CaseRun:
                 c.close(f"{self.desc} tensor {i}", t, want, self.dtype, bound=bound)
 
 
+def run_batches(c, rng, cases, new_case, settle=lambda: None):
+    """Issues `cases` cases in batches of 1-4 in flight, each sync or async, waits for the async
+    ones in shuffled order, then `settle()` and checks each. Every rank draws the same stream."""
+    i = 0
+    while i < cases:
+        batch = []
+        for _ in range(min(rng.randint(1, 4), cases - i)):
+            case = new_case(i)
+            async_op = rng.random() < 0.6
+            work = case.issue(async_op)
+            batch.append((case, work if async_op else None))
+            i += 1
+        order = list(range(len(batch)))
+        rng.shuffle(order)
+        for k in order:
+            if batch[k][1] is not None:
+                batch[k][1].wait()
+        settle()
+        for case, _ in batch:
+            case.check(c)
+
+
 def main():
     dist.init_process_group("mpigpu")
     rank, world = dist.get_rank(), dist.get_world_size()
@@ -164,24 +186,7 @@ def main():
     cases = int(os.environ.get("MPIGPU_RANDOM_CASES", "300"))
     c = Checker(f"random_ops(np={world}, seed={seed}, cases={cases})")
     rng = random.Random((seed + SEED_OFFSET) * 100 + world)  # the same stream on every rank
-    i = 0
-    while i < cases:
-        in_flight = rng.randint(1, 4)
-        batch = []
-        for _ in range(min(in_flight, cases - i)):
-            case = CaseRun(rng, i, rank, world)
-            async_op = rng.random() < 0.6
-            work = case.issue(async_op)
-            batch.append((case, work if async_op else None))
-            i += 1
-        order = list(range(len(batch)))
-        rng.shuffle(order)
-        for k in order:
-            case, work = batch[k]
-            if work is not None:
-                work.wait()
-        for case, _ in batch:
-            case.check(c)
+    run_batches(c, rng, cases, lambda i: CaseRun(rng, i, rank, world))
     forced = os.environ.get("TORCH_MPIGPU_ALGO")
     import torch_mpi_gpu
     if forced in {a["name"] for a in torch_mpi_gpu._C.algorithms()} and world > 1:
