@@ -60,6 +60,28 @@ void ProcessGroupMPIGPU::withAlgorithm(const OpBuffers& bufs, const char* op, co
   fn(ctx);
 }
 
+void ProcessGroupMPIGPU::gatherAll(const OpBuffers& bufs, const char* op,
+                                   const algo::Algorithm* mover, const at::Tensor& in,
+                                   at::Tensor& out) const {
+  bool moved = false;
+  if (mover != nullptr) {
+    withAlgorithm(bufs, op, in, mpi::Reduction{},
+                  [&](algo::Context& c) { moved = algo::allgather(c, *mover, in, out); });
+  }
+  if (!moved) mpi::allgather(comm_, op, in, out);
+}
+
+void ProcessGroupMPIGPU::broadcastFrom(const OpBuffers& bufs, const char* op,
+                                       const algo::Algorithm* mover, at::Tensor& buf,
+                                       int root) const {
+  bool moved = false;
+  if (mover != nullptr) {
+    withAlgorithm(bufs, op, buf, mpi::Reduction{},
+                  [&](algo::Context& c) { moved = algo::broadcast(c, *mover, buf, root); });
+  }
+  if (!moved) mpi::broadcast(comm_, op, buf, root);
+}
+
 milliseconds ProcessGroupMPIGPU::effectiveTimeout(milliseconds optTimeout) const {
   return optTimeout == c10d::kUnsetTimeout ? timeout() : optTimeout;
 }
@@ -342,13 +364,14 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupMPIGPU::broadcast(std::vector<at::Ten
   MPIGPU_CHECK_VALUE(opts.rootTensor == 0, op, rank_, "rootTensor must be 0");
   const int root = static_cast<int>(opts.rootRank);
   mpi::transportType(tensors[0].scalar_type(), op, rank_);
+  const algo::Algorithm* mover = chooseAlgo(algo::OpKind::Broadcast, tensors);
   auto bufs = buffersFor(tensors[0]);
   const size_t slot = bufs->add(tensors[0], rank_ == root ? Access::Read : Access::Write,
                                 /*elementwise=*/true);
   return enqueue(
       c10d::OpType::BROADCAST, op, tensors, tensors, opts.timeout, opts.asyncOp, bufs,
-      [this, op, slot, root](OpBuffers& b) {
-        b.run(slot, [&](at::Tensor& t) { mpi::broadcast(comm_, op, t, root); });
+      [this, op, slot, root, mover](OpBuffers& b) {
+        b.run(slot, [&](at::Tensor& t) { broadcastFrom(b, op, mover, t, root); });
       },
       root);
 }
@@ -370,12 +393,14 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupMPIGPU::allgather(
                        inputs[0].numel(), " elements, one has ", t.numel());
   }
   mpi::transportType(inputs[0].scalar_type(), op, rank_);
+  const algo::Algorithm* mover = chooseAlgo(algo::OpKind::Allgather, outputs[0]);
   auto bufs = buffersFor(inputs[0]);
   const size_t in = bufs->add(inputs[0], Access::Read);
   const size_t out = bufs->add(outputs[0], Access::Write);
-  return enqueue(
-      c10d::OpType::ALLGATHER, op, outputs[0], inputs, opts.timeout, opts.asyncOp, bufs,
-      [this, op, in, out](OpBuffers& b) { mpi::allgather(comm_, op, b.mpi(in), b.mpi(out)); });
+  return enqueue(c10d::OpType::ALLGATHER, op, outputs[0], inputs, opts.timeout, opts.asyncOp, bufs,
+                 [this, op, in, out, mover](OpBuffers& b) {
+                   gatherAll(b, op, mover, b.mpi(in), b.mpi(out));
+                 });
 }
 
 c10::intrusive_ptr<c10d::Work> ProcessGroupMPIGPU::_allgather_base(
@@ -404,6 +429,7 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupMPIGPU::allgather_into_tensor_coalesc
   struct Bucket {
     size_t in, out;
   };
+  const algo::Algorithm* mover = chooseAlgo(algo::OpKind::Allgather, outputs);
   auto bufs = buffersFor(inputs[0]);
   std::vector<Bucket> buckets;
   auto addBucket = [&](const std::vector<size_t>& idx) {
@@ -423,9 +449,8 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupMPIGPU::allgather_into_tensor_coalesc
     if (!fused.empty()) addBucket(fused);
   }
   return enqueue(c10d::OpType::_ALLGATHER_BASE, op, outputs, inputs, opts.timeout, opts.asyncOp,
-                 bufs, [this, op, buckets](OpBuffers& b) {
-                   for (const auto& k : buckets)
-                     mpi::allgather(comm_, op, b.mpi(k.in), b.mpi(k.out));
+                 bufs, [this, op, buckets, mover](OpBuffers& b) {
+                   for (const auto& k : buckets) gatherAll(b, op, mover, b.mpi(k.in), b.mpi(k.out));
                  });
 }
 
@@ -449,12 +474,14 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupMPIGPU::allgather_coalesced(
     }
   }
   mpi::transportType(inputs[0].scalar_type(), op, rank_);
+  const algo::Algorithm* mover = chooseAlgo(algo::OpKind::Allgather, allOuts);
   auto bufs = buffersFor(inputs[0]);
   const size_t in = bufs->add(inputs, Access::Read);
   const size_t out = bufs->add(allOuts, Access::Write);  // rank-major, input order within a rank
-  return enqueue(
-      c10d::OpType::ALLGATHER_COALESCED, op, allOuts, inputs, opts.timeout, opts.asyncOp, bufs,
-      [this, op, in, out](OpBuffers& b) { mpi::allgather(comm_, op, b.mpi(in), b.mpi(out)); });
+  return enqueue(c10d::OpType::ALLGATHER_COALESCED, op, allOuts, inputs, opts.timeout,
+                 opts.asyncOp, bufs, [this, op, in, out, mover](OpBuffers& b) {
+                   gatherAll(b, op, mover, b.mpi(in), b.mpi(out));
+                 });
 }
 
 c10::intrusive_ptr<c10d::Work> ProcessGroupMPIGPU::gather(

@@ -142,6 +142,11 @@ class ProcessGroupMPIGPU : public c10d::Backend {
   void withAlgorithm(const OpBuffers& bufs, const char* op, const at::Tensor& buf,
                      const mpi::Reduction& red,
                      const std::function<void(algo::Context&)>& fn) const;
+  // Data movement on the engine: `mover`'s (chooseAlgo) where it can run here, else MPI's own.
+  void gatherAll(const OpBuffers& bufs, const char* op, const algo::Algorithm* mover,
+                 const at::Tensor& in, at::Tensor& out) const;
+  void broadcastFrom(const OpBuffers& bufs, const char* op, const algo::Algorithm* mover,
+                     at::Tensor& buf, int root) const;
   // The engine, or a ValueError naming `op` when the group was destroyed or aborted.
   std::shared_ptr<Engine> currentEngine(const char* op) const;
   std::chrono::milliseconds effectiveTimeout(std::chrono::milliseconds optTimeout) const;

@@ -283,6 +283,8 @@ void bindAlgorithmTable(py::module_& m) {
           if (a->allreduce) ops.append("all_reduce");
           if (a->reduceScatter) ops.append("reduce_scatter");
           if (a->reduce) ops.append("reduce");
+          if (a->allgather) ops.append("all_gather");
+          if (a->broadcast) ops.append("broadcast");
           py::dict row;
           row["name"] = a->name;
           row["summary"] = a->summary;
@@ -311,7 +313,7 @@ void bindAlgorithms(py::module_& m) {
         return mpigpu::algo::describeChoice(mpigpu::algo::policyFor(config.algo), config,
                                             at::hasCUDA());
       },
-      "How reductions choose their algorithm with the current settings, for a group in which some "
+      "How ops choose their algorithm with the current settings, for a group in which some "
       "member has a GPU exactly when this process sees one.");
   m.def(
       "algorithm_runs",

@@ -18,7 +18,7 @@ COLLECTIVES = {"reductions: every op x dtype x size", "premul_sum with a tensor 
                "complex tensors", "many tensors in one call, coalescing manager",
                "data movement: every op x dtype x size",
                "coalesced all_gather_into_tensor / reduce_scatter_tensor", "objects and barrier",
-               "non-contiguous tensors, every op", "reductions in subgroups"} | (
+               "non-contiguous tensors, every op", "collectives in subgroups"} | (
     {"all_gather_single / reduce_scatter_single"} if hasattr(dist, "all_gather_single") else set())
 FORCED_ALGORITHM = "the forced algorithm ran"
 
@@ -123,7 +123,7 @@ NO_NODE = {"TORCH_MPIGPU_NODE_BUFFER_BYTES": "0"}
 def test_auto_algorithm_choice_at_its_thresholds(np, env):
     out = run_mpi("auto_algorithm.py", np, env=env)
     gpu = {"a member has a GPU: MPI's own below ALGO_MIN_BYTES, then the ring"}
-    node = {"ranks sharing a node: the node algorithm for every reduction"}
+    node = {"ranks sharing a node: the node algorithm for reductions, all_gather and broadcast"}
     want = gpu if torch.cuda.is_available() else node if np > 1 and not env else AUTO_ALGORITHM
     assert passed_counts(out, np, want) >= 2
 

@@ -283,7 +283,10 @@ bool isHalf(at::ScalarType t) { return t == at::kHalf || t == at::kBFloat16; }
 // as MPI's own at 8 B and 1.4-4x faster from 1 MiB (benchmarks/results/node_cpu_2ranks.txt);
 // across two simulated hosts x 2 ranks the hierarchical path tied MPI's own at 256 KiB and won
 // 2.7-3.3x from 1 MiB, but lost below (64 KiB: 606 against 180 us;
-// benchmarks/results/two_hosts/node_2hosts_x2.txt).
+// benchmarks/results/two_hosts/node_2hosts_x2.txt). all_gather and broadcast alike
+// (benchmarks/results/node_data_movement.txt): inside one node on par up to 2 KiB, then
+// 1.1-1.6x (all_gather) and 1.3-3.9x (broadcast) faster; across the hosts 1.0-2.3x faster from
+// 1 MiB, mixed at 256 KiB, 2-26x slower below 32 KiB.
 bool nodePicks(const Config& config, const Facts& f) {
   if (f.groupHasGpu || !f.nodeSuits || f.worldSize == 1 || config.nodeBufferBytes == 0)
     return false;
@@ -292,8 +295,8 @@ bool nodePicks(const Config& config, const Facts& f) {
 std::string nodeRule(const Config& config, bool groupHasGpu) {
   if (groupHasGpu || config.nodeBufferBytes == 0) return "";
   return c10::str(
-      "node where more than one rank shares a node (the same count on every node): "
-      "at any size inside one node, from ",
+      "node (reductions, all_gather, broadcast) where more than one rank shares a node (the "
+      "same count on every node): at any size inside one node, from ",
       config.nodeAcrossMinBytes, " bytes across nodes");
 }
 
@@ -328,21 +331,27 @@ const Algorithm kNode{"node",
                       &nodeAllreduce,
                       &nodeReduceScatter,
                       &nodeReduce,
+                      &nodeAllgather,
+                      &nodeBroadcast,
                       &nodePicks,
                       &nodeRule};
 const Algorithm kRing{
     "ring",         "reduce-scatter + all-gather around the ring over point-to-point",
     &ringAllreduce, &ringReduceScatterOp,
-    &ringReduce,    &ringPicks,
+    &ringReduce,    nullptr,
+    nullptr,        &ringPicks,
     &ringRule};
 const Algorithm kRhd{
     "rhd",           "recursive halving + doubling over point-to-point (all_reduce)",
     &rhdAllreduceOp, nullptr,
+    nullptr,         nullptr,
     nullptr,         &never,
     &neverRule};
 const Algorithm kAllgather{"allgather",
                            "one MPI_Allgather, then every rank reduces all inputs (all_reduce)",
                            &allgatherAllreduceOp,
+                           nullptr,
+                           nullptr,
                            nullptr,
                            nullptr,
                            &never,
@@ -379,10 +388,26 @@ Policy policyFor(const std::string& word) {
                   c10::str("mpigpu: TORCH_MPIGPU_ALGO=", word, " must be one of: ", words));
 }
 
+namespace {
+bool serves(const Algorithm& a, OpKind kind) {
+  switch (kind) {
+    case OpKind::Allreduce: return a.allreduce != nullptr;
+    case OpKind::ReduceScatter: return a.reduceScatter != nullptr;
+    case OpKind::Reduce: return a.reduce != nullptr;
+    case OpKind::Allgather: return a.allgather != nullptr;
+    case OpKind::Broadcast: return a.broadcast != nullptr;
+  }
+  return false;
+}
+}  // namespace
+
 const Algorithm* choose(const Policy& policy, const Config& config, const Facts& facts) {
-  if (policy.forced) return policy.algorithm;
+  if (policy.forced) {
+    const Algorithm* a = policy.algorithm;
+    return a != nullptr && (isReduction(facts.kind) || serves(*a, facts.kind)) ? a : nullptr;
+  }
   for (const Algorithm* a : kTable)
-    if (a->autoPicks(config, facts)) return a;
+    if (serves(*a, facts.kind) && a->autoPicks(config, facts)) return a;
   return nullptr;
 }
 
@@ -393,9 +418,10 @@ const Algorithm& chooseOurs(const Policy& policy, const Config& config, const Fa
 
 std::string describeChoice(const Policy& policy, const Config& config, bool groupHasGpu) {
   if (policy.forced) {
-    if (policy.algorithm == nullptr) return "TORCH_MPIGPU_ALGO=mpi: MPI's own for every reduction";
+    if (policy.algorithm == nullptr) return "TORCH_MPIGPU_ALGO=mpi: MPI's own for every op";
     return c10::str("TORCH_MPIGPU_ALGO=", policy.algorithm->name,
-                    " for every reduction (the ring for the ops it does not serve)");
+                    " for every op it serves (the ring for the other reductions, MPI's own for "
+                    "the other ops)");
   }
   std::string rules;
   for (const Algorithm* a : kTable) {
@@ -425,6 +451,18 @@ void reduce(Context& c, const Algorithm& a, const at::Tensor& buf, int root) {
   if (buf.numel() == 0 || run.reduce(c, buf, root)) return counted(run);
   counted(kRing);
   kRing.reduce(c, buf, root);
+}
+
+bool allgather(Context& c, const Algorithm& a, const at::Tensor& in, const at::Tensor& out) {
+  if (a.allgather == nullptr || !(in.numel() == 0 || a.allgather(c, in, out))) return false;
+  counted(a);
+  return true;
+}
+
+bool broadcast(Context& c, const Algorithm& a, const at::Tensor& buf, int root) {
+  if (a.broadcast == nullptr || !(buf.numel() == 0 || a.broadcast(c, buf, root))) return false;
+  counted(a);
+  return true;
 }
 
 }  // namespace mpigpu::algo

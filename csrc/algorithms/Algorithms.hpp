@@ -11,7 +11,8 @@
 //   node       ranks on one node: every rank's input in shared memory, then one-shot (each rank
 //              reduces every slot, small ops) or two-shot (each reduces its 1/p slice, then all
 //              copy the slices). Across nodes, hierarchical: reduce inside the node, the slice
-//              over MPI between same-local-index ranks, gather inside the node
+//              over MPI between same-local-index ranks, gather inside the node. all_gather and
+//              broadcast too: over MPI between same-local-index ranks, then through the slots
 //   ring       reduce-scatter + all-gather around the ring: 2(p-1) steps of n/p elements each,
 //              bandwidth-optimal for any rank count
 //   rhd        recursive halving (reduce-scatter) + recursive doubling (all-gather), 2 log2(p)
@@ -26,8 +27,9 @@
 // count alone (ring: around the ring starting after the block's owner; rhd: pairwise along the
 // hypercube; allgather and node: rank 0, 1, 2, ... on every rank), and then copied to the others.
 //
-// An op a forced algorithm does not serve, or cannot run in this group (node without a
-// segment), runs the ring.
+// A reduction a forced algorithm does not serve, or cannot run in this group (node without a
+// segment), runs the ring. all_gather and broadcast run the node algorithm where it is chosen
+// and can run, MPI's own collectives otherwise.
 #pragma once
 
 #include <ATen/ATen.h>
@@ -47,7 +49,10 @@ class Node;
 
 namespace mpigpu::algo {
 
-enum class OpKind { Allreduce, ReduceScatter, Reduce };
+enum class OpKind { Allreduce, ReduceScatter, Reduce, Allgather, Broadcast };
+// The reductions: an algorithm that does not serve one hands it to the ring. The others move
+// data and go to MPI's own collectives where no row serves them.
+inline bool isReduction(OpKind k) { return k != OpKind::Allgather && k != OpKind::Broadcast; }
 
 struct Context {
   Link& link;
@@ -81,6 +86,9 @@ struct Algorithm {
   bool (*reduceScatter)(Context& c, const at::Tensor& in, const at::Tensor& out);
   // The root's `buf` gets the reduction; other ranks' `buf` is read only.
   bool (*reduce)(Context& c, const at::Tensor& buf, int root);
+  // `out` (contiguous) gets size blocks of in.numel() elements, in rank order.
+  bool (*allgather)(Context& c, const at::Tensor& in, const at::Tensor& out);
+  bool (*broadcast)(Context& c, const at::Tensor& buf, int root);
   // auto: whether this row takes the op (rows are asked in table order; MPI's own collectives
   // take what none does), and that rule in words ("" : only when forced).
   bool (*autoPicks)(const Config& config, const Facts& facts);
@@ -91,7 +99,7 @@ struct Algorithm {
 const std::vector<const Algorithm*>& algorithms();
 const Algorithm& ring();
 
-// TORCH_MPIGPU_ALGO resolved once per group: auto, mpi (MPI's own for every reduction), or a row.
+// TORCH_MPIGPU_ALGO resolved once per group: auto, mpi (MPI's own for every op), or a row.
 struct Policy {
   bool forced = false;
   const Algorithm* algorithm = nullptr;  // forced: null means mpi
@@ -99,7 +107,8 @@ struct Policy {
 // A word that is neither auto, mpi nor a row's name is a ValueError listing the words.
 Policy policyFor(const std::string& word);
 
-// An op's algorithm; null: MPI's own collectives. On the per-op path: no strings.
+// An op's algorithm; null: MPI's own collectives. On the per-op path: no strings. For data
+// movement only a row that serves the op is chosen, forced or not.
 const Algorithm* choose(const Policy& policy, const Config& config, const Facts& facts);
 // As choose, for an op whose buffers were made for our algorithms: never null (the ring).
 const Algorithm& chooseOurs(const Policy& policy, const Config& config, const Facts& facts);
@@ -113,5 +122,8 @@ uint64_t runCount(const Algorithm& a);
 void allreduce(Context& c, const Algorithm& a, const at::Tensor& buf);
 void reduceScatter(Context& c, const Algorithm& a, const at::Tensor& in, const at::Tensor& out);
 void reduce(Context& c, const Algorithm& a, const at::Tensor& buf, int root);
+// Data movement: false when `a` cannot run it here (the caller runs MPI's own).
+bool allgather(Context& c, const Algorithm& a, const at::Tensor& in, const at::Tensor& out);
+bool broadcast(Context& c, const Algorithm& a, const at::Tensor& buf, int root);
 
 }  // namespace mpigpu::algo

@@ -2,9 +2,11 @@
 
 #include <c10/util/ParallelGuard.h>
 
+#include <algorithm>
 #include <cstring>
 #include <vector>
 
+#include "Errors.hpp"
 #include "algorithms/Steps.hpp"
 #include "mpi/Collectives.hpp"
 #include "node/Node.hpp"
@@ -207,6 +209,60 @@ void reduceOnHost(NodeOp& o, const at::Tensor& buf, int root) {
   });
 }
 
+// Data movement copies bytes: any dtype, no tensors built per slot.
+uint8_t* bytesOf(const at::Tensor& t) { return static_cast<uint8_t*>(t.data_ptr()); }
+
+// `out` (contiguous, size x in.numel() elements, group rank order) gets every rank's `in`.
+// Across nodes, the blocks of this rank's cross-node peers first (one MPI_Allgather among the
+// same local index: each node's data crosses the network once per peer, not once per hop of a
+// ring), then the node's ranks share what they hold through the segment.
+void allgatherOnHost(NodeOp& o, const at::Tensor& in, const at::Tensor& out) {
+  const Topology& t = o.topo;
+  const int L = t.localSize, me = t.localRank, N = t.nodes;
+  const int64_t eb = in.element_size(), rowBytes = in.numel() * eb;
+  MPIGPU_CHECK_VALUE(N * eb <= o.seg.slotBytes(), o.op, o.rank, "a node's slot (",
+                     o.seg.slotBytes(), " bytes) must hold one element per node (", N,
+                     "); raise TORCH_MPIGPU_NODE_BUFFER_BYTES");
+  at::Tensor mine = in.contiguous();
+  if (N > 1) {
+    at::Tensor gathered = at::empty({N * in.numel()}, in.options());
+    mpi::allgather(t.crossComm, o.op, mine, gathered, /*counted=*/false);
+    mine = gathered;
+  }
+  const uint8_t* src = bytesOf(mine);
+  uint8_t* dst = bytesOf(out);
+  // each piece: the same byte range of the N rows this rank holds
+  const int64_t width = std::max<int64_t>(eb, o.seg.slotBytes() / N / eb * eb);
+  forPieces(rowBytes, width, [&](int64_t off, int64_t w) {
+    for (int i = 0; i < N; ++i) std::memcpy(o.seg.slotData(me) + i * w, src + i * rowBytes + off, w);
+    o.sync();
+    for (int j = 0; j < L; ++j) {
+      for (int i = 0; i < N; ++i) {
+        const int64_t row = t.placement[static_cast<size_t>(j) * N + i];
+        std::memcpy(dst + row * rowBytes + off, o.seg.slotData(j) + i * w, w);
+      }
+    }
+    o.seg.flip();
+  });
+}
+
+// The root's `buf` to every rank: across nodes over MPI among the root's local index first,
+// then inside each node from that index's slot, piece by piece.
+void broadcastOnHost(NodeOp& o, const at::Tensor& buf, int root) {
+  const Topology& t = o.topo;
+  const auto [rootLocal, rootCross] = t.placeOf(root);
+  const bool source = t.localRank == rootLocal;
+  at::Tensor data = buf;
+  if (t.nodes > 1 && source) mpi::broadcast(t.crossComm, o.op, data, rootCross);
+  uint8_t* bytes = bytesOf(buf);
+  forPieces(buf.numel() * buf.element_size(), o.seg.slotBytes(), [&](int64_t off, int64_t m) {
+    if (source) std::memcpy(o.seg.slotData(rootLocal), bytes + off, m);
+    o.sync();
+    if (!source) std::memcpy(bytes + off, o.seg.slotData(rootLocal), m);
+    o.seg.flip();
+  });
+}
+
 // Runs fn(op context, host tensors): on the tensors themselves when they are host memory, else
 // on host copies (a forced `node` with tensors of another device) copied back afterwards.
 template <typename F>
@@ -250,6 +306,18 @@ bool nodeReduceScatter(Context& c, const at::Tensor& in, const at::Tensor& out) 
 bool nodeReduce(Context& c, const at::Tensor& buf, int root) {
   return onNode(c, {buf}, {true},
                 [root](NodeOp& o, std::vector<at::Tensor>& h) { reduceOnHost(o, h[0], root); });
+}
+
+bool nodeAllgather(Context& c, const at::Tensor& in, const at::Tensor& out) {
+  TORCH_INTERNAL_ASSERT(out.is_contiguous(), "mpigpu: all_gather's output must be contiguous");
+  return onNode(c, {in, out}, {false, true},
+                [](NodeOp& o, std::vector<at::Tensor>& h) { allgatherOnHost(o, h[0], h[1]); });
+}
+
+bool nodeBroadcast(Context& c, const at::Tensor& buf, int root) {
+  TORCH_INTERNAL_ASSERT(buf.is_contiguous(), "mpigpu: broadcast's buffer must be contiguous");
+  return onNode(c, {buf}, {true},
+                [root](NodeOp& o, std::vector<at::Tensor>& h) { broadcastOnHost(o, h[0], root); });
 }
 
 }  // namespace mpigpu::algo

@@ -10,5 +10,7 @@ namespace mpigpu::algo {
 bool nodeAllreduce(Context& c, const at::Tensor& buf);
 bool nodeReduceScatter(Context& c, const at::Tensor& in, const at::Tensor& out);
 bool nodeReduce(Context& c, const at::Tensor& buf, int root);
+bool nodeAllgather(Context& c, const at::Tensor& in, const at::Tensor& out);
+bool nodeBroadcast(Context& c, const at::Tensor& buf, int root);
 
 }  // namespace mpigpu::algo

@@ -1,8 +1,10 @@
 #include "node/Topology.hpp"
 
+#include <c10/util/Exception.h>
 #include <c10/util/StringUtil.h>
 
 #include <algorithm>
+#include <vector>
 
 #include "mpi/Check.hpp"
 
@@ -48,7 +50,21 @@ Topology Topology::build(const mpi::Comm& group, int pretendNodes, const char* o
     MPIGPU_MPI_CHECK(MPI_Allgather(&rank, 1, MPI_INT, t.crossMembers.data(), 1, MPI_INT, cross), op,
                      rank);
   }
+  if (t.uniform) {
+    std::vector<int> mine = t.nodes > 1 ? t.crossMembers : std::vector<int>{rank};
+    t.placement.resize(static_cast<size_t>(ls) * t.nodes);
+    MPIGPU_MPI_CHECK(MPI_Allgather(mine.data(), t.nodes, MPI_INT, t.placement.data(), t.nodes,
+                                   MPI_INT, shared),
+                     op, rank);
+  }
   return t;
+}
+
+std::pair<int, int> Topology::placeOf(int groupRank) const {
+  const auto at = std::find(placement.begin(), placement.end(), groupRank) - placement.begin();
+  TORCH_INTERNAL_ASSERT(at < static_cast<int64_t>(placement.size()), "mpigpu: rank ", groupRank,
+                        " is not in the group's placement");
+  return {static_cast<int>(at / nodes), static_cast<int>(at % nodes)};
 }
 
 void Topology::free() {

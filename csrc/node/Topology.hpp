@@ -6,6 +6,7 @@
 #pragma once
 
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "mpi/Collectives.hpp"
@@ -21,6 +22,10 @@ struct Topology {
   mpi::Comm nodeComm;             // the group's ranks on this node, in group rank order
   mpi::Comm crossComm;            // uniform and nodes > 1: same local index, one rank per node
   std::vector<int> crossMembers;  // crossComm's members' group ranks, in crossComm rank order
+  // Uniform groups: every group rank by its place. placement[j * nodes + i] is the group rank of
+  // crossComm rank i as local index j sees it (one node: local j's group rank). Cross ranks
+  // follow group rank order per local index, so they need not name the same node for every j.
+  std::vector<int> placement;
 
   // Collective over `group`, on the group's engine thread. `pretendNodes` > 1 (a test-only
   // setting) cuts each real node into that many nodes of consecutive ranks, so the
@@ -29,6 +34,8 @@ struct Topology {
   void free();
   // "1 node x 4 ranks", "2 nodes x 2 ranks", "nodes of 1 to 3 ranks (not uniform)".
   std::string describe() const;
+  // Where `groupRank` sits: its local index and its rank in that index's crossComm.
+  std::pair<int, int> placeOf(int groupRank) const;
 };
 
 }  // namespace mpigpu::node

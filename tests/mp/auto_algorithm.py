@@ -62,7 +62,7 @@ def main():
     described = dist.group.WORLD._get_backend(torch.device("cpu")).describe()
     shape = re.search(r"nodes: (\d+) nodes? x (\d+) ranks?", described)
     if world > 1 and int(torch_mpi_gpu.config.get("TORCH_MPIGPU_NODE_BUFFER_BYTES")) > 0:
-        c.section("ranks sharing a node: the node algorithm for every reduction")
+        c.section("ranks sharing a node: the node algorithm for reductions, all_gather and broadcast")
         c.true("the group's description: nodes x ranks per node = world",
                shape is not None and int(shape[1]) * int(shape[2]) == world, described)
         for i, (dtype, numel) in enumerate([(torch.float32, 1), (torch.float32, rs_ring),
@@ -71,6 +71,17 @@ def main():
             c.true(f"{dtype} all_reduce of {numel} elements: node", node)
             node = ran("node", lambda: reduce_scatter(dtype, numel, 70 + i))
             c.true(f"{dtype} reduce_scatter of {numel} x {world} elements: node", node)
+        for i, (dtype, numel) in enumerate([(torch.float32, 1), (torch.int64, 5000)]):
+            inputs = [make_input(80 + i, r, numel, dtype) for r in range(world)]
+            out = torch.empty(world * numel, dtype=dtype)
+            node = ran("node", lambda: dist.all_gather_into_tensor(out, inputs[rank]))
+            c.true(f"{dtype} all_gather of {numel} elements: node", node)
+            c.close(f"{dtype} all_gather result", out, torch.cat(inputs))
+            root = world - 1
+            b = inputs[rank].clone() if rank == root else torch.zeros_like(inputs[0])
+            node = ran("node", lambda: dist.broadcast(b, src=root))
+            c.true(f"{dtype} broadcast of {numel} elements: node", node)
+            c.close(f"{dtype} broadcast result", b, inputs[root])
         return c.finish()
 
     c.section("fp16/bf16 all_reduce: the ring from HOST_HALF_RING_BYTES")

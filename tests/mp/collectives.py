@@ -171,6 +171,7 @@ def main():
         c.close(f"coalescing manager all_reduce {j}", parts[j], want, torch.float32, bound=bound)
 
     c.section("data movement: every op x dtype x size")
+    node_runs_before = torch_mpi_gpu._C.algorithm_runs().get("node", 0)
     # data movement, every dtype x size (+ complex via torch)
     for dtype in ALL_DTYPES + [torch.complex64]:
         for n in sizes:
@@ -236,6 +237,13 @@ def main():
             c.close(f"all_to_all_single uneven {tag}", un_out.flatten(),
                     torch.cat([block(s, rank, out_splits[s] * rows) for s in range(world)]))
 
+    described = dist.group.WORLD._get_backend(torch.device("cpu")).describe()
+    if OUR_ALGO == "node" and "shared memory" in described and "unavailable" not in described:
+        # broadcast, all_gather and all_gather_into_tensor twice per case, none of the others
+        moved = torch_mpi_gpu._C.algorithm_runs().get("node", 0) - node_runs_before
+        cases = (len(ALL_DTYPES) + 1) * len(sizes)
+        c.true("the node algorithm moved the data", moved == 4 * cases,
+               f"{moved} node runs for {cases} cases: {described}")
     c.section("non-contiguous tensors, every op")
     seed += 1
     noncontiguous_every_op(c, rank, world, seed)
@@ -273,9 +281,9 @@ def main():
         seed += 1
         new_spellings(c, rank, world, seed)
 
-    c.section("reductions in subgroups")
+    c.section("collectives in subgroups")
     seed += 1
-    subgroup_reductions(c, rank, world, seed)
+    subgroup_collectives(c, rank, world, seed)
 
     c.section("objects and barrier")
     objs = [None] * world
@@ -298,8 +306,8 @@ def main():
     return c.finish()
 
 
-def subgroup_reductions(c, rank, world, seed):
-    """all_reduce and reduce_scatter in subgroups: each half of the ranks (inside one node where
+def subgroup_collectives(c, rank, world, seed):
+    """all_reduce, reduce_scatter, broadcast and all_gather in subgroups: each half of the ranks (inside one node where
     nodes are consecutive blocks) and the even and odd ranks (across nodes); sizes below and
     above the node algorithm's one-shot limit and its pieces."""
     half = (world + 1) // 2
@@ -324,6 +332,13 @@ def subgroup_reductions(c, rank, world, seed):
             want, bound = reduced("sum", big, torch.float32)
             mine = slice(me * n, (me + 1) * n)
             c.close(f"{name} reduce_scatter n={n}", out, want[mine], torch.float32, bound=bound[mine])
+            root = members[seed % k]  # a global rank, as torch's group calls take
+            b = inputs[me].clone() if rank == root else torch.zeros(n)
+            dist.broadcast(b, src=root, group=group)
+            c.close(f"{name} broadcast n={n} from {root}", b, inputs[members.index(root)])
+            gathered = torch.empty(k * n)
+            dist.all_gather_into_tensor(gathered, inputs[me], group=group)
+            c.close(f"{name} all_gather n={n}", gathered, torch.cat(inputs))
 
 
 # torch 2.13 renamed all_gather_into_tensor / reduce_scatter_tensor (the old names warn); both
