@@ -43,10 +43,10 @@ const SettingSpec kSettings[] = {
      "elsewhere. Our algorithms (the GPU reduces either way): `auto` device pointers for ops "
      "from `TORCH_MPIGPU_CUDA_DIRECT_BYTES`, pinned staging below; `direct`; `staged`"},
     {"TORCH_MPIGPU_ALGO", "auto", "", ReadAt::GroupCreation,
-     "reduction algorithm: `auto`, `mpi` (MPI's own), or one of ours by name: `node`, `ring`, "
-     "`rhd`, `allgather` (`python -m torch_mpi_gpu info` lists them with the ops each serves; an "
-     "op "
-     "one does not serve uses the ring). Every rank must use the same value"},
+     "collective algorithm: `auto`, `mpi` (MPI's own), or one of ours by name: `node`, `ring`, "
+     "`rhd`, `allgather` (`python -m torch_mpi_gpu info` lists them with the ops each serves; a "
+     "reduction one does not serve uses the ring, all_gather and broadcast MPI's own). Every rank "
+     "must use the same value"},
     {"TORCH_MPIGPU_NODE_BUFFER_BYTES", "1048576", "", ReadAt::GroupCreation,
      "node-aware algorithms: shared memory per rank and half (twice this per rank and group, made "
      "at the group's first node-aware op); bigger ops go in pieces of this size. `0`: no shared "
@@ -55,8 +55,8 @@ const SettingSpec kSettings[] = {
      "node algorithm on one node: all_reduce up to this size is one-shot (every rank reduces every "
      "input), above two-shot (each reduces 1/p, then all copy)"},
     {"TORCH_MPIGPU_NODE_ACROSS_MIN_BYTES", "262144", "", ReadAt::GroupCreation,
-     "auto, groups that span nodes: reductions from this size take the node algorithm "
-     "(hierarchical), smaller ones MPI's own"},
+     "auto, groups that span nodes: reductions, all_gather and broadcast from this size take the "
+     "node algorithm (hierarchical), smaller ones MPI's own"},
     {"TORCH_MPIGPU_PRETEND_NODES", "1", "", ReadAt::GroupCreation,
      "test-only: cut each node into this many nodes of consecutive ranks, so the hierarchical "
      "algorithms run on one host"},
