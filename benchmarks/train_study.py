@@ -5,6 +5,8 @@ in (exposed) communication, and final accuracy.
 
     python benchmarks/train_study.py --out benchmarks/results/train_cpu_2cores     # orchestrates
     python benchmarks/train_study.py --models mlp --ranks 2 --backends mpigpu       # a subset
+    python benchmarks/train_study.py --backends "mpigpu,mpigpu[NODE_BUFFER_BYTES=0],gloo"
+                                     # mpigpu[...]: with those TORCH_MPIGPU_* settings
     scripts/two_hosts.sh up names 10gbit                     # across two simulated hosts:
     python benchmarks/train_study.py --ranks 2 --launcher "scripts/two_hosts.sh mpirun" \
         --setup "2 hosts (netns, veth, tbf 10gbit) x 1 rank" --out benchmarks/results/...
@@ -156,18 +158,24 @@ def mpirun():
 
 
 def launch(model, backend, ranks, threads, args):
-    cmd = [sys.executable, str(HERE), "--worker", "--model", model, "--backend", backend,
+    # mpigpu[NODE_BUFFER_BYTES=0] : mpigpu with those settings (torch_mpi_gpu.bench's syntax)
+    from torch_mpi_gpu.bench import mpigpu_variant
+    settings = mpigpu_variant(backend) or {}
+    cmd = [sys.executable, str(HERE), "--worker", "--model", model,
+           "--backend", "mpigpu" if settings else backend,
            "--threads", str(threads), "--epochs", str(args.epochs), "--samples", str(args.samples),
            "--batch", str(args.batch), "--device", args.device]
     env = dict(os.environ, OMP_NUM_THREADS=str(threads), OMPI_ALLOW_RUN_AS_ROOT="1",
-               OMPI_ALLOW_RUN_AS_ROOT_CONFIRM="1", OMPI_MCA_opal_warn_on_missing_libcuda="0")
+               OMPI_ALLOW_RUN_AS_ROOT_CONFIRM="1", OMPI_MCA_opal_warn_on_missing_libcuda="0",
+               **settings)
     if backend != "none":
         prefix = shlex.split(args.launcher) if args.launcher else [mpirun(), "--oversubscribe"]
-        cmd = prefix + ["-np", str(ranks), "-x", "OMP_NUM_THREADS"] + cmd
+        exported = [a for k in ["OMP_NUM_THREADS", *settings] for a in ("-x", k)]
+        cmd = prefix + ["-np", str(ranks)] + exported + cmd
     p = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=3600)
     for line in p.stdout.splitlines():
         if line.startswith("RESULT "):
-            return json.loads(line[7:])
+            return {**json.loads(line[7:]), "backend": backend}
     return {"model": model, "backend": backend, "ranks": ranks, "threads": threads,
             "error": (p.stdout + p.stderr)[-1500:]}
 

@@ -86,6 +86,9 @@ Config Config::fromEnv() {
   c.cudaReduce = parseChoice<CudaReduce>(
       "TORCH_MPIGPU_CUDA_REDUCE",
       {{"auto", CudaReduce::Auto}, {"direct", CudaReduce::Direct}, {"staged", CudaReduce::Staged}});
+  c.cudaProbe = parseChoice<CudaProbe>(
+      "TORCH_MPIGPU_CUDA_PROBE",
+      {{"auto", CudaProbe::Auto}, {"off", CudaProbe::Off}, {"fail", CudaProbe::Fail}});
   c.algo = requiredValueOf("TORCH_MPIGPU_ALGO");
   c.stagingChunkBytes = parseInt("TORCH_MPIGPU_STAGING_CHUNK_BYTES", 1, kTiB);
   c.fusionBytes = parseInt("TORCH_MPIGPU_FUSION_BYTES", 0, kTiB);

@@ -14,6 +14,10 @@ enum class CudaAware : int8_t { Auto, DevicePointers, Staged };
 // (TORCH_MPIGPU_CUDA_REDUCE=auto|direct|staged); Auto: staged where the MPI reduces device
 // buffers on the host anyway (Open MPI), device pointers elsewhere.
 enum class CudaReduce : int8_t { Auto, Direct, Staged };
+// Whether a library's word that it is CUDA-aware is checked (TORCH_MPIGPU_CUDA_PROBE=auto|off|fail;
+// mpi/DirectProbe.hpp): Auto probes at the first group with a GPU, Off takes the word, Fail
+// (tests only) makes the probe fail on purpose.
+enum class CudaProbe : int8_t { Auto, Off, Fail };
 
 // Filled by fromEnv(); the defaults are in the settings table (Settings.cpp), not here.
 struct Config {
@@ -28,6 +32,7 @@ struct Config {
   bool abortOnTimeout = true;
   CudaAware cudaAware = CudaAware::Auto;
   CudaReduce cudaReduce = CudaReduce::Auto;
+  CudaProbe cudaProbe = CudaProbe::Auto;
   // Piece size of the staged path's pipeline: copies of one piece overlap MPI on the previous.
   int64_t stagingChunkBytes = 0;
   // Most bytes packed into one fused MPI call when an op gets many tensors (allreduce lists,

@@ -105,6 +105,7 @@ ProcessGroupMPIGPU::ProcessGroupMPIGPU(c10::intrusive_ptr<c10d::Store> store, in
     MPIGPU_MPI_CHECK(MPI_Allreduce(&hasGpu, &anyGpu, 1, MPI_INT, MPI_MAX, comm_.handle),
                      "new_group", rank_);
     groupHasGpu_ = anyGpu != 0;
+    paths_->confirm(algoComm_, groupHasGpu_, "new_group");
     // the node algorithms serve host tensors: groups with a GPU have no use for them yet
     if (size_ > 1 && config_.nodeBufferBytes > 0 && !groupHasGpu_) {
       node_ = std::make_unique<node::Node>(

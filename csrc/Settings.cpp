@@ -37,6 +37,11 @@ const SettingSpec kSettings[] = {
     {"TORCH_MPIGPU_CUDA_AWARE", "auto", "", ReadAt::GroupCreation,
      "CUDA tensors: `auto` asks the MPI library; `1` device pointers (cuda-direct); `0` staged "
      "through pinned host memory"},
+    {"TORCH_MPIGPU_CUDA_PROBE", "auto", "", ReadAt::GroupCreation,
+     "where the MPI library reports CUDA support and `CUDA_AWARE=auto`: `auto` checks it at the "
+     "first group with a GPU (send/recv and all-gather of device buffers, compared with the "
+     "expected bytes; wrong bytes stage CUDA tensors through host memory, with a warning); `off` "
+     "takes the library's word; `fail` (tests) fails the check on purpose"},
     {"TORCH_MPIGPU_CUDA_REDUCE", "auto", "", ReadAt::GroupCreation,
      "how reductions on CUDA tensors travel when the other ops go direct. MPI's own collectives: "
      "`auto` staged on Open MPI (it reduces device buffers on the host anyway), direct "

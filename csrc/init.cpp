@@ -15,6 +15,7 @@
 #include "engine/FutureCompleter.hpp"
 #include "engine/Watchdog.hpp"
 #include "mpi/Collectives.hpp"
+#include "mpi/DirectProbe.hpp"
 #include "mpi/Env.hpp"
 #include "mpi/Types.hpp"
 #include "paths/Devices.hpp"
@@ -72,6 +73,7 @@ void bindMpi(py::module_& m) {
         d["world_size"] = e.worldSize;
         d["cuda_aware_compile_time"] = e.cudaAwareCompileTime;
         d["cuda_aware_run_time"] = e.cudaAwareRunTime;
+        d["cuda_aware_probe"] = mpigpu::mpi::probeStatus();
         return d;
       },
       "Initialises MPI if needed and describes it.");
@@ -304,6 +306,21 @@ void bindAlgorithms(py::module_& m) {
         "Fusion policy (unit tests): indices of `tensors` per MPI call, grouped by dtype in "
         "first-seen order, runs of at most limit_bytes; tensors of at least alone_bytes travel "
         "alone.");
+  m.def(
+      "_direct_probe",
+      [](bool corrupt) {
+        mpigpu::mpi::ProbeOutcome out;
+        {
+          py::gil_scoped_release released;  // collective: other ranks may take a while
+          const auto job = mpigpu::mpi::jobComm();
+          out = mpigpu::mpi::probeDirect({job.comm, job.rank, job.size}, at::Device(at::kCPU),
+                                         corrupt, "direct_probe");
+        }
+        return py::make_tuple(out.ok, out.detail, out.seconds);
+      },
+      py::arg("corrupt") = false,
+      "CUDA-awareness probe (tests): its exchanges and agreement on host buffers over the job "
+      "communicator, collective; corrupt fails this rank's check. Returns (ok, detail, seconds).");
   m.def("mpi_call_count", &mpigpu::mpi::callCount,
         "MPI communication calls made by this process so far (tests use it to prove fusion).");
   m.def(

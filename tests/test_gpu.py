@@ -224,6 +224,24 @@ def test_own_device_cuda_and_cpu_ranks_in_one_collective(own_device_env):
         assert f"[rank {rank}/3] collectives(np=3, device={where}" in out, out[-3000:]
 
 
+@pytest.mark.parametrize("probe", ["passed", "failed"])
+def test_cuda_awareness_probe(probe):
+    # where the library reports CUDA support, the first group checks device buffers; a failed
+    # check (forced here) stages CUDA tensors, with a warning that says what to set
+    if not auto_cuda_path().startswith("cuda-direct"):
+        skip_or_fail("not-cuda-aware", f"the probe runs only where the MPI reports CUDA support "
+                     f"({auto_cuda_path()})")
+    env = {"MPIGPU_EXPECT_PROBE": probe, "TORCH_MPIGPU_CUDA_AWARE": "auto",
+           **({"TORCH_MPIGPU_CUDA_PROBE": "fail"} if probe == "failed" else {})}
+    out = run_mpi("cuda_probe.py", 2, env=env)
+    assert passed_counts(out, 2, {"the probe's exchanges and agreement, host buffers",
+                                  "the probe at the first group with a GPU"}) >= 7
+    warned = "device buffers came back wrong in mpigpu's probe" in out
+    assert warned == (probe == "failed"), out[-3000:]
+    if warned:
+        assert "TORCH_MPIGPU_CUDA_AWARE=1 forces them" in out, out[-3000:]
+
+
 @pytest.mark.parametrize("path", ["direct", "staged", "hybrid"])
 def test_ddp_cuda(path):
     out = run_mpi("ddp.py", 2, env={"MPIGPU_TEST_DEVICE": "cuda", **path_env(path)})

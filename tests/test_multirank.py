@@ -171,6 +171,15 @@ def test_collectives_node_across_the_hosts_as_placed():
                      "2 nodes x 2 ranks" if two_hosts else "1 node x 4 ranks")
 
 
+def test_cuda_awareness_probe_exchanges_and_agreement_on_host():
+    # the probe's exchanges and agreement (mpi/DirectProbe.hpp) on host buffers; on a GPU,
+    # test_gpu.py's test_cuda_awareness_probe runs it for real
+    out = run_mpi("cuda_probe.py", 3)
+    want = {"the probe's exchanges and agreement, host buffers"} | (
+        set() if torch.cuda.is_available() else {"no group with a GPU: the probe has not run"})
+    assert passed_counts(out, 3, want) >= 4
+
+
 # The GPU soak's generator and CPU reference (#24), here on host tensors: edge sizes around the
 # node algorithm's thresholds (lowered), views at offsets, send/recv rings; and with the ring.
 @pytest.mark.parametrize("np, algo", [(3, "auto"), (3, "ring")])

@@ -389,6 +389,9 @@ def main(argv=None):
             for name in live:
                 where = torch.device("cpu") if name == "gloo-host" else device
                 case = Case(op, size, dtype, where, rank, world, args.mode == "inplace", red)
+                # raw MPI does not order itself after the kernels that filled the case's device
+                # buffers (mpigpu does, against the current stream): wait for them here
+                sync()
                 row = {"op": op, "bytes": case.nbytes, "backend": name}
                 try:
                     if name == "mpi":
@@ -399,6 +402,7 @@ def main(argv=None):
                     sync()
                     row["wrong"] = case.wrong()
                     case.reset()
+                    sync()
                     iters = args.iters if case.nbytes < (16 << 20) else max(3, args.iters // 5)
                     med, p95 = timed(fn, iters, args.warmup, sync, stats)
                     algbw = case.nbytes / med / 1e9

@@ -29,6 +29,7 @@ def collect():
         "mpi_world": f"rank {mpi['world_rank']} of {mpi['world_size']}",
         "cuda_aware_mpi": f"compile time: {aware[mpi['cuda_aware_compile_time']]}, "
                           f"run time: {aware[mpi['cuda_aware_run_time']]}",
+        "cuda_aware_probe": mpi["cuda_aware_probe"],
         "built_with": build_info(),
         "extension_has_cuda_sources": _C.with_cuda(),
         "launcher": detect_launcher(),

@@ -7,7 +7,9 @@
 // All copies run on the group's comm stream per device, ordered after the caller's stream.
 #include <c10/core/Event.h>
 #include <c10/cuda/CUDACachingAllocator.h>
+#include <c10/cuda/CUDAFunctions.h>
 #include <c10/cuda/CUDAStream.h>
+#include <c10/util/Logging.h>
 
 #include <algorithm>
 #include <limits>
@@ -16,7 +18,9 @@
 #include <unordered_map>
 
 #include "cuda/ReduceKernels.hpp"
+#include "mpi/Check.hpp"
 #include "mpi/Collectives.hpp"
+#include "mpi/DirectProbe.hpp"
 #include "mpi/Env.hpp"
 #include "paths/Devices.hpp"
 
@@ -304,12 +308,28 @@ std::pair<Mode, std::string> chooseReduceMode(const Config& config, Mode moveMod
   return {moveMode, "device pointers go to MPI, which reduces them itself"};
 }
 
+// The CUDA-awareness probe's outcome in this process: one probe serves every later group.
+struct ProbeMemo {
+  std::mutex mutex;
+  bool done = false;
+  bool ok = true;
+  std::string detail;
+};
+ProbeMemo& probeMemo() {
+  static ProbeMemo memo;
+  return memo;
+}
+
 class CudaPaths final : public paths::DevicePaths {
   static constexpr int64_t kNever = std::numeric_limits<int64_t>::max();  // messages never direct
 
  public:
   explicit CudaPaths(const Config& config)
-      : chunkBytes_(config.stagingChunkBytes), streams_(std::make_shared<GroupStreams>()) {
+      : chunkBytes_(config.stagingChunkBytes),
+        // the library's word, which the probe checks: device pointers by auto, not by the user
+        onLibrarysWord_(config.cudaAware == CudaAware::Auto),
+        probe_(config.cudaProbe),
+        streams_(std::make_shared<GroupStreams>()) {
     std::tie(move_, moveWhy_) = chooseMode(config);
     std::tie(reduce_, reduceWhy_) = chooseReduceMode(config, move_);
     // Our algorithms' messages: device pointers need a CUDA-aware MPI; below cudaDirectBytes
@@ -326,6 +346,25 @@ class CudaPaths final : public paths::DevicePaths {
                                            algoDirectFrom_);
   }
 
+  // Where device pointers go to MPI on the library's word, the first group with a GPU checks
+  // them (mpi/DirectProbe.hpp); every group of the process then follows that outcome.
+  void confirm(const mpi::Comm& group, bool anyGpu, const char* op) override {
+    if (!anyGpu) return;  // agreed over the group: no rank probes
+    ProbeMemo& memo = probeMemo();
+    const bool claims = move_ == Mode::Direct && onLibrarysWord_ && probe_ != CudaProbe::Off;
+    int need = 0;
+    {
+      std::lock_guard<std::mutex> lock(memo.mutex);
+      need = claims && !memo.done ? 1 : 0;
+    }
+    // a rank that has not probed yet brings every rank of the group into the probe
+    MPIGPU_MPI_CHECK(MPI_Allreduce(MPI_IN_PLACE, &need, 1, MPI_INT, MPI_MAX, group.handle), op,
+                     group.rank);
+    if (need) probeOnce(group, claims, op);
+    std::lock_guard<std::mutex> lock(memo.mutex);
+    if (claims && memo.done && !memo.ok) stage(memo.detail);
+  }
+
   paths::PathChoice choice(Use use) const override {
     if (use == Use::Move)
       return {modeName(move_),
@@ -340,7 +379,52 @@ class CudaPaths final : public paths::DevicePaths {
   }
 
  private:
+  // Ranks whose tensors would go as device pointers probe with their GPU's memory, the others
+  // (no GPU, or staged by their settings) with host memory: every rank takes part.
+  void probeOnce(const mpi::Comm& group, bool claims, const char* op) {
+    const bool device = claims && at::hasCUDA();
+    const at::Device where = device ? at::Device(at::kCUDA, c10::cuda::current_device())
+                                    : at::Device(at::kCPU);
+    const mpi::ProbeOutcome out =
+        mpi::probeDirect(group, where, probe_ == CudaProbe::Fail && claims, op);
+    const std::string cost = c10::str(static_cast<int64_t>(out.seconds * 1e6), " us");
+    ProbeMemo& memo = probeMemo();
+    std::lock_guard<std::mutex> lock(memo.mutex);
+    memo.done = true;
+    memo.ok = out.ok;
+    memo.detail = out.detail;
+    if (out.ok) {
+      mpi::recordProbe(c10::str("passed: ", out.detail, " (", cost, ", once per process)"));
+      return;
+    }
+    const std::string fix = mpi::cudaSupportFix(mpi::ensureInitialized().libraryVersion);
+    mpi::recordProbe(c10::str("failed: ", out.detail, "; CUDA tensors are staged through pinned "
+                              "host memory (", cost, ")"));
+    // one warning for the job (rank 0), and the details from the rank that saw them
+    const bool sawIt = out.detail.rfind(c10::str("rank ", group.rank, ":"), 0) == 0;
+    if (group.rank != 0 && !sawIt) return;
+    LOG(WARNING) << "mpigpu " << op << " [rank " << group.rank
+                 << "]: the MPI library reports CUDA support, but device buffers came back wrong "
+                    "in mpigpu's probe ("
+                 << out.detail << "). CUDA tensors are staged through pinned host memory. To pass "
+                 << "device pointers: " << fix
+                 << " (TORCH_MPIGPU_CUDA_AWARE=1 forces them; TORCH_MPIGPU_CUDA_PROBE=off skips "
+                    "this check).";
+  }
+
+  // The probe failed: everything through pinned host memory, as for a library that says no.
+  void stage(const std::string& why) {
+    move_ = reduce_ = Mode::Staged;
+    moveWhy_ = c10::str("the MPI library reports CUDA support, but mpigpu's probe saw wrong "
+                        "bytes (",
+                        why, "); staged through pinned host memory");
+    reduceWhy_ = "as the other ops";
+    algoDirectFrom_ = kNever;
+  }
+
   const int64_t chunkBytes_;
+  const bool onLibrarysWord_;
+  const CudaProbe probe_;
   Mode move_ = Mode::Staged, reduce_ = Mode::Staged;
   std::string moveWhy_, reduceWhy_;
   int64_t algoDirectFrom_ = 0;

@@ -64,6 +64,10 @@ std::shared_ptr<OpBuffers> PathFactory::create(const at::Device& device, Use use
   return makeHostOpBuffers(device, hostScratch_);  // via-cpu
 }
 
+void PathFactory::confirm(const mpi::Comm& group, bool anyGpu, const char* op) {
+  for (auto& [type, paths] : devices_) paths->confirm(group, anyGpu, op);
+}
+
 std::string PathFactory::describe() const {
   std::ostringstream s;
   s << "cpu tensors cpu";

@@ -19,6 +19,7 @@
 #include <string>
 
 #include "Config.hpp"
+#include "mpi/Collectives.hpp"
 #include "paths/OpBuffers.hpp"
 
 namespace mpigpu::paths {
@@ -43,6 +44,10 @@ class DevicePaths {
   virtual ~DevicePaths() = default;
   virtual std::shared_ptr<OpBuffers> create(const at::Device& device, Use use) = 0;
   virtual PathChoice choice(Use use) const = 0;
+  // Collective over the new group, on every rank, before its first op: a device whose paths
+  // take the MPI library's word (device pointers) checks it here and falls back where it does
+  // not hold. `anyGpu`: some member has a GPU (agreed over the group). Default: nothing to check.
+  virtual void confirm(const mpi::Comm& group, bool anyGpu, const char* op) {}
 };
 
 // A group's DevicePaths from its settings; the device's reducer without a group (test hooks).
@@ -60,6 +65,8 @@ class PathFactory {
  public:
   explicit PathFactory(const Config& config);
   std::shared_ptr<OpBuffers> create(const at::Device& device, Use use = Use::Move);
+  // Every device's confirm(), in one order on every rank (collective over `group`).
+  void confirm(const mpi::Comm& group, bool anyGpu, const char* op);
   // "cpu tensors cpu, cuda tensors cuda-direct (why), ..., other devices via-cpu"
   std::string describe() const;
 
