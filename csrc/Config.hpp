@@ -72,6 +72,9 @@ struct Config {
   // reduces everything), larger two-shot (two barriers, each rank reduces 1/p).
   int64_t nodeBufferBytes = 0;
   int64_t nodeOneShotBytes = 0;
+  // Groups whose every member has a GPU: the node algorithm's slots in device memory (CUDA IPC),
+  // per rank and half; ops are cut into pieces of this size, each piece two host round trips.
+  int64_t nodeDeviceBufferBytes = 0;
   // auto: groups that span nodes take the node algorithm (hierarchical) from this size.
   int64_t nodeAcrossMinBytes = 0;
   // Test-only: each real node is cut into this many pretend nodes (hierarchical code on one host).

@@ -106,11 +106,15 @@ ProcessGroupMPIGPU::ProcessGroupMPIGPU(c10::intrusive_ptr<c10d::Store> store, in
                      "new_group", rank_);
     groupHasGpu_ = anyGpu != 0;
     paths_->confirm(algoComm_, groupHasGpu_, "new_group");
-    // the node algorithms serve host tensors: groups with a GPU have no use for them yet
-    if (size_ > 1 && config_.nodeBufferBytes > 0 && !groupHasGpu_) {
+    if (size_ > 1 && config_.nodeBufferBytes > 0) {
+      // every member with a GPU: the node ops run in device slots; some: through host memory
+      int allGpu = hasGpu;
+      MPIGPU_MPI_CHECK(MPI_Allreduce(MPI_IN_PLACE, &allGpu, 1, MPI_INT, MPI_MIN, comm_.handle),
+                       "new_group", rank_);
       node_ = std::make_unique<node::Node>(
           node::Topology::build(algoComm_, config_.pretendNodes, "new_group"), algoComm_,
-          config_.nodeBufferBytes, config_.nodeOneShotBytes);
+          config_.nodeBufferBytes, config_.nodeOneShotBytes, allGpu != 0,
+          paths_->nodeSlots(c10::DeviceType::CUDA), config_.nodeDeviceBufferBytes);
     }
   });
   if (config_.debug) {

@@ -397,10 +397,9 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupMPIGPU::allgather(
   auto bufs = buffersFor(inputs[0]);
   const size_t in = bufs->add(inputs[0], Access::Read);
   const size_t out = bufs->add(outputs[0], Access::Write);
-  return enqueue(c10d::OpType::ALLGATHER, op, outputs[0], inputs, opts.timeout, opts.asyncOp, bufs,
-                 [this, op, in, out, mover](OpBuffers& b) {
-                   gatherAll(b, op, mover, b.mpi(in), b.mpi(out));
-                 });
+  return enqueue(
+      c10d::OpType::ALLGATHER, op, outputs[0], inputs, opts.timeout, opts.asyncOp, bufs,
+      [this, op, in, out, mover](OpBuffers& b) { gatherAll(b, op, mover, b.mpi(in), b.mpi(out)); });
 }
 
 c10::intrusive_ptr<c10d::Work> ProcessGroupMPIGPU::_allgather_base(
@@ -478,10 +477,9 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupMPIGPU::allgather_coalesced(
   auto bufs = buffersFor(inputs[0]);
   const size_t in = bufs->add(inputs, Access::Read);
   const size_t out = bufs->add(allOuts, Access::Write);  // rank-major, input order within a rank
-  return enqueue(c10d::OpType::ALLGATHER_COALESCED, op, allOuts, inputs, opts.timeout,
-                 opts.asyncOp, bufs, [this, op, in, out, mover](OpBuffers& b) {
-                   gatherAll(b, op, mover, b.mpi(in), b.mpi(out));
-                 });
+  return enqueue(
+      c10d::OpType::ALLGATHER_COALESCED, op, allOuts, inputs, opts.timeout, opts.asyncOp, bufs,
+      [this, op, in, out, mover](OpBuffers& b) { gatherAll(b, op, mover, b.mpi(in), b.mpi(out)); });
 }
 
 c10::intrusive_ptr<c10d::Work> ProcessGroupMPIGPU::gather(

@@ -56,6 +56,11 @@ const SettingSpec kSettings[] = {
      "node-aware algorithms: shared memory per rank and half (twice this per rank and group, made "
      "at the group's first node-aware op); bigger ops go in pieces of this size. `0`: no shared "
      "memory, the node algorithm off"},
+    {"TORCH_MPIGPU_NODE_DEVICE_BUFFER_BYTES", "33554432", "", ReadAt::GroupCreation,
+     "node algorithm in groups whose every member has a GPU (`TORCH_MPIGPU_ALGO=node` only, until "
+     "a GPU measurement sets when auto takes it): device memory per rank and half, mapped into "
+     "the node's peers by CUDA IPC (made at the first such op); bigger ops go in pieces of this "
+     "size"},
     {"TORCH_MPIGPU_NODE_ONE_SHOT_BYTES", "65536", "", ReadAt::GroupCreation,
      "node algorithm on one node: all_reduce up to this size is one-shot (every rank reduces every "
      "input), above two-shot (each reduces 1/p, then all copy)"},

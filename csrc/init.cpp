@@ -299,13 +299,8 @@ void bindAlgorithmTable(py::module_& m) {
       "and the ops it serves, in the order auto asks them.");
 }
 
-// Unit-test hooks and counters of the algorithms and fusion layers.
-void bindAlgorithms(py::module_& m) {
-  m.def("_fusion_buckets", &mpigpu::fusionBuckets, py::arg("tensors"), py::arg("limit_bytes"),
-        py::arg("alone_bytes"),
-        "Fusion policy (unit tests): indices of `tensors` per MPI call, grouped by dtype in "
-        "first-seen order, runs of at most limit_bytes; tensors of at least alone_bytes travel "
-        "alone.");
+// The CUDA-awareness probe's exchanges and agreement on host buffers (tests).
+void bindDirectProbe(py::module_& m) {
   m.def(
       "_direct_probe",
       [](bool corrupt) {
@@ -321,6 +316,15 @@ void bindAlgorithms(py::module_& m) {
       py::arg("corrupt") = false,
       "CUDA-awareness probe (tests): its exchanges and agreement on host buffers over the job "
       "communicator, collective; corrupt fails this rank's check. Returns (ok, detail, seconds).");
+}
+
+// Unit-test hooks and counters of the algorithms and fusion layers.
+void bindAlgorithms(py::module_& m) {
+  m.def("_fusion_buckets", &mpigpu::fusionBuckets, py::arg("tensors"), py::arg("limit_bytes"),
+        py::arg("alone_bytes"),
+        "Fusion policy (unit tests): indices of `tensors` per MPI call, grouped by dtype in "
+        "first-seen order, runs of at most limit_bytes; tensors of at least alone_bytes travel "
+        "alone.");
   m.def("mpi_call_count", &mpigpu::mpi::callCount,
         "MPI communication calls made by this process so far (tests use it to prove fusion).");
   m.def(
@@ -393,5 +397,6 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   bindPaths(m);
   bindAlgorithms(m);
   bindAlgorithmTable(m);
+  bindDirectProbe(m);
   bindFlightRecorder(m);
 }

@@ -224,6 +224,18 @@ def test_own_device_cuda_and_cpu_ranks_in_one_collective(own_device_env):
         assert f"[rank {rank}/3] collectives(np=3, device={where}" in out, out[-3000:]
 
 
+@pytest.mark.parametrize("np", [2, 3])
+def test_node_algorithm_cuda(np):
+    # the node algorithm on CUDA tensors: device slots mapped into the peers by CUDA IPC, ordered
+    # from the host; 64 KiB slots, so most ops go in pieces. Unavailable IPC would run the ring,
+    # and the forced-algorithm check would fail.
+    env = {"MPIGPU_TEST_DEVICE": "cuda", "TORCH_MPIGPU_ALGO": "node",
+           "TORCH_MPIGPU_NODE_DEVICE_BUFFER_BYTES": "65536", "MPIGPU_EXPECT_NODES": f"1 node x {np} ranks"}
+    out = run_mpi("collectives.py", np, env=env)
+    assert passed_counts(out, np, COLLECTIVES | {"the group's nodes", FORCED_ALGORITHM}) > 1500
+    assert "no device slots" not in out, out[-3000:]
+
+
 @pytest.mark.parametrize("probe", ["passed", "failed"])
 def test_cuda_awareness_probe(probe):
     # where the library reports CUDA support, the first group checks device buffers; a failed

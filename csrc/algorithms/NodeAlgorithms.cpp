@@ -18,16 +18,41 @@ using node::Node;
 using node::SharedSegment;
 using node::Topology;
 
+// One op's view of the node: slots in host shared memory, or in device memory (dev) with the
+// host segment as the barrier.
 struct NodeOp {
   Context& c;
   Node& node;
   SharedSegment& seg;
+  node::DeviceSlots* dev;  // null: host slots
   const Topology& topo;
   const char* op;
   int rank;  // in the group, for errors
-  void sync() { seg.sync(op, rank, node.cancelled()); }
-  at::Tensor slot(int r, at::ScalarType t, int64_t n) const { return seg.slot(r, t, n); }
+  bool onHost() const { return dev == nullptr; }
+  int64_t slotBytes() const { return dev ? dev->slotBytes() : seg.slotBytes(); }
+  // This rank's writes to its slots are complete (device work waited for), then the barrier.
+  void sync() {
+    if (dev) dev->settle();
+    seg.sync(op, rank, node.cancelled());
+  }
+  void flip() {
+    seg.flip();
+    if (dev) dev->flip();
+  }
+  at::Tensor slot(int r, at::ScalarType t, int64_t n) const {
+    return dev ? dev->slot(r, t, n) : seg.slot(r, t, n);
+  }
 };
+
+// MPI between nodes on host memory: a device tensor goes through a host copy (the node path
+// does not assume a CUDA-aware MPI).
+template <typename F>
+void acrossNodes(const at::Tensor& t, F&& mpiOn) {
+  if (t.is_cpu()) return mpiOn(t);
+  at::Tensor host = t.to(at::kCPU);
+  mpiOn(host);
+  t.copy_(host);
+}
 
 // The reduction across nodes is MPI's: no AVG division (done once, at the end) and no PREMUL
 // factor (applied to the inputs before anything was summed).
@@ -83,7 +108,7 @@ void sumSlots(const NodeOp& o, T* out, int64_t offset, int64_t n, double scale) 
 // kSmallBytes on one node.
 bool small(const NodeOp& o, const at::Tensor& in) {
   const auto t = in.scalar_type();
-  return arithmeticOf(o.c.red.kind) == c10d::ReduceOp::SUM && o.topo.nodes == 1 &&
+  return o.onHost() && arithmeticOf(o.c.red.kind) == c10d::ReduceOp::SUM && o.topo.nodes == 1 &&
          in.numel() * in.element_size() <= kSmallBytes && (t == at::kFloat || t == at::kDouble);
 }
 
@@ -98,7 +123,7 @@ void smallSum(NodeOp& o, const at::Tensor& in, const at::Tensor& out, int64_t of
     sumSlots<float>(o, out.data_ptr<float>(), offset, out.numel(), scale);
   else
     sumSlots<double>(o, out.data_ptr<double>(), offset, out.numel(), scale);
-  o.seg.flip();
+  o.flip();
 }
 
 // Two-shot on one piece: the slices the peers reduce go to this rank's slot; this rank reduces
@@ -123,7 +148,9 @@ void twoShotPiece(NodeOp& o, const at::Tensor& part, double scale) {
     at::Tensor mine = slice(slot, me);
     combineAll(o.c, mine, sources, t.nodes == 1 ? scale : 1.0);
     if (t.nodes > 1) {
-      mpi::allreduceInPlace(t.crossComm, o.op, mine, plainSum(o.c.red), /*counted=*/false);
+      acrossNodes(mine, [&](at::Tensor h) {
+        mpi::allreduceInPlace(t.crossComm, o.op, h, plainSum(o.c.red), /*counted=*/false);
+      });
       if (scale != 1.0) mine.mul_(scale);
     }
   }
@@ -139,7 +166,7 @@ void allreduceOnHost(NodeOp& o, const at::Tensor& buf) {
   const auto dtype = buf.scalar_type();
   const double scale = finalScale(o.c, t.nodes * L);
   if (small(o, buf)) return smallSum(o, buf, buf, 0, scale);
-  const int64_t chunk = o.seg.slotBytes() / buf.element_size();
+  const int64_t chunk = o.slotBytes() / buf.element_size();
   // one-shot: every rank reduces all slots in rank order (the same bits everywhere); two-shot:
   // each rank reduces its 1/L, then all copy every slice
   const bool oneShot = t.nodes == 1 && buf.numel() * buf.element_size() <= o.node.oneShotBytes();
@@ -152,7 +179,7 @@ void allreduceOnHost(NodeOp& o, const at::Tensor& buf) {
     } else {
       twoShotPiece(o, part, scale);
     }
-    o.seg.flip();
+    o.flip();
   });
 }
 
@@ -165,7 +192,7 @@ void reduceScatterOnHost(NodeOp& o, const at::Tensor& in, const at::Tensor& out)
   const at::Tensor input = prescale(o.c, in, /*inPlace=*/false);
   if (small(o, input)) return smallSum(o, input, out, me * m, finalScale(o.c, p));
   const at::Tensor rows = input.view({p, m});
-  const int64_t cols = std::max<int64_t>(1, o.seg.slotBytes() / (out.element_size() * p));
+  const int64_t cols = std::max<int64_t>(1, o.slotBytes() / (out.element_size() * p));
   const double scale = finalScale(o.c, p);
   forPieces(m, cols, [&](int64_t off, int64_t w) {
     o.slot(me, dtype, p * w).view({p, w}).copy_(rows.narrow(1, off, w));
@@ -181,10 +208,17 @@ void reduceScatterOnHost(NodeOp& o, const at::Tensor& in, const at::Tensor& out)
         combineAll(o.c, mine.narrow(0, i * w, w),
                    slotRanges(o, dtype, p * w, t.crossMembers[i] * w, w, 0), 1.0);
       }
-      mpi::reduceScatter(t.crossComm, o.op, mine, dst, plainSum(o.c.red), /*counted=*/false);
+      if (mine.is_cpu()) {
+        mpi::reduceScatter(t.crossComm, o.op, mine, dst, plainSum(o.c.red), /*counted=*/false);
+      } else {
+        at::Tensor h = dst.to(at::kCPU);
+        mpi::reduceScatter(t.crossComm, o.op, mine.to(at::kCPU), h, plainSum(o.c.red),
+                           /*counted=*/false);
+        dst.copy_(h);
+      }
       if (scale != 1.0) dst.mul_(scale);
     }
-    o.seg.flip();
+    o.flip();
   });
 }
 
@@ -199,50 +233,70 @@ void reduceOnHost(NodeOp& o, const at::Tensor& buf, int root) {
   const int L = t.localSize, me = t.localRank;
   const auto dtype = buf.scalar_type();
   const double scale = finalScale(o.c, L);
-  const int64_t chunk = o.seg.slotBytes() / buf.element_size();
+  const int64_t chunk = o.slotBytes() / buf.element_size();
   const at::Tensor in = prescale(o.c, buf, /*inPlace=*/false);
   forPieces(buf.numel(), chunk, [&](int64_t off, int64_t m) {
     o.slot(me, dtype, m).copy_(in.narrow(0, off, m));
     o.sync();
     if (me == root) combineAll(o.c, buf.narrow(0, off, m), slotRanges(o, dtype, m, 0, m, 0), scale);
-    o.seg.flip();
+    o.flip();
   });
 }
 
-// Data movement copies bytes: any dtype, no tensors built per slot.
-uint8_t* bytesOf(const at::Tensor& t) { return static_cast<uint8_t*>(t.data_ptr()); }
+// Data movement copies bytes, whatever the dtype: a host pointer (memcpy, no tensor built per
+// slot), or a device tensor of bytes (a copy on the current stream).
+struct ByteSpan {
+  uint8_t* host = nullptr;
+  at::Tensor dev;
+  void copyFrom(int64_t at, const ByteSpan& src, int64_t from, int64_t n) const {
+    if (host != nullptr) {
+      std::memcpy(host + at, src.host + from, n);
+    } else {
+      dev.narrow(0, at, n).copy_(src.dev.narrow(0, from, n));
+    }
+  }
+};
+ByteSpan spanOf(const NodeOp& o, const at::Tensor& t) {
+  if (o.onHost()) return {static_cast<uint8_t*>(t.data_ptr()), {}};
+  return {nullptr, t.view({-1}).view(at::kByte)};
+}
+ByteSpan slotSpan(const NodeOp& o, int r, int64_t bytes) {
+  if (o.onHost()) return {o.seg.slotData(r), {}};
+  return {nullptr, o.slot(r, at::kByte, bytes)};
+}
 
 // `out` (contiguous, size x in.numel() elements, group rank order) gets every rank's `in`.
 // Across nodes, the blocks of this rank's cross-node peers first (one MPI_Allgather among the
 // same local index: each node's data crosses the network once per peer, not once per hop of a
-// ring), then the node's ranks share what they hold through the segment.
+// ring), then the node's ranks share what they hold through the slots.
 void allgatherOnHost(NodeOp& o, const at::Tensor& in, const at::Tensor& out) {
   const Topology& t = o.topo;
   const int L = t.localSize, me = t.localRank, N = t.nodes;
   const int64_t eb = in.element_size(), rowBytes = in.numel() * eb;
-  MPIGPU_CHECK_VALUE(N * eb <= o.seg.slotBytes(), o.op, o.rank, "a node's slot (",
-                     o.seg.slotBytes(), " bytes) must hold one element per node (", N,
+  MPIGPU_CHECK_VALUE(N * eb <= o.slotBytes(), o.op, o.rank, "a node's slot (", o.slotBytes(),
+                     " bytes) must hold one element per node (", N,
                      "); raise TORCH_MPIGPU_NODE_BUFFER_BYTES");
   at::Tensor mine = in.contiguous();
   if (N > 1) {
-    at::Tensor gathered = at::empty({N * in.numel()}, in.options());
-    mpi::allgather(t.crossComm, o.op, mine, gathered, /*counted=*/false);
-    mine = gathered;
+    at::Tensor gathered = at::empty({N * in.numel()}, in.options().device(at::kCPU));
+    mpi::allgather(t.crossComm, o.op, mine.to(at::kCPU), gathered, /*counted=*/false);
+    mine = gathered.to(in.device());
   }
-  const uint8_t* src = bytesOf(mine);
-  uint8_t* dst = bytesOf(out);
+  const ByteSpan src = spanOf(o, mine), dst = spanOf(o, out);
   // each piece: the same byte range of the N rows this rank holds
-  const int64_t width = std::max<int64_t>(eb, o.seg.slotBytes() / N / eb * eb);
+  const int64_t width = std::max<int64_t>(eb, o.slotBytes() / N / eb * eb);
   forPieces(rowBytes, width, [&](int64_t off, int64_t w) {
-    for (int i = 0; i < N; ++i) std::memcpy(o.seg.slotData(me) + i * w, src + i * rowBytes + off, w);
+    const ByteSpan mySlot = slotSpan(o, me, N * w);
+    for (int i = 0; i < N; ++i) mySlot.copyFrom(i * w, src, i * rowBytes + off, w);
     o.sync();
     for (int j = 0; j < L; ++j) {
+      const ByteSpan theirs = slotSpan(o, j, N * w);
       for (int i = 0; i < N; ++i) {
         const int64_t row = t.placement[static_cast<size_t>(j) * N + i];
-        std::memcpy(dst + row * rowBytes + off, o.seg.slotData(j) + i * w, w);
+        dst.copyFrom(row * rowBytes + off, theirs, i * w, w);
       }
     }
-    o.seg.flip();
+    o.flip();
   });
 }
 
@@ -252,42 +306,52 @@ void broadcastOnHost(NodeOp& o, const at::Tensor& buf, int root) {
   const Topology& t = o.topo;
   const auto [rootLocal, rootCross] = t.placeOf(root);
   const bool source = t.localRank == rootLocal;
-  at::Tensor data = buf;
-  if (t.nodes > 1 && source) mpi::broadcast(t.crossComm, o.op, data, rootCross);
-  uint8_t* bytes = bytesOf(buf);
-  forPieces(buf.numel() * buf.element_size(), o.seg.slotBytes(), [&](int64_t off, int64_t m) {
-    if (source) std::memcpy(o.seg.slotData(rootLocal), bytes + off, m);
+  if (t.nodes > 1 && source) {
+    acrossNodes(buf, [&](at::Tensor h) { mpi::broadcast(t.crossComm, o.op, h, rootCross); });
+  }
+  const ByteSpan data = spanOf(o, buf);
+  forPieces(buf.numel() * buf.element_size(), o.slotBytes(), [&](int64_t off, int64_t m) {
+    const ByteSpan slot = slotSpan(o, rootLocal, m);
+    if (source) slot.copyFrom(0, data, off, m);
     o.sync();
-    if (!source) std::memcpy(bytes + off, o.seg.slotData(rootLocal), m);
-    o.seg.flip();
+    if (!source) data.copyFrom(off, slot, 0, m);
+    o.flip();
   });
 }
 
-// Runs fn(op context, host tensors): on the tensors themselves when they are host memory, else
-// on host copies (a forced `node` with tensors of another device) copied back afterwards.
+// Runs fn(op context, tensors where the node works on them): in device slots where every member
+// has a GPU (a tensor of another device moved there), else in host shared memory (a tensor of
+// another device copied to the host); the written ones are copied back. Every rank of the group
+// makes the same choice: it depends only on what was agreed when the group and slots were made.
 template <typename F>
 bool onNode(Context& c, std::vector<at::Tensor> tensors, std::vector<bool> written, F&& fn) {
   Node* node = c.node;
-  SharedSegment* seg = node != nullptr && node->suits() ? node->segment(c.link.op()) : nullptr;
+  const char* op = c.link.op();
+  SharedSegment* seg = node != nullptr && node->suits() ? node->segment(op) : nullptr;
   if (seg == nullptr) return false;
-  std::vector<at::Tensor> host;
-  bool copied = false;
+  node::DeviceSlots* dev = node->onDevice() ? node->deviceSlots(op) : nullptr;
+  if (node->onDevice() && dev == nullptr) return false;
+  const at::Device where = dev != nullptr ? dev->device() : at::Device(at::kCPU);
+  std::vector<at::Tensor> work;
+  bool moved = false;
   for (const auto& t : tensors) {
-    copied = copied || !t.is_cpu();
-    host.push_back(t.is_cpu() ? t : t.to(at::kCPU));
+    const bool here = t.device() == where;
+    moved = moved || !here;
+    work.push_back(here ? t : t.to(where));
   }
-  // copies are reduced by the host's reducer, not the device's
-  std::unique_ptr<Reducer> hostReducer = copied ? makeHostReducer(c.red.kind) : nullptr;
-  Context hc{c.link, copied ? *hostReducer : c.reducer, c.red, c.pieceElems, c.node};
-  NodeOp o{hc, *node, *seg, node->topology(), c.link.op(), c.link.comm().rank};
+  // moved tensors are reduced by the reducer of the memory they were moved to
+  std::unique_ptr<Reducer> reducer;
+  if (moved) reducer = dev != nullptr ? dev->reducer(c.red.kind) : makeHostReducer(c.red.kind);
+  Context wc{c.link, moved ? *reducer : c.reducer, c.red, c.pieceElems, c.node};
+  NodeOp o{wc, *node, *seg, dev, node->topology(), op, c.link.comm().rank};
   {
     // Every rank of the node copies and reduces at once, typically one rank per core: ATen's
     // intra-op threads would only take cores from the peers this rank waits for.
     c10::ParallelGuard serial(true);
-    fn(o, host);
+    fn(o, work);
   }
   for (size_t i = 0; i < tensors.size(); ++i)
-    if (written[i] && !tensors[i].is_same(host[i])) tensors[i].copy_(host[i]);
+    if (written[i] && !tensors[i].is_same(work[i])) tensors[i].copy_(work[i]);
   return true;
 }
 

@@ -17,6 +17,7 @@
 
 #include <unordered_map>
 
+#include "cuda/IpcSlots.hpp"
 #include "cuda/ReduceKernels.hpp"
 #include "mpi/Check.hpp"
 #include "mpi/Collectives.hpp"
@@ -365,6 +366,8 @@ class CudaPaths final : public paths::DevicePaths {
     if (claims && memo.done && !memo.ok) stage(memo.detail);
   }
 
+  node::DeviceSlotsMaker nodeSlots() const override { return &makeIpcSlots; }
+
   paths::PathChoice choice(Use use) const override {
     if (use == Use::Move)
       return {modeName(move_),
@@ -383,8 +386,8 @@ class CudaPaths final : public paths::DevicePaths {
   // (no GPU, or staged by their settings) with host memory: every rank takes part.
   void probeOnce(const mpi::Comm& group, bool claims, const char* op) {
     const bool device = claims && at::hasCUDA();
-    const at::Device where = device ? at::Device(at::kCUDA, c10::cuda::current_device())
-                                    : at::Device(at::kCPU);
+    const at::Device where =
+        device ? at::Device(at::kCUDA, c10::cuda::current_device()) : at::Device(at::kCPU);
     const mpi::ProbeOutcome out =
         mpi::probeDirect(group, where, probe_ == CudaProbe::Fail && claims, op);
     const std::string cost = c10::str(static_cast<int64_t>(out.seconds * 1e6), " us");
@@ -398,8 +401,10 @@ class CudaPaths final : public paths::DevicePaths {
       return;
     }
     const std::string fix = mpi::cudaSupportFix(mpi::ensureInitialized().libraryVersion);
-    mpi::recordProbe(c10::str("failed: ", out.detail, "; CUDA tensors are staged through pinned "
-                              "host memory (", cost, ")"));
+    mpi::recordProbe(c10::str("failed: ", out.detail,
+                              "; CUDA tensors are staged through pinned "
+                              "host memory (",
+                              cost, ")"));
     // one warning for the job (rank 0), and the details from the rank that saw them
     const bool sawIt = out.detail.rfind(c10::str("rank ", group.rank, ":"), 0) == 0;
     if (group.rank != 0 && !sawIt) return;
@@ -415,9 +420,10 @@ class CudaPaths final : public paths::DevicePaths {
   // The probe failed: everything through pinned host memory, as for a library that says no.
   void stage(const std::string& why) {
     move_ = reduce_ = Mode::Staged;
-    moveWhy_ = c10::str("the MPI library reports CUDA support, but mpigpu's probe saw wrong "
-                        "bytes (",
-                        why, "); staged through pinned host memory");
+    moveWhy_ = c10::str(
+        "the MPI library reports CUDA support, but mpigpu's probe saw wrong "
+        "bytes (",
+        why, "); staged through pinned host memory");
     reduceWhy_ = "as the other ops";
     algoDirectFrom_ = kNever;
   }

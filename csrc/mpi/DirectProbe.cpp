@@ -16,10 +16,10 @@
 namespace mpigpu::mpi {
 namespace {
 
-constexpr int64_t kEager = 16;         // int32 elements: an eager message in every library
-constexpr int64_t kLarge = 1 << 18;    // 1 MiB: rendezvous (CUDA IPC, GPUDirect) everywhere
-constexpr int64_t kGathered = 1024;    // per rank, through the library's collective path
-constexpr int kTag = 0x6d70;           // on the group's own algorithm communicator
+constexpr int64_t kEager = 16;       // int32 elements: an eager message in every library
+constexpr int64_t kLarge = 1 << 18;  // 1 MiB: rendezvous (CUDA IPC, GPUDirect) everywhere
+constexpr int64_t kGathered = 1024;  // per rank, through the library's collective path
+constexpr int kTag = 0x6d70;         // on the group's own algorithm communicator
 
 // Values no other rank or position shares; fits int32 for 1000 ranks and kLarge elements.
 at::Tensor pattern(int rank, int64_t n, const at::Device& device) {
@@ -62,7 +62,7 @@ class CrashNote {
   explicit CrashNote(const std::string& note) {
     g_crashNoteLen = std::min(note.size(), sizeof(g_crashNote));
     std::memcpy(g_crashNote, note.data(), g_crashNoteLen);
-    struct sigaction sa {};
+    struct sigaction sa{};
     sa.sa_handler = &onCrash;
     sigemptyset(&sa.sa_mask);
     for (int i = 0; i < 2; ++i) sigaction(kSignals[i], &sa, &g_previous[i]);
@@ -108,14 +108,15 @@ std::string exchange(const Comm& comm, const at::Device& device) {
   const at::Tensor mine = pattern(r, kGathered, device);
   const at::Tensor all = at::full({p * kGathered}, -1, mine.options());
   settle(device);
-  const int rc = MPI_Allgather(mine.data_ptr(), static_cast<int>(kGathered), MPI_INT32_T,
-                               all.data_ptr(), static_cast<int>(kGathered), MPI_INT32_T,
-                               comm.handle);
+  const int rc =
+      MPI_Allgather(mine.data_ptr(), static_cast<int>(kGathered), MPI_INT32_T, all.data_ptr(),
+                    static_cast<int>(kGathered), MPI_INT32_T, comm.handle);
   settle(device);
   std::vector<at::Tensor> want;
   for (int q = 0; q < p; ++q) want.push_back(pattern(q, kGathered, cpu));
-  note(rc != MPI_SUCCESS ? failed(rc, "MPI_Allgather")
-                         : compare(all, at::cat(want), c10::str(kGathered * 4, "-byte all-gather")));
+  note(rc != MPI_SUCCESS
+           ? failed(rc, "MPI_Allgather")
+           : compare(all, at::cat(want), c10::str(kGathered * 4, "-byte all-gather")));
   return wrong;
 }
 
@@ -162,15 +163,15 @@ ProbeOutcome probeDirect(const Comm& comm, const at::Device& device, bool corrup
   }
   // the lowest rank that saw wrong bytes, or p: one agreement round
   int firstWrong = wrong.empty() ? comm.size : comm.rank;
-  MPIGPU_MPI_CHECK(
-      MPI_Allreduce(MPI_IN_PLACE, &firstWrong, 1, MPI_INT, MPI_MIN, comm.handle), op, comm.rank);
+  MPIGPU_MPI_CHECK(MPI_Allreduce(MPI_IN_PLACE, &firstWrong, 1, MPI_INT, MPI_MIN, comm.handle), op,
+                   comm.rank);
   ProbeOutcome out;
   out.ok = firstWrong == comm.size;
   out.seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
   if (out.ok) {
     out.detail = c10::str("send/recv of ", kEager * 4, " and ", kLarge * 4, " bytes and a ",
-                          kGathered * 4, "-byte all-gather per rank came back right on ",
-                          comm.size, comm.size == 1 ? " rank" : " ranks");
+                          kGathered * 4, "-byte all-gather per rank came back right on ", comm.size,
+                          comm.size == 1 ? " rank" : " ranks");
   } else if (!wrong.empty()) {
     out.detail = c10::str("rank ", comm.rank, ": ", wrong);
   } else {

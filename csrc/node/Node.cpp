@@ -7,11 +7,15 @@
 
 namespace mpigpu::node {
 
-Node::Node(Topology topology, const mpi::Comm& group, int64_t slotBytes, int64_t oneShotBytes)
+Node::Node(Topology topology, const mpi::Comm& group, int64_t slotBytes, int64_t oneShotBytes,
+           bool allGpu, DeviceSlotsMaker makeDeviceSlots, int64_t deviceSlotBytes)
     : topology_(std::move(topology)),
       group_(group),
       slotBytes_(slotBytes),
-      oneShotBytes_(oneShotBytes) {}
+      oneShotBytes_(oneShotBytes),
+      allGpu_(allGpu),
+      makeDeviceSlots_(std::move(makeDeviceSlots)),
+      deviceSlotBytes_(deviceSlotBytes) {}
 
 Node::~Node() = default;
 
@@ -33,7 +37,29 @@ SharedSegment* Node::segment(const char* op) {
   return segment_.get();
 }
 
+DeviceSlots* Node::deviceSlots(const char* op) {
+  if (triedDevice_) return deviceSlots_.get();
+  triedDevice_ = true;
+  std::string why = "this build has no device slots for the node algorithm (CUDA IPC)";
+  if (makeDeviceSlots_) {
+    why.clear();
+    deviceSlots_ = makeDeviceSlots_(topology_.nodeComm, deviceSlotBytes_, op, group_.rank, &why);
+  }
+  int ok = deviceSlots_ ? 1 : 0;
+  MPIGPU_MPI_CHECK(MPI_Allreduce(MPI_IN_PLACE, &ok, 1, MPI_INT, MPI_MIN, group_.handle), op,
+                   group_.rank);
+  if (!ok) {
+    deviceSlots_.reset();
+    deviceUnavailable_ = why.empty() ? "another rank could not map its node's device buffers" : why;
+    LOG(WARNING) << "mpigpu " << op << " [rank " << group_.rank
+                 << "]: no device slots for the node algorithm (" << deviceUnavailable_
+                 << "); this group's node ops use the ring and MPI's own instead";
+  }
+  return deviceSlots_.get();
+}
+
 void Node::free() {
+  deviceSlots_.reset();
   segment_.reset();
   topology_.free();
 }
@@ -42,8 +68,13 @@ std::string Node::describe() const {
   std::string s = topology_.describe();
   if (!suits()) return s;
   if (!unavailable_.empty()) return c10::str(s, ", shared memory unavailable: ", unavailable_);
-  return c10::str(s, ", shared memory ", slotBytes_, " bytes per rank and half",
-                  tried_ ? "" : " (made at the first node-aware op)");
+  s = c10::str(s, ", shared memory ", slotBytes_, " bytes per rank and half",
+               tried_ ? "" : " (made at the first node-aware op)");
+  if (!allGpu_) return s;
+  if (!deviceUnavailable_.empty())
+    return c10::str(s, ", device slots unavailable: ", deviceUnavailable_);
+  return c10::str(s, ", device slots ", deviceSlotBytes_, " bytes per rank and half (",
+                  deviceSlots_ ? "CUDA IPC" : "made at the first node op", ")");
 }
 
 }  // namespace mpigpu::node

@@ -6,6 +6,7 @@
 #include <memory>
 #include <string>
 
+#include "node/DeviceSlots.hpp"
 #include "node/SharedSegment.hpp"
 #include "node/Topology.hpp"
 
@@ -13,8 +14,12 @@ namespace mpigpu::node {
 
 class Node {
  public:
-  // `group`: the communicator the ranks agree over when the segment is made.
-  Node(Topology topology, const mpi::Comm& group, int64_t slotBytes, int64_t oneShotBytes);
+  // `group`: the communicator the ranks agree over when the segment is made. `allGpu`: every
+  // member has a GPU (agreed), so the node's ops run in device slots made by `makeDeviceSlots`
+  // (null: this build has none) of `deviceSlotBytes` per rank and half.
+  Node(Topology topology, const mpi::Comm& group, int64_t slotBytes, int64_t oneShotBytes,
+       bool allGpu = false, DeviceSlotsMaker makeDeviceSlots = nullptr,
+       int64_t deviceSlotBytes = 0);
   ~Node();
   Node(const Node&) = delete;
   Node& operator=(const Node&) = delete;
@@ -27,6 +32,11 @@ class Node {
   // The segment, made by the first call (collective over the group: every rank agrees whether it
   // exists, so all fall back together). Null: unavailable; describe() says why.
   SharedSegment* segment(const char* op);
+  // Groups whose every member has a GPU: every rank's node ops run in device memory.
+  bool onDevice() const { return allGpu_; }
+  // The device slots, made by the first call (collective over the group, after segment());
+  // null: unavailable, describe() says why, and every rank's ops take the ring.
+  DeviceSlots* deviceSlots(const char* op);
   // abort(): an op waiting in the segment gives up (within 200 ms) instead of waiting forever.
   void cancel() { cancelled_.store(true, std::memory_order_relaxed); }
   const std::atomic<bool>& cancelled() const { return cancelled_; }
@@ -41,6 +51,12 @@ class Node {
   int64_t oneShotBytes_;
   std::unique_ptr<SharedSegment> segment_;
   bool tried_ = false;
+  const bool allGpu_;
+  DeviceSlotsMaker makeDeviceSlots_;
+  int64_t deviceSlotBytes_;
+  std::unique_ptr<DeviceSlots> deviceSlots_;
+  bool triedDevice_ = false;
+  std::string deviceUnavailable_;
   std::atomic<bool> cancelled_{false};
   std::string unavailable_;
 };

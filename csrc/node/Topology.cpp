@@ -53,9 +53,9 @@ Topology Topology::build(const mpi::Comm& group, int pretendNodes, const char* o
   if (t.uniform) {
     std::vector<int> mine = t.nodes > 1 ? t.crossMembers : std::vector<int>{rank};
     t.placement.resize(static_cast<size_t>(ls) * t.nodes);
-    MPIGPU_MPI_CHECK(MPI_Allgather(mine.data(), t.nodes, MPI_INT, t.placement.data(), t.nodes,
-                                   MPI_INT, shared),
-                     op, rank);
+    MPIGPU_MPI_CHECK(
+        MPI_Allgather(mine.data(), t.nodes, MPI_INT, t.placement.data(), t.nodes, MPI_INT, shared),
+        op, rank);
   }
   return t;
 }

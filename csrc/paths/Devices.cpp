@@ -68,6 +68,11 @@ void PathFactory::confirm(const mpi::Comm& group, bool anyGpu, const char* op) {
   for (auto& [type, paths] : devices_) paths->confirm(group, anyGpu, op);
 }
 
+node::DeviceSlotsMaker PathFactory::nodeSlots(c10::DeviceType type) const {
+  auto it = devices_.find(type);
+  return it == devices_.end() ? nullptr : it->second->nodeSlots();
+}
+
 std::string PathFactory::describe() const {
   std::ostringstream s;
   s << "cpu tensors cpu";

@@ -20,6 +20,7 @@
 
 #include "Config.hpp"
 #include "mpi/Collectives.hpp"
+#include "node/DeviceSlots.hpp"
 #include "paths/OpBuffers.hpp"
 
 namespace mpigpu::paths {
@@ -48,6 +49,9 @@ class DevicePaths {
   // take the MPI library's word (device pointers) checks it here and falls back where it does
   // not hold. `anyGpu`: some member has a GPU (agreed over the group). Default: nothing to check.
   virtual void confirm(const mpi::Comm& group, bool anyGpu, const char* op) {}
+  // The node algorithm's slots in this device's memory (node/DeviceSlots.hpp); null: none, the
+  // node algorithm then serves this device's tensors through host memory or not at all.
+  virtual node::DeviceSlotsMaker nodeSlots() const { return nullptr; }
 };
 
 // A group's DevicePaths from its settings; the device's reducer without a group (test hooks).
@@ -67,6 +71,8 @@ class PathFactory {
   std::shared_ptr<OpBuffers> create(const at::Device& device, Use use = Use::Move);
   // Every device's confirm(), in one order on every rank (collective over `group`).
   void confirm(const mpi::Comm& group, bool anyGpu, const char* op);
+  // `type`'s node slots, where its paths have them.
+  node::DeviceSlotsMaker nodeSlots(c10::DeviceType type) const;
   // "cpu tensors cpu, cuda tensors cuda-direct (why), ..., other devices via-cpu"
   std::string describe() const;
 

@@ -1,0 +1,17 @@
+// The node algorithm's device slots on CUDA (node/DeviceSlots.hpp): each rank cudaMallocs its two
+// halves once, exports them with cudaIpcGetMemHandle, and maps every peer's over the node
+// communicator, so a rank's kernels read its peers' slots directly (same GPU, or GPUs with peer
+// access). Compiled only in builds with CUDA sources.
+#pragma once
+
+#include "node/DeviceSlots.hpp"
+
+namespace mpigpu::cuda {
+
+// A node::DeviceSlotsMaker: collective over `nodeComm`; null with the reason in `why` where this
+// rank could not allocate, export or map (no peer access, a container that blocks CUDA IPC, a
+// peer's GPU outside this process's view).
+std::unique_ptr<node::DeviceSlots> makeIpcSlots(const mpi::Comm& nodeComm, int64_t slotBytes,
+                                                const char* op, int rank, std::string* why);
+
+}  // namespace mpigpu::cuda
