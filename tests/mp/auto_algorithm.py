@@ -61,7 +61,8 @@ def main():
 
     described = dist.group.WORLD._get_backend(torch.device("cpu")).describe()
     shape = re.search(r"nodes: (\d+) nodes? x (\d+) ranks?", described)
-    if world > 1 and int(torch_mpi_gpu.config.get("TORCH_MPIGPU_NODE_BUFFER_BYTES")) > 0:
+    shares_nodes = shape is None or int(shape[2]) > 1  # one rank per node: nothing to share
+    if world > 1 and int(torch_mpi_gpu.config.get("TORCH_MPIGPU_NODE_BUFFER_BYTES")) > 0 and shares_nodes:
         c.section("ranks sharing a node: the node algorithm for reductions, all_gather and broadcast")
         c.true("the group's description: nodes x ranks per node = world",
                shape is not None and int(shape[1]) * int(shape[2]) == world, described)
