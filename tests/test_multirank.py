@@ -191,9 +191,10 @@ def test_device_soak_generator_and_reference_on_cpu(np, algo):
     assert passed_counts(out, np, {"random cases against the CPU reference"}) >= 300
 
 
-# (one rank: no messages, test_collectives[1]; rhd and allgather at 4 ranks: as at 2 and 3)
+# (one rank: no messages, test_collectives[1]; rhd and allgather at 4 and 5 ranks: as at 2 and 3,
+# rhd's folding of one extra rank at 3 and of several in test_rhd_folding_several_extra_ranks)
 @pytest.mark.parametrize("algo, np", [(a, n) for a in ALGOS for n in (2, 3, 4, 5)
-                                      if n != 4 or a == "ring"])
+                                      if n <= 3 or a == "ring"])
 def test_collectives_with_algorithm(algo, np):
     out = run_mpi("collectives.py", np, env=algo_env(algo))
     assert passed_counts(out, np, COLLECTIVES | {FORCED_ALGORITHM}) > 1500
@@ -208,7 +209,7 @@ def test_fusion_with_algorithm(algo, np):
 @pytest.mark.parametrize("np", [6, 7])
 def test_rhd_folding_several_extra_ranks(np):
     # recursive halving/doubling folds the ranks above the largest power of two into partners:
-    # 2 and 3 extra ranks here (5 ranks, one extra, run with the other algorithms)
+    # 2 and 3 extra ranks here (3 ranks, one extra, run with the other algorithms)
     out = run_mpi("random_ops.py", np, env={"MPIGPU_RANDOM_CASES": "60", **algo_env("rhd")},
                   timeout=900)
     assert passed_counts(out, np) >= 60
