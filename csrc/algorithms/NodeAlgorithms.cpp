@@ -329,7 +329,7 @@ bool onNode(Context& c, std::vector<at::Tensor> tensors, std::vector<bool> writt
   const char* op = c.link.op();
   SharedSegment* seg = node != nullptr && node->suits() ? node->segment(op) : nullptr;
   if (seg == nullptr) return false;
-  node::DeviceSlots* dev = node->onDevice() ? node->deviceSlots(op) : nullptr;
+  node::DeviceSlots* dev = node->onDevice() ? node->deviceSlots(op, tensors[0].device()) : nullptr;
   if (node->onDevice() && dev == nullptr) return false;
   const at::Device where = dev != nullptr ? dev->device() : at::Device(at::kCPU);
   std::vector<at::Tensor> work;

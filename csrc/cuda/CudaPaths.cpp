@@ -330,6 +330,9 @@ class CudaPaths final : public paths::DevicePaths {
         // the library's word, which the probe checks: device pointers by auto, not by the user
         onLibrarysWord_(config.cudaAware == CudaAware::Auto),
         probe_(config.cudaProbe),
+        // made on the thread that creates the group: its device is the one the rank chose
+        // (the engine thread's current device is always 0)
+        callerDevice_(at::hasCUDA() ? c10::cuda::current_device() : 0),
         streams_(std::make_shared<GroupStreams>()) {
     std::tie(move_, moveWhy_) = chooseMode(config);
     std::tie(reduce_, reduceWhy_) = chooseReduceMode(config, move_);
@@ -366,7 +369,15 @@ class CudaPaths final : public paths::DevicePaths {
     if (claims && memo.done && !memo.ok) stage(memo.detail);
   }
 
-  node::DeviceSlotsMaker nodeSlots() const override { return &makeIpcSlots; }
+  // Slots on the op's GPU; on the caller's for a first op whose tensors were not CUDA.
+  node::DeviceSlotsMaker nodeSlots() const override {
+    const c10::DeviceIndex caller = callerDevice_;
+    return [caller](const mpi::Comm& nodeComm, int64_t bytes, const at::Device& where,
+                    const char* op, int rank, std::string* why) {
+      const at::Device device = where.is_cuda() ? where : at::Device(at::kCUDA, caller);
+      return makeIpcSlots(nodeComm, bytes, device, op, rank, why);
+    };
+  }
 
   paths::PathChoice choice(Use use) const override {
     if (use == Use::Move)
@@ -431,6 +442,7 @@ class CudaPaths final : public paths::DevicePaths {
   const int64_t chunkBytes_;
   const bool onLibrarysWord_;
   const CudaProbe probe_;
+  const c10::DeviceIndex callerDevice_;
   Mode move_ = Mode::Staged, reduce_ = Mode::Staged;
   std::string moveWhy_, reduceWhy_;
   int64_t algoDirectFrom_ = 0;

@@ -23,7 +23,7 @@ std::string cudaText(cudaError_t e) {
 class IpcSlots final : public node::DeviceSlots {
  public:
   IpcSlots(at::Device device, int64_t slotBytes, int localRank, int localSize)
-      : device_(device), slotBytes_(slotBytes), localRank_(localRank), peers_(localSize, nullptr) {}
+      : peers_(localSize, nullptr), device_(device), slotBytes_(slotBytes), localRank_(localRank) {}
   ~IpcSlots() override {
     c10::cuda::CUDAGuard guard(device_);
     for (size_t r = 0; r < peers_.size(); ++r)
@@ -107,8 +107,8 @@ std::string mapPeer(IpcSlots& slots, int r, const Exported& theirs) {
 }  // namespace
 
 std::unique_ptr<node::DeviceSlots> makeIpcSlots(const mpi::Comm& nodeComm, int64_t slotBytes,
-                                                const char* op, int rank, std::string* why) {
-  const at::Device device(at::kCUDA, c10::cuda::current_device());
+                                                const at::Device& device, const char* op, int rank,
+                                                std::string* why) {
   c10::cuda::CUDAGuard guard(device);
   auto slots = std::make_unique<IpcSlots>(device, slotBytes, nodeComm.rank, nodeComm.size);
   Exported mine{};

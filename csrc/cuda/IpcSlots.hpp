@@ -11,7 +11,9 @@ namespace mpigpu::cuda {
 // A node::DeviceSlotsMaker: collective over `nodeComm`; null with the reason in `why` where this
 // rank could not allocate, export or map (no peer access, a container that blocks CUDA IPC, a
 // peer's GPU outside this process's view).
+// `device`: the GPU whose memory holds this rank's slots.
 std::unique_ptr<node::DeviceSlots> makeIpcSlots(const mpi::Comm& nodeComm, int64_t slotBytes,
-                                                const char* op, int rank, std::string* why);
+                                                const at::Device& device, const char* op, int rank,
+                                                std::string* why);
 
 }  // namespace mpigpu::cuda

@@ -37,8 +37,10 @@ class DeviceSlots {
 };
 
 // Collective over `nodeComm`; null with the reason in `why` where this rank could not map its
-// peers' buffers (the caller agrees with the other ranks before anyone uses them).
+// peers' buffers (the caller agrees with the other ranks before anyone uses them). `where`: the
+// first op's tensors' device (the maker picks its own where that is another type).
 using DeviceSlotsMaker = std::function<std::unique_ptr<DeviceSlots>(
-    const mpi::Comm& nodeComm, int64_t slotBytes, const char* op, int rank, std::string* why)>;
+    const mpi::Comm& nodeComm, int64_t slotBytes, const at::Device& where, const char* op, int rank,
+    std::string* why)>;
 
 }  // namespace mpigpu::node

@@ -37,13 +37,14 @@ SharedSegment* Node::segment(const char* op) {
   return segment_.get();
 }
 
-DeviceSlots* Node::deviceSlots(const char* op) {
+DeviceSlots* Node::deviceSlots(const char* op, const at::Device& where) {
   if (triedDevice_) return deviceSlots_.get();
   triedDevice_ = true;
   std::string why = "this build has no device slots for the node algorithm (CUDA IPC)";
   if (makeDeviceSlots_) {
     why.clear();
-    deviceSlots_ = makeDeviceSlots_(topology_.nodeComm, deviceSlotBytes_, op, group_.rank, &why);
+    deviceSlots_ =
+        makeDeviceSlots_(topology_.nodeComm, deviceSlotBytes_, where, op, group_.rank, &why);
   }
   int ok = deviceSlots_ ? 1 : 0;
   MPIGPU_MPI_CHECK(MPI_Allreduce(MPI_IN_PLACE, &ok, 1, MPI_INT, MPI_MIN, group_.handle), op,

@@ -34,9 +34,10 @@ class Node {
   SharedSegment* segment(const char* op);
   // Groups whose every member has a GPU: every rank's node ops run in device memory.
   bool onDevice() const { return allGpu_; }
-  // The device slots, made by the first call (collective over the group, after segment());
+  // The device slots, made by the first call (collective over the group, after segment()) on
+  // `where`, the op's tensors' device;
   // null: unavailable, describe() says why, and every rank's ops take the ring.
-  DeviceSlots* deviceSlots(const char* op);
+  DeviceSlots* deviceSlots(const char* op, const at::Device& where);
   // abort(): an op waiting in the segment gives up (within 200 ms) instead of waiting forever.
   void cancel() { cancelled_.store(true, std::memory_order_relaxed); }
   const std::atomic<bool>& cancelled() const { return cancelled_; }
