@@ -75,6 +75,8 @@ struct Config {
   // Groups whose every member has a GPU: the node algorithm's slots in device memory (CUDA IPC),
   // per rank and half; ops are cut into pieces of this size, each piece two host round trips.
   int64_t nodeDeviceBufferBytes = 0;
+  // Tests only: groups without a GPU run the device-slot code on host memory.
+  bool nodeTestDeviceSlots = false;
   // auto: groups that span nodes take the node algorithm (hierarchical) from this size.
   int64_t nodeAcrossMinBytes = 0;
   // Test-only: each real node is cut into this many pretend nodes (hierarchical code on one host).

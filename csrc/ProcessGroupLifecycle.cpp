@@ -8,6 +8,7 @@
 
 #include "Errors.hpp"
 #include "KeepUntilExit.hpp"
+#include "algorithms/NodeAlgorithms.hpp"
 #include "engine/FlightRecorder.hpp"
 #include "engine/Watchdog.hpp"
 #include "mpi/Check.hpp"
@@ -111,10 +112,12 @@ ProcessGroupMPIGPU::ProcessGroupMPIGPU(c10::intrusive_ptr<c10d::Store> store, in
       int allGpu = hasGpu;
       MPIGPU_MPI_CHECK(MPI_Allreduce(MPI_IN_PLACE, &allGpu, 1, MPI_INT, MPI_MIN, comm_.handle),
                        "new_group", rank_);
+      const bool testSlots = config_.nodeTestDeviceSlots && !groupHasGpu_;
       node_ = std::make_unique<node::Node>(
           node::Topology::build(algoComm_, config_.pretendNodes, "new_group"), algoComm_,
-          config_.nodeBufferBytes, config_.nodeOneShotBytes, allGpu != 0,
-          paths_->nodeSlots(c10::DeviceType::CUDA), config_.nodeDeviceBufferBytes);
+          config_.nodeBufferBytes, config_.nodeOneShotBytes, allGpu != 0 || testSlots,
+          testSlots ? algo::hostDeviceSlotsForTests() : paths_->nodeSlots(c10::DeviceType::CUDA),
+          config_.nodeDeviceBufferBytes);
     }
   });
   if (config_.debug) {

@@ -61,6 +61,9 @@ const SettingSpec kSettings[] = {
      "a GPU measurement sets when auto takes it): device memory per rank and half, mapped into "
      "the node's peers by CUDA IPC (made at the first such op); bigger ops go in pieces of this "
      "size"},
+    {"TORCH_MPIGPU_NODE_TEST_DEVICE_SLOTS", "0", "", ReadAt::GroupCreation,
+     "tests only: `1` runs the node algorithm's device-slot code (what the CUDA IPC slots use) "
+     "on host shared memory in groups without a GPU, so CPU CI covers it"},
     {"TORCH_MPIGPU_NODE_ONE_SHOT_BYTES", "65536", "", ReadAt::GroupCreation,
      "node algorithm on one node: all_reduce up to this size is one-shot (every rank reduces every "
      "input), above two-shot (each reduces 1/p, then all copy)"},

@@ -355,7 +355,34 @@ bool onNode(Context& c, std::vector<at::Tensor> tensors, std::vector<bool> writt
   return true;
 }
 
+class HostDeviceSlots final : public node::DeviceSlots {
+ public:
+  explicit HostDeviceSlots(std::unique_ptr<SharedSegment> seg) : seg_(std::move(seg)) {}
+  at::Device device() const override { return at::Device(at::kCPU); }
+  int64_t slotBytes() const override { return seg_->slotBytes(); }
+  at::Tensor slot(int rank, at::ScalarType dtype, int64_t elems) const override {
+    return seg_->slot(rank, dtype, elems);
+  }
+  void flip() override { seg_->flip(); }
+  void settle() const override {}
+  std::unique_ptr<Reducer> reducer(c10d::ReduceOp::RedOpType kind) const override {
+    return makeHostReducer(kind);
+  }
+
+ private:
+  std::unique_ptr<SharedSegment> seg_;
+};
+
 }  // namespace
+
+node::DeviceSlotsMaker hostDeviceSlotsForTests() {
+  return [](const mpi::Comm& nodeComm, int64_t bytes, const at::Device&, const char* op, int rank,
+            std::string* why) -> std::unique_ptr<node::DeviceSlots> {
+    auto seg = SharedSegment::create(nodeComm, bytes, op, rank, why);
+    if (!seg) return nullptr;
+    return std::make_unique<HostDeviceSlots>(std::move(seg));
+  };
+}
 
 bool nodeAllreduce(Context& c, const at::Tensor& buf) {
   return onNode(c, {buf}, {true},

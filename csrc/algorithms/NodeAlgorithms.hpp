@@ -4,6 +4,7 @@
 #pragma once
 
 #include "algorithms/Algorithms.hpp"
+#include "node/DeviceSlots.hpp"
 
 namespace mpigpu::algo {
 
@@ -12,5 +13,10 @@ bool nodeReduceScatter(Context& c, const at::Tensor& in, const at::Tensor& out);
 bool nodeReduce(Context& c, const at::Tensor& buf, int root);
 bool nodeAllgather(Context& c, const at::Tensor& in, const at::Tensor& out);
 bool nodeBroadcast(Context& c, const at::Tensor& buf, int root);
+
+// Tests only (TORCH_MPIGPU_NODE_TEST_DEVICE_SLOTS=1): "device" slots that are host shared memory,
+// so CPU CI runs the code the CUDA IPC slots share with them (slots as tensors, byte copies as
+// tensor copies, settle before each barrier, the agreement on the slots).
+node::DeviceSlotsMaker hostDeviceSlotsForTests();
 
 }  // namespace mpigpu::algo

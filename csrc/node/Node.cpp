@@ -74,8 +74,8 @@ std::string Node::describe() const {
   if (!allGpu_) return s;
   if (!deviceUnavailable_.empty())
     return c10::str(s, ", device slots unavailable: ", deviceUnavailable_);
-  return c10::str(s, ", device slots ", deviceSlotBytes_, " bytes per rank and half (",
-                  deviceSlots_ ? "CUDA IPC" : "made at the first node op", ")");
+  return c10::str(s, ", device slots ", deviceSlotBytes_, " bytes per rank and half",
+                  deviceSlots_ ? "" : " (made at the first node op)");
 }
 
 }  // namespace mpigpu::node

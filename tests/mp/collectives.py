@@ -299,6 +299,10 @@ def main():
         described = dist.group.WORLD._get_backend(torch.device("cpu")).describe()
         want = "nodes: " + os.environ["MPIGPU_EXPECT_NODES"]
         c.true("the description names them", want in described, f"want {want!r} in {described}")
+        if os.environ.get("TORCH_MPIGPU_NODE_TEST_DEVICE_SLOTS") == "1":
+            c.true("the ops ran in device slots (made, not unavailable)",
+                   "device slots 4096 bytes per rank and half" in described
+                   and "made at the first node op" not in described, described)
     if OUR_ALGO:
         c.section("the forced algorithm ran")
         runs = torch_mpi_gpu._C.algorithm_runs()
