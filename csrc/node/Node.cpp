@@ -19,20 +19,29 @@ Node::Node(Topology topology, const mpi::Comm& group, int64_t slotBytes, int64_t
 
 Node::~Node() = default;
 
+// Whether every rank of the group made its part (one MPI_MIN). Where not: the reason (this
+// rank's, or `othersFailed`) in *unavailable and one warning naming what takes over.
+bool Node::agreeMade(bool made, const std::string& why, const char* othersFailed, const char* what,
+                     const char* instead, const char* op, std::string* unavailable) {
+  int ok = made ? 1 : 0;
+  MPIGPU_MPI_CHECK(MPI_Allreduce(MPI_IN_PLACE, &ok, 1, MPI_INT, MPI_MIN, group_.handle), op,
+                   group_.rank);
+  if (ok) return true;
+  *unavailable = why.empty() ? othersFailed : why;
+  LOG(WARNING) << "mpigpu " << op << " [rank " << group_.rank << "]: no " << what << " ("
+               << *unavailable << "); " << instead;
+  return false;
+}
+
 SharedSegment* Node::segment(const char* op) {
   if (tried_) return segment_.get();
   tried_ = true;
   std::string why;
   segment_ = SharedSegment::create(topology_.nodeComm, slotBytes_, op, group_.rank, &why);
-  int ok = segment_ ? 1 : 0;
-  MPIGPU_MPI_CHECK(MPI_Allreduce(MPI_IN_PLACE, &ok, 1, MPI_INT, MPI_MIN, group_.handle), op,
-                   group_.rank);
-  if (!ok) {
+  if (!agreeMade(segment_ != nullptr, why, "another rank could not map its node's segment",
+                 "shared-memory segment for the node-aware algorithms",
+                 "this group's reductions use the ring instead", op, &unavailable_)) {
     segment_.reset();
-    unavailable_ = why.empty() ? "another rank could not map its node's segment" : why;
-    LOG(WARNING) << "mpigpu " << op << " [rank " << group_.rank
-                 << "]: no shared-memory segment for the node-aware algorithms (" << unavailable_
-                 << "); this group's reductions use the ring instead";
   }
   return segment_.get();
 }
@@ -46,15 +55,11 @@ DeviceSlots* Node::deviceSlots(const char* op, const at::Device& where) {
     deviceSlots_ =
         makeDeviceSlots_(topology_.nodeComm, deviceSlotBytes_, where, op, group_.rank, &why);
   }
-  int ok = deviceSlots_ ? 1 : 0;
-  MPIGPU_MPI_CHECK(MPI_Allreduce(MPI_IN_PLACE, &ok, 1, MPI_INT, MPI_MIN, group_.handle), op,
-                   group_.rank);
-  if (!ok) {
+  if (!agreeMade(
+          deviceSlots_ != nullptr, why, "another rank could not map its node's device buffers",
+          "device slots for the node algorithm",
+          "this group's node ops use the ring and MPI's own instead", op, &deviceUnavailable_)) {
     deviceSlots_.reset();
-    deviceUnavailable_ = why.empty() ? "another rank could not map its node's device buffers" : why;
-    LOG(WARNING) << "mpigpu " << op << " [rank " << group_.rank
-                 << "]: no device slots for the node algorithm (" << deviceUnavailable_
-                 << "); this group's node ops use the ring and MPI's own instead";
   }
   return deviceSlots_.get();
 }

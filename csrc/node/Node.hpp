@@ -46,6 +46,9 @@ class Node {
   std::string describe() const;
 
  private:
+  bool agreeMade(bool made, const std::string& why, const char* othersFailed, const char* what,
+                 const char* instead, const char* op, std::string* unavailable);
+
   Topology topology_;
   mpi::Comm group_;
   int64_t slotBytes_;
