@@ -40,7 +40,8 @@ SharedSegment* Node::segment(const char* op) {
   segment_ = SharedSegment::create(topology_.nodeComm, slotBytes_, op, group_.rank, &why);
   if (!agreeMade(segment_ != nullptr, why, "another rank could not map its node's segment",
                  "shared-memory segment for the node-aware algorithms",
-                 "this group's reductions use the ring instead", op, &unavailable_)) {
+                 "this group's reductions use the ring instead, all_gather and broadcast MPI's own",
+                 op, &unavailable_)) {
     segment_.reset();
   }
   return segment_.get();
