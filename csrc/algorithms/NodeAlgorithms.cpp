@@ -206,7 +206,7 @@ void reduceScatterOnHost(NodeOp& o, const at::Tensor& in, const at::Tensor& out)
       at::Tensor mine = at::empty({t.nodes * w}, out.options());
       for (int i = 0; i < t.nodes; ++i) {
         combineAll(o.c, mine.narrow(0, i * w, w),
-                   slotRanges(o, dtype, p * w, t.crossMembers[i] * w, w, 0), 1.0);
+                   slotRanges(o, dtype, p * w, t.placement[me * t.nodes + i] * w, w, 0), 1.0);
       }
       if (mine.is_cpu()) {
         mpi::reduceScatter(t.crossComm, o.op, mine, dst, plainSum(o.c.red), /*counted=*/false);

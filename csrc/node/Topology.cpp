@@ -40,22 +40,22 @@ Topology Topology::build(const mpi::Comm& group, int pretendNodes, const char* o
   t.most = range[1];
   t.uniform = t.fewest == t.most;
   t.nodes = t.uniform ? group.size / ls : 0;
+  std::vector<int> crossMembers{rank};  // the cross communicator's group ranks, in its order
   if (t.uniform && t.nodes > 1) {
     MPI_Comm cross = MPI_COMM_NULL;
     MPIGPU_MPI_CHECK(MPI_Comm_split(group.handle, lr, rank, &cross), op, rank);
     int cr = 0;
     MPI_Comm_rank(cross, &cr);
     t.crossComm = {cross, cr, t.nodes, group.maxCount};
-    t.crossMembers.resize(t.nodes);
-    MPIGPU_MPI_CHECK(MPI_Allgather(&rank, 1, MPI_INT, t.crossMembers.data(), 1, MPI_INT, cross), op,
+    crossMembers.resize(t.nodes);
+    MPIGPU_MPI_CHECK(MPI_Allgather(&rank, 1, MPI_INT, crossMembers.data(), 1, MPI_INT, cross), op,
                      rank);
   }
   if (t.uniform) {
-    std::vector<int> mine = t.nodes > 1 ? t.crossMembers : std::vector<int>{rank};
     t.placement.resize(static_cast<size_t>(ls) * t.nodes);
-    MPIGPU_MPI_CHECK(
-        MPI_Allgather(mine.data(), t.nodes, MPI_INT, t.placement.data(), t.nodes, MPI_INT, shared),
-        op, rank);
+    MPIGPU_MPI_CHECK(MPI_Allgather(crossMembers.data(), t.nodes, MPI_INT, t.placement.data(),
+                                   t.nodes, MPI_INT, shared),
+                     op, rank);
   }
   return t;
 }

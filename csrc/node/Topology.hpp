@@ -14,17 +14,17 @@
 namespace mpigpu::node {
 
 struct Topology {
-  int nodes = 1;                  // how many nodes the group spans (uniform groups only; else 0)
-  int localRank = 0;              // this rank's index among the group's ranks on its node
-  int localSize = 1;              // the group's ranks on this node
-  bool uniform = true;            // every node holds localSize of the group's ranks
-  int fewest = 1, most = 1;       // ranks per node, over all nodes
-  mpi::Comm nodeComm;             // the group's ranks on this node, in group rank order
-  mpi::Comm crossComm;            // uniform and nodes > 1: same local index, one rank per node
-  std::vector<int> crossMembers;  // crossComm's members' group ranks, in crossComm rank order
+  int nodes = 1;             // how many nodes the group spans (uniform groups only; else 0)
+  int localRank = 0;         // this rank's index among the group's ranks on its node
+  int localSize = 1;         // the group's ranks on this node
+  bool uniform = true;       // every node holds localSize of the group's ranks
+  int fewest = 1, most = 1;  // ranks per node, over all nodes
+  mpi::Comm nodeComm;        // the group's ranks on this node, in group rank order
+  mpi::Comm crossComm;       // uniform and nodes > 1: same local index, one rank per node
   // Uniform groups: every group rank by its place. placement[j * nodes + i] is the group rank of
-  // crossComm rank i as local index j sees it (one node: local j's group rank). Cross ranks
-  // follow group rank order per local index, so they need not name the same node for every j.
+  // crossComm rank i as local index j sees it (one node: local j's group rank); this rank's
+  // cross-node peers are row localRank. Cross ranks follow group rank order per local index, so
+  // they need not name the same node for every j.
   std::vector<int> placement;
 
   // Collective over `group`, on the group's engine thread. `pretendNodes` > 1 (a test-only
