@@ -77,6 +77,9 @@ struct Config {
   int64_t nodeDeviceBufferBytes = 0;
   // Tests only: groups without a GPU run the device-slot code on host memory.
   bool nodeTestDeviceSlots = false;
+  // Tests only: this rank's host paths cut all_reduce/reduce/broadcast into MPI calls of this
+  // many bytes, as a staging device does (0: whole); the group then agrees on one cut.
+  int64_t testHostPieceBytes = 0;
   // auto: groups that span nodes take the node algorithm (hierarchical) from this size.
   int64_t nodeAcrossMinBytes = 0;
   // Test-only: each real node is cut into this many pretend nodes (hierarchical code on one host).

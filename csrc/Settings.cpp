@@ -64,6 +64,10 @@ const SettingSpec kSettings[] = {
     {"TORCH_MPIGPU_NODE_TEST_DEVICE_SLOTS", "0", "", ReadAt::GroupCreation,
      "tests only: `1` runs the node algorithm's device-slot code (what the CUDA IPC slots use) "
      "on host shared memory in groups without a GPU, so CPU CI covers it"},
+    {"TORCH_MPIGPU_TEST_HOST_PIECE_BYTES", "0", "", ReadAt::GroupCreation,
+     "tests only: this rank's host paths cut all_reduce, reduce (MPI's own) and broadcast into MPI "
+     "calls of this many bytes, as a staging GPU rank does; set on some ranks only, it checks "
+     "that every rank of the group cuts the same pieces"},
     {"TORCH_MPIGPU_NODE_ONE_SHOT_BYTES", "65536", "", ReadAt::GroupCreation,
      "node algorithm on one node: all_reduce up to this size is one-shot (every rank reduces every "
      "input), above two-shot (each reduces 1/p, then all copy)"},

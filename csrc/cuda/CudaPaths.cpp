@@ -87,12 +87,10 @@ class CudaOpBuffers final : public paths::OpBuffers {
  public:
   // `directFromBytes`: our algorithms' messages of ops from this size go as device pointers,
   // smaller ones (or all, at INT64_MAX) through pinned host memory.
-  CudaOpBuffers(Mode mode, at::Device device, c10::cuda::CUDAStream comm, int64_t chunkBytes,
-                int64_t directFromBytes)
+  CudaOpBuffers(Mode mode, at::Device device, c10::cuda::CUDAStream comm, int64_t directFromBytes)
       : OpBuffers(modeName(mode), device),
         mode_(mode),
         comm_(comm),
-        chunkBytes_(std::max<int64_t>(chunkBytes, 1)),
         directFromBytes_(directFromBytes) {}
 
   void issued() override {
@@ -116,11 +114,12 @@ class CudaOpBuffers final : public paths::OpBuffers {
   void run(size_t slot, const std::function<void(at::Tensor&)>& mpiOn) override {
     Slot& s = slots_.at(slot);
     if (mode_ != Mode::Staged || !s.elementwise) {
-      mpiOn(s.mpi);
+      OpBuffers::run(slot, mpiOn);
       return;
     }
-    // Pipeline: all device->host chunk copies are queued at once; MPI works on chunk i as soon as
-    // it has arrived, while later chunks are still copying in and earlier ones copy back out.
+    // Pipeline, in the group's pieces (this path's staging chunk, or a member's larger one): all
+    // device->host chunk copies are queued at once; MPI works on chunk i as soon as it has
+    // arrived, while later chunks are still copying in and earlier ones copy back out.
     at::Tensor& dev = deviceFlat_[slot];
     dev = deviceView(s);  // a non-contiguous write-only tensor is packed needlessly; harmless
     s.mpi = pinnedEmpty(s.numel, s.users[0].scalar_type());
@@ -128,7 +127,7 @@ class CudaOpBuffers final : public paths::OpBuffers {
       mpiOn(s.mpi);
       return;
     }
-    const int64_t chunk = std::max<int64_t>(1, chunkBytes_ / s.users[0].element_size());
+    const int64_t chunk = pieceNumel(s);
     const int64_t pieces = (s.numel + chunk - 1) / chunk;
     std::vector<c10::Event> arrived;
     if (s.readable()) {
@@ -241,7 +240,6 @@ class CudaOpBuffers final : public paths::OpBuffers {
 
   const Mode mode_;
   c10::cuda::CUDAStream comm_;
-  const int64_t chunkBytes_;
   const int64_t directFromBytes_;
   c10::Event ready_{c10::DeviceType::CUDA};
   mutable c10::Event done_{c10::DeviceType::CUDA};
@@ -346,8 +344,15 @@ class CudaPaths final : public paths::DevicePaths {
 
   std::shared_ptr<paths::OpBuffers> create(const at::Device& device, Use use) override {
     const Mode mode = use == Use::Algorithm ? Mode::Algo : use == Use::Reduce ? reduce_ : move_;
-    return std::make_shared<CudaOpBuffers>(mode, device, streams_->get(device.index()), chunkBytes_,
+    return std::make_shared<CudaOpBuffers>(mode, device, streams_->get(device.index()),
                                            algoDirectFrom_);
+  }
+
+  // Staged moves and MPI's own reductions go in pipeline pieces; a rank without a GPU has no
+  // CUDA tensors to stage.
+  int64_t pieceBytes(Use use) const override {
+    if (!at::hasCUDA() || use == Use::Algorithm) return 0;
+    return (use == Use::Move ? move_ : reduce_) == Mode::Staged ? chunkBytes_ : 0;
   }
 
   // Where device pointers go to MPI on the library's word, the first group with a GPU checks

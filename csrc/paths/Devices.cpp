@@ -2,7 +2,10 @@
 
 #include <c10/util/Exception.h>
 
+#include <algorithm>
 #include <sstream>
+
+#include "mpi/Check.hpp"
 
 namespace mpigpu::paths {
 namespace {
@@ -53,19 +56,37 @@ DevicePathsRegistration::DevicePathsRegistration(c10::DeviceType type, DevicePat
 
 PathFactory::PathFactory(const Config& config)
     // Big enough for a full fusion bucket; larger one-off packs get a temporary buffer.
-    : hostScratch_(makeHostScratch(std::max<int64_t>(config.fusionBytes, 1 << 20))) {
+    : hostScratch_(makeHostScratch(std::max<int64_t>(config.fusionBytes, 1 << 20))),
+      testHostPieceBytes_(config.testHostPieceBytes) {
   for (const auto& [type, registered] : registry()) devices_[type] = registered.paths(config);
 }
 
 std::shared_ptr<OpBuffers> PathFactory::create(const at::Device& device, Use use) {
-  if (device.is_cpu()) return makeHostOpBuffers(device, hostScratch_);  // built in
   auto it = devices_.find(device.type());
-  if (it != devices_.end()) return it->second->create(device, use);
-  return makeHostOpBuffers(device, hostScratch_);  // via-cpu
+  // the cpu path built in; via-cpu for a device without paths of its own
+  auto bufs = !device.is_cpu() && it != devices_.end() ? it->second->create(device, use)
+                                                       : makeHostOpBuffers(device, hostScratch_);
+  bufs->cutInPieces(use == Use::Move     ? movePieceBytes_
+                    : use == Use::Reduce ? reducePieceBytes_
+                                         : 0);
+  return bufs;
 }
 
 void PathFactory::confirm(const mpi::Comm& group, bool anyGpu, const char* op) {
   for (auto& [type, paths] : devices_) paths->confirm(group, anyGpu, op);
+  agreePieces(group, op);
+}
+
+void PathFactory::agreePieces(const mpi::Comm& group, const char* op) {
+  int64_t pieces[2] = {testHostPieceBytes_, testHostPieceBytes_};  // {moves, MPI's reductions}
+  for (const auto& [type, paths] : devices_) {
+    pieces[0] = std::max(pieces[0], paths->pieceBytes(Use::Move));
+    pieces[1] = std::max(pieces[1], paths->pieceBytes(Use::Reduce));
+  }
+  MPIGPU_MPI_CHECK(MPI_Allreduce(MPI_IN_PLACE, pieces, 2, MPI_INT64_T, MPI_MAX, group.handle), op,
+                   group.rank);
+  movePieceBytes_ = pieces[0];
+  reducePieceBytes_ = pieces[1];
 }
 
 node::DeviceSlotsMaker PathFactory::nodeSlots(c10::DeviceType type) const {
@@ -84,6 +105,11 @@ std::string PathFactory::describe() const {
     }
   }
   s << ", other devices via-cpu";
+  if (movePieceBytes_ > 0 || reducePieceBytes_ > 0) {
+    s << "; every rank cuts broadcast into MPI calls of " << movePieceBytes_
+      << " bytes and all_reduce/reduce by MPI's own into " << reducePieceBytes_
+      << " bytes (0: whole), as a member's staging pipeline does";
+  }
   return s.str();
 }
 

@@ -52,6 +52,9 @@ class DevicePaths {
   // The node algorithm's slots in this device's memory (node/DeviceSlots.hpp); null: none, the
   // node algorithm then serves this device's tensors through host memory or not at all.
   virtual node::DeviceSlotsMaker nodeSlots() const { return nullptr; }
+  // Bytes per MPI call into which this device's paths cut an elementwise slot (all_reduce,
+  // reduce, broadcast) for `use`, as a staging pipeline does; 0: whole. Read after confirm().
+  virtual int64_t pieceBytes(Use use) const { return 0; }
 };
 
 // A group's DevicePaths from its settings; the device's reducer without a group (test hooks).
@@ -69,7 +72,8 @@ class PathFactory {
  public:
   explicit PathFactory(const Config& config);
   std::shared_ptr<OpBuffers> create(const at::Device& device, Use use = Use::Move);
-  // Every device's confirm(), in one order on every rank (collective over `group`).
+  // Every device's confirm(), in one order on every rank, then the group's pieces (collective
+  // over `group`).
   void confirm(const mpi::Comm& group, bool anyGpu, const char* op);
   // `type`'s node slots, where its paths have them.
   node::DeviceSlotsMaker nodeSlots(c10::DeviceType type) const;
@@ -77,8 +81,14 @@ class PathFactory {
   std::string describe() const;
 
  private:
+  // The largest pieces any member's device cuts elementwise slots into, per use: every rank cuts
+  // the same, so a CPU rank beside a staging GPU rank makes the same MPI calls.
+  void agreePieces(const mpi::Comm& group, const char* op);
+
   std::map<c10::DeviceType, std::unique_ptr<DevicePaths>> devices_;
   std::shared_ptr<HostScratch> hostScratch_;
+  int64_t testHostPieceBytes_ = 0;                     // TORCH_MPIGPU_TEST_HOST_PIECE_BYTES
+  int64_t movePieceBytes_ = 0, reducePieceBytes_ = 0;  // agreed over the group
 };
 
 // The path tensors of `type` take for `use` with these settings, without a group.

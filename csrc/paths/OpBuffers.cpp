@@ -2,6 +2,7 @@
 
 #include <c10/util/Exception.h>
 
+#include <algorithm>
 #include <cstring>
 
 namespace mpigpu::paths {
@@ -25,7 +26,29 @@ int64_t OpBuffers::bytes() const {
 }
 
 void OpBuffers::run(size_t slot, const std::function<void(at::Tensor&)>& mpiOn) {
-  mpiOn(slots_.at(slot).mpi);
+  Slot& s = slots_.at(slot);
+  if (s.elementwise)
+    runInPieces(s, s.mpi, mpiOn);
+  else
+    mpiOn(s.mpi);
+}
+
+int64_t OpBuffers::pieceNumel(const Slot& s) const {
+  if (pieceBytes_ <= 0) return std::max<int64_t>(s.numel, 1);
+  return std::max<int64_t>(1, pieceBytes_ / static_cast<int64_t>(s.users[0].element_size()));
+}
+
+void OpBuffers::runInPieces(const Slot& s, at::Tensor& flat,
+                            const std::function<void(at::Tensor&)>& mpiOn) const {
+  const int64_t per = pieceNumel(s), numel = flat.numel();
+  if (numel <= per) {
+    mpiOn(flat);
+    return;
+  }
+  for (int64_t off = 0; off < numel; off += per) {
+    at::Tensor piece = flat.narrow(0, off, std::min(per, numel - off));
+    mpiOn(piece);
+  }
 }
 
 at::Tensor OpBuffers::packUsers(const Slot& s) {
@@ -144,13 +167,13 @@ class HostOpBuffers final : public OpBuffers {
   void run(size_t slot, const std::function<void(at::Tensor&)>& mpiOn) override {
     Slot& s = slots_.at(slot);
     if (!s.deferred || !s.elementwise) {
-      mpiOn(s.mpi);
+      OpBuffers::run(slot, mpiOn);
       return;
     }
     // One bucket at a time through the reused buffer: pack, MPI, unpack, give the region back.
     const int64_t mark = scratch_->used;
     fill(s);
-    mpiOn(s.mpi);
+    runInPieces(s, s.mpi, mpiOn);
     if (s.writable()) unpackHost(s.mpi, s.users);
     s.mpi = at::Tensor();
     scratch_->used = mark;

@@ -68,10 +68,14 @@ class OpBuffers {
   // Fills the MPI buffers of readable slots (except elementwise ones) and waits until they hold
   // the caller's data: after this MPI may read them.
   virtual void stageIn() = 0;
-  // Runs `mpiOn` over an elementwise slot's MPI buffer; paths that stage may call it several
-  // times on consecutive pieces, copying in and out around each. Do not call stageIn/stageOut
-  // work for this slot yourself.
+  // Runs `mpiOn` over an elementwise slot's MPI buffer: whole, or once per consecutive piece
+  // where the group cuts them (cutInPieces); paths that stage copy in and out around each piece.
+  // Do not call stageIn/stageOut work for this slot yourself.
   virtual void run(size_t slot, const std::function<void(at::Tensor&)>& mpiOn);
+  // Set by PathFactory before the first add(): elementwise slots go to MPI in pieces of this many
+  // bytes (0: whole). Agreed over the group, because MPI's collectives need the same calls with
+  // the same counts on every rank, whatever device each rank's tensors are on.
+  void cutInPieces(int64_t bytes) { pieceBytes_ = bytes; }
   // Writes writable slots back to the caller's tensors (in stream order on devices) and marks
   // the op's end for the consumers.
   virtual void stageOut() = 0;
@@ -122,10 +126,16 @@ class OpBuffers {
                          bool nonBlocking);
   // Hook for add(): set up what the path can before the engine runs the op.
   virtual void onAdd(Slot& slot) {}
+  // Elements per MPI call of an elementwise slot (its whole length where the group cuts none).
+  int64_t pieceNumel(const Slot& s) const;
+  // `mpiOn` over `flat` (the slot's MPI buffer) whole or in its pieces.
+  void runInPieces(const Slot& s, at::Tensor& flat,
+                   const std::function<void(at::Tensor&)>& mpiOn) const;
 
   const char* const path_;
   const at::Device device_;
   std::vector<Slot> slots_;
+  int64_t pieceBytes_ = 0;
 };
 
 // A host buffer reused by every fused op of one group (paths/OpBuffers.cpp).

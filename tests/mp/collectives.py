@@ -16,6 +16,13 @@ from common import (ALL_DTYPES, FLOAT_DTYPES, Checker, make_input,
 OUR_ALGO = os.environ.get("TORCH_MPIGPU_ALGO") if os.environ.get("TORCH_MPIGPU_ALGO") in {
     a["name"] for a in torch_mpi_gpu._C.algorithms()} else None
 
+# MPIGPU_TEST_HOST_PIECES_ON_RANK0=N: rank 0 alone cuts all_reduce/reduce/broadcast into MPI
+# calls of N bytes, as a rank whose GPU tensors are staged does; every other rank must cut the
+# same pieces (agreed when the group is made), or MPI's collectives see mismatched counts.
+HOST_PIECES = os.environ.get("MPIGPU_TEST_HOST_PIECES_ON_RANK0")
+if HOST_PIECES and (torch_mpi_gpu.detect_launcher() or {}).get("rank") == 0:
+    os.environ["TORCH_MPIGPU_TEST_HOST_PIECE_BYTES"] = HOST_PIECES
+
 RED_OPS = {
     "sum": dist.ReduceOp.SUM, "avg": dist.ReduceOp.AVG, "product": dist.ReduceOp.PRODUCT,
     "min": dist.ReduceOp.MIN, "max": dist.ReduceOp.MAX, "band": dist.ReduceOp.BAND,
@@ -303,6 +310,23 @@ def main():
             c.true("the ops ran in device slots (made, not unavailable)",
                    "device slots 4096 bytes per rank and half" in described
                    and "made at the first node op" not in described, described)
+    if HOST_PIECES:
+        c.section("one rank's pieces, cut by every rank")
+        described = dist.group.WORLD._get_backend(torch.device("cpu")).describe()
+        want = f"cuts broadcast into MPI calls of {HOST_PIECES} bytes and all_reduce/reduce by MPI's own into {HOST_PIECES} bytes"
+        c.true("the description says so on every rank", want in described, described)
+        if os.environ.get("TORCH_MPIGPU_ALGO") == "mpi":  # MPI's own: one call per piece
+            for what, dtype, n in (("all_reduce", torch.float32, 100), ("reduce", torch.int8, 7),
+                                   ("broadcast", torch.float64, 100), ("broadcast", torch.int16, 13)):
+                t = torch.ones(n, dtype=dtype)
+                before = torch_mpi_gpu_calls()
+                {"all_reduce": lambda: dist.all_reduce(t), "reduce": lambda: dist.reduce(t, dst=world - 1),
+                 "broadcast": lambda: dist.broadcast(t, src=world - 1)}[what]()
+                calls = torch_mpi_gpu_calls() - before
+                c.true(f"{what} {dtype} n={n}: MPI calls, one per piece",
+                       calls == chunks(n, t.element_size()), f"{calls} calls, want {chunks(n, t.element_size())}")
+                c.true(f"{what} {dtype} n={n}: right", bool((t == (world if what != "broadcast" and
+                       (what == "all_reduce" or rank == world - 1) else 1)).all()), str(t))
     if OUR_ALGO:
         c.section("the forced algorithm ran")
         runs = torch_mpi_gpu._C.algorithm_runs()
@@ -439,9 +463,13 @@ def torch_mpi_gpu_calls():
     return torch_mpi_gpu._C.mpi_call_count() + sum(torch_mpi_gpu._C.algorithm_runs().values())
 
 
-def chunks(numel):
+def chunks(numel, itemsize=4):
+    """MPI calls of an all_reduce/reduce/broadcast by MPI's own: one per piece of the group's cut
+    (HOST_PIECES), each split where MAX_ELEMENTS_PER_CALL is small."""
     limit = int(os.environ.get("TORCH_MPIGPU_MAX_ELEMENTS_PER_CALL", 2**31 - 1))
-    return -(-numel // limit)
+    per = max(1, int(HOST_PIECES) // itemsize) if HOST_PIECES else max(numel, 1)
+    pieces = [min(per, numel - off) for off in range(0, numel, per)] or [0]
+    return sum(max(1, -(-n // limit)) for n in pieces)
 
 
 if __name__ == "__main__":
