@@ -103,6 +103,10 @@ Config Config::fromEnv() {
   c.nodeOneShotBytes = parseInt("TORCH_MPIGPU_NODE_ONE_SHOT_BYTES", 0, kHuge);
   c.nodeDeviceBufferBytes = parseInt("TORCH_MPIGPU_NODE_DEVICE_BUFFER_BYTES", 1, kTiB);
   c.nodeTestDeviceSlots = parseFlag("TORCH_MPIGPU_NODE_TEST_DEVICE_SLOTS");
+  c.nodeDeviceOrder = parseChoice<NodeDeviceOrder>("TORCH_MPIGPU_NODE_DEVICE_ORDER",
+                                                   {{"auto", NodeDeviceOrder::Auto},
+                                                    {"host", NodeDeviceOrder::Host},
+                                                    {"device", NodeDeviceOrder::Device}});
   c.testHostPieceBytes = parseInt("TORCH_MPIGPU_TEST_HOST_PIECE_BYTES", 0, kTiB);
   c.nodeAcrossMinBytes = parseInt("TORCH_MPIGPU_NODE_ACROSS_MIN_BYTES", 0, kHuge);
   c.pretendNodes = static_cast<int>(parseInt("TORCH_MPIGPU_PRETEND_NODES", 1, 1 << 20));

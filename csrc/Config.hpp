@@ -18,6 +18,9 @@ enum class CudaReduce : int8_t { Auto, Direct, Staged };
 // mpi/DirectProbe.hpp): Auto probes at the first group with a GPU, Off takes the word, Fail
 // (tests only) makes the probe fail on purpose.
 enum class CudaProbe : int8_t { Auto, Off, Fail };
+// How the node algorithm's ranks wait for each other in device slots
+// (TORCH_MPIGPU_NODE_DEVICE_ORDER=auto|host|device; node/DeviceSlots.hpp).
+enum class NodeDeviceOrder : int8_t { Auto, Host, Device };
 
 // Filled by fromEnv(); the defaults are in the settings table (Settings.cpp), not here.
 struct Config {
@@ -75,6 +78,7 @@ struct Config {
   // Groups whose every member has a GPU: the node algorithm's slots in device memory (CUDA IPC),
   // per rank and half; ops are cut into pieces of this size, each piece two host round trips.
   int64_t nodeDeviceBufferBytes = 0;
+  NodeDeviceOrder nodeDeviceOrder = NodeDeviceOrder::Auto;
   // Tests only: groups without a GPU run the device-slot code on host memory.
   bool nodeTestDeviceSlots = false;
   // Tests only: this rank's host paths cut all_reduce/reduce/broadcast into MPI calls of this

@@ -61,6 +61,12 @@ const SettingSpec kSettings[] = {
      "a GPU measurement sets when auto takes it): device memory per rank and half, mapped into "
      "the node's peers by CUDA IPC (made at the first such op); bigger ops go in pieces of this "
      "size"},
+    {"TORCH_MPIGPU_NODE_DEVICE_ORDER", "auto", "", ReadAt::GroupCreation,
+     "node algorithm in device slots: how the node's ranks wait for each other. `host`: each "
+     "rank waits for its GPU, then a barrier in host shared memory (no kernel waits for another "
+     "process: ranks sharing a GPU); `device`: a kernel on the op's stream marks its arrival in "
+     "the peers' flags and waits for theirs (no host round trip: ranks with GPUs of their own); "
+     "`auto`: `device` where every rank of the node has a GPU of its own, else `host`"},
     {"TORCH_MPIGPU_NODE_TEST_DEVICE_SLOTS", "0", "", ReadAt::GroupCreation,
      "tests only: `1` runs the node algorithm's device-slot code (what the CUDA IPC slots use) "
      "on host shared memory in groups without a GPU, so CPU CI covers it"},

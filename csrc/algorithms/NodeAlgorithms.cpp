@@ -19,7 +19,7 @@ using node::SharedSegment;
 using node::Topology;
 
 // One op's view of the node: slots in host shared memory, or in device memory (dev) with the
-// host segment as the barrier.
+// host segment as the barrier, or the device slots' own (node/DeviceSlots.hpp: ordering).
 struct NodeOp {
   Context& c;
   Node& node;
@@ -30,8 +30,10 @@ struct NodeOp {
   int rank;  // in the group, for errors
   bool onHost() const { return dev == nullptr; }
   int64_t slotBytes() const { return dev ? dev->slotBytes() : seg.slotBytes(); }
-  // This rank's writes to its slots are complete (device work waited for), then the barrier.
+  // This rank's writes to its slots are complete (device work waited for), then the barrier;
+  // or both queued on the device.
   void sync() {
+    if (dev && dev->ordersOnDevice()) return dev->barrier(op, rank);
     if (dev) dev->settle();
     seg.sync(op, rank, node.cancelled());
   }
@@ -344,6 +346,7 @@ bool onNode(Context& c, std::vector<at::Tensor> tensors, std::vector<bool> writt
   if (moved) reducer = dev != nullptr ? dev->reducer(c.red.kind) : makeHostReducer(c.red.kind);
   Context wc{c.link, moved ? *reducer : c.reducer, c.red, c.pieceElems, c.node};
   NodeOp o{wc, *node, *seg, dev, node->topology(), op, c.link.comm().rank};
+  if (dev != nullptr) dev->checkBarriers(op, o.rank);  // an earlier op's barrier gave up
   {
     // Every rank of the node copies and reduces at once, typically one rank per core: ATen's
     // intra-op threads would only take cores from the peers this rank waits for.
@@ -355,9 +358,12 @@ bool onNode(Context& c, std::vector<at::Tensor> tensors, std::vector<bool> writt
   return true;
 }
 
+// Tests only: host shared memory as "device" slots. With `ownBarrier` (NODE_DEVICE_ORDER=device)
+// they order the ranks themselves, as device flags do, through their own segment's barrier.
 class HostDeviceSlots final : public node::DeviceSlots {
  public:
-  explicit HostDeviceSlots(std::unique_ptr<SharedSegment> seg) : seg_(std::move(seg)) {}
+  HostDeviceSlots(std::unique_ptr<SharedSegment> seg, bool ownBarrier)
+      : seg_(std::move(seg)), ownBarrier_(ownBarrier) {}
   at::Device device() const override { return at::Device(at::kCPU); }
   int64_t slotBytes() const override { return seg_->slotBytes(); }
   at::Tensor slot(int rank, at::ScalarType dtype, int64_t elems) const override {
@@ -368,19 +374,28 @@ class HostDeviceSlots final : public node::DeviceSlots {
   std::unique_ptr<Reducer> reducer(c10d::ReduceOp::RedOpType kind) const override {
     return makeHostReducer(kind);
   }
+  bool ordersOnDevice() const override { return ownBarrier_; }
+  void barrier(const char* op, int rank) override { seg_->sync(op, rank, never_); }
+  std::string ordering() const override {
+    return ownBarrier_ ? "ordered by the slots themselves (tests: their own barrier)"
+                       : "ordered from the host";
+  }
 
  private:
   std::unique_ptr<SharedSegment> seg_;
+  const bool ownBarrier_;
+  const std::atomic<bool> never_{false};
 };
 
 }  // namespace
 
 node::DeviceSlotsMaker hostDeviceSlotsForTests() {
-  return [](const mpi::Comm& nodeComm, int64_t bytes, const at::Device&, const char* op, int rank,
-            std::string* why) -> std::unique_ptr<node::DeviceSlots> {
-    auto seg = SharedSegment::create(nodeComm, bytes, op, rank, why);
+  return [](const mpi::Comm& nodeComm, const node::SlotsSpec& spec, const at::Device&,
+            const char* op, int rank, std::string* why) -> std::unique_ptr<node::DeviceSlots> {
+    auto seg = SharedSegment::create(nodeComm, spec.slotBytes, op, rank, why);
     if (!seg) return nullptr;
-    return std::make_unique<HostDeviceSlots>(std::move(seg));
+    return std::make_unique<HostDeviceSlots>(std::move(seg),
+                                             spec.ordering == node::Ordering::Device);
   };
 }
 

@@ -377,10 +377,10 @@ class CudaPaths final : public paths::DevicePaths {
   // Slots on the op's GPU; on the caller's for a first op whose tensors were not CUDA.
   node::DeviceSlotsMaker nodeSlots() const override {
     const c10::DeviceIndex caller = callerDevice_;
-    return [caller](const mpi::Comm& nodeComm, int64_t bytes, const at::Device& where,
+    return [caller](const mpi::Comm& nodeComm, const node::SlotsSpec& spec, const at::Device& where,
                     const char* op, int rank, std::string* why) {
       const at::Device device = where.is_cuda() ? where : at::Device(at::kCUDA, caller);
-      return makeIpcSlots(nodeComm, bytes, device, op, rank, why);
+      return makeIpcSlots(nodeComm, spec, device, op, rank, why);
     };
   }
 

@@ -6,9 +6,14 @@
 #include <c10/util/StringUtil.h>
 #include <cuda_runtime_api.h>
 
+#include <algorithm>
+#include <cstring>
+#include <set>
 #include <vector>
 
+#include "Errors.hpp"
 #include "algorithms/Reducer.hpp"
+#include "cuda/NodeBarrier.hpp"
 #include "cuda/ReduceKernels.hpp"
 #include "mpi/Check.hpp"
 
@@ -23,13 +28,21 @@ std::string cudaText(cudaError_t e) {
 class IpcSlots final : public node::DeviceSlots {
  public:
   IpcSlots(at::Device device, int64_t slotBytes, int localRank, int localSize)
-      : peers_(localSize, nullptr), device_(device), slotBytes_(slotBytes), localRank_(localRank) {}
+      : peers_(localSize, nullptr),
+        peerFlags_(localSize, nullptr),
+        device_(device),
+        slotBytes_(slotBytes),
+        localRank_(localRank) {}
   ~IpcSlots() override {
     c10::cuda::CUDAGuard guard(device_);
-    for (size_t r = 0; r < peers_.size(); ++r)
-      if (static_cast<int>(r) != localRank_ && peers_[r] != nullptr)
-        cudaIpcCloseMemHandle(peers_[r]);
+    for (size_t r = 0; r < peers_.size(); ++r) {
+      if (static_cast<int>(r) == localRank_) continue;
+      if (peers_[r] != nullptr) cudaIpcCloseMemHandle(peers_[r]);
+      if (peerFlags_[r] != nullptr) cudaIpcCloseMemHandle(peerFlags_[r]);
+    }
     if (own_ != nullptr) cudaFree(own_);
+    if (ownFlags_ != nullptr) cudaFree(ownFlags_);
+    if (gaveUp_ != nullptr) cudaFreeHost(gaveUp_);
   }
   IpcSlots(const IpcSlots&) = delete;
   IpcSlots& operator=(const IpcSlots&) = delete;
@@ -46,10 +59,38 @@ class IpcSlots final : public node::DeviceSlots {
     return makeCudaReducer(kind);
   }
 
+  bool ordersOnDevice() const override { return onDevice_; }
+  void barrier(const char* op, int rank) override {
+    const cudaError_t e =
+        queueNodeBarrier(barrierArgs_, c10::cuda::getCurrentCUDAStream(device_.index()).stream());
+    if (e != cudaSuccess)
+      MPIGPU_THROW_BACKEND(op, rank, "could not queue the node's device barrier: ", cudaText(e),
+                           " (TORCH_MPIGPU_NODE_DEVICE_ORDER=host orders from the host)");
+  }
+  void checkBarriers(const char* op, int rank) const override {
+    if (gaveUp_ == nullptr) return;
+    const unsigned long long k = *static_cast<volatile unsigned long long*>(gaveUp_);
+    if (k != 0)
+      MPIGPU_THROW_BACKEND(op, rank, "device barrier #", k, " of this node gave up after ",
+                           barrierArgs_.timeoutNs / 1000000000ULL,
+                           " s: a rank of the node did not reach it (it died, stalled, or issued "
+                           "other ops); the results of that op are wrong and the job should be "
+                           "restarted");
+  }
+  std::string ordering() const override { return ordering_; }
+
   // this rank's allocation: both halves
   void* own_ = nullptr;
   // every local rank's allocation as mapped here (own_ at localRank_)
   std::vector<void*> peers_;
+  // device ordering: this rank's flags (a word per local rank, then its barrier count), every
+  // local rank's as mapped here, and the host-mapped word a barrier that gives up writes
+  unsigned long long* ownFlags_ = nullptr;
+  std::vector<void*> peerFlags_;
+  unsigned long long* gaveUp_ = nullptr;
+  bool onDevice_ = false;
+  std::string ordering_ = "ordered from the host";
+  NodeBarrierArgs barrierArgs_{};
 
  private:
   const at::Device device_;
@@ -58,11 +99,14 @@ class IpcSlots final : public node::DeviceSlots {
   int half_ = 0;
 };
 
-// What each rank sends its node: its buffer's handle and where that buffer lives.
+// What each rank sends its node: its buffer's handle (and its flags', for device ordering) and
+// where that buffer lives.
 struct Exported {
   cudaIpcMemHandle_t handle;
+  cudaIpcMemHandle_t flagsHandle;
   char pciBusId[32];
   int ok;
+  int flagsOk;
 };
 
 // This rank's buffer, allocated and exported; "" on success.
@@ -77,6 +121,85 @@ std::string exportOwn(IpcSlots& slots, int64_t bytes, Exported* mine) {
   if (e != cudaSuccess) return c10::str("cudaIpcGetMemHandle: ", cudaText(e));
   e = cudaDeviceGetPCIBusId(mine->pciBusId, sizeof(mine->pciBusId), slots.device().index());
   if (e != cudaSuccess) return c10::str("cudaDeviceGetPCIBusId: ", cudaText(e));
+  return "";
+}
+
+// This rank's barrier flags (zeroed before any peer can map them) and the host-mapped word a
+// barrier that gives up writes; "" on success.
+std::string exportFlags(IpcSlots& slots, int localSize, Exported* mine) {
+  const size_t bytes = sizeof(unsigned long long) * (localSize + 1);
+  cudaError_t e = cudaMalloc(reinterpret_cast<void**>(&slots.ownFlags_), bytes);
+  if (e != cudaSuccess) {
+    slots.ownFlags_ = nullptr;
+    return c10::str("cudaMalloc of the barrier flags: ", cudaText(e));
+  }
+  if ((e = cudaMemset(slots.ownFlags_, 0, bytes)) != cudaSuccess ||
+      (e = cudaDeviceSynchronize()) != cudaSuccess)
+    return c10::str("zeroing the barrier flags: ", cudaText(e));
+  e = cudaHostAlloc(reinterpret_cast<void**>(&slots.gaveUp_), sizeof(unsigned long long),
+                    cudaHostAllocMapped);
+  if (e != cudaSuccess) {
+    slots.gaveUp_ = nullptr;
+    return c10::str("cudaHostAlloc (mapped) of the barrier's timeout word: ", cudaText(e));
+  }
+  *slots.gaveUp_ = 0;
+  e = cudaIpcGetMemHandle(&mine->flagsHandle, slots.ownFlags_);
+  if (e != cudaSuccess) return c10::str("cudaIpcGetMemHandle of the barrier flags: ", cudaText(e));
+  return "";
+}
+
+// Device flags or the host barrier, from what every local rank sent (the same answer on each).
+// Sets *device; returns why.
+std::string chooseOrdering(node::Ordering asked, const std::vector<Exported>& all, bool* device) {
+  *device = false;
+  const int n = static_cast<int>(all.size());
+  if (asked == node::Ordering::Host)
+    return "ordered from the host (TORCH_MPIGPU_NODE_DEVICE_ORDER=host)";
+  if (n > kMaxBarrierRanks)
+    return c10::str("ordered from the host: a device barrier serves at most ", kMaxBarrierRanks,
+                    " ranks of a node, this one has ", n);
+  for (int r = 0; r < n; ++r)
+    if (!all[r].flagsOk)
+      return c10::str("ordered from the host: local rank ", r, " could not make its barrier flags");
+  std::set<std::string> gpus;
+  for (const auto& e : all) gpus.insert(std::string(e.pciBusId, strnlen(e.pciBusId, 32)));
+  if (asked == node::Ordering::Auto && static_cast<int>(gpus.size()) < n)
+    return "ordered from the host: ranks of the node share a GPU, where a kernel waiting for "
+           "another process would hold it for a whole time slice "
+           "(TORCH_MPIGPU_NODE_DEVICE_ORDER=device overrides)";
+  *device = true;
+  return asked == node::Ordering::Device
+             ? "ordered on the device by flags (TORCH_MPIGPU_NODE_DEVICE_ORDER=device)"
+             : "ordered on the device by flags (every rank of the node has a GPU of its own)";
+}
+
+// Maps every peer's flags and fills the barrier's arguments; "" on success.
+std::string mapFlags(IpcSlots& slots, const std::vector<Exported>& all, int localRank,
+                     int64_t timeoutMs) {
+  const int n = static_cast<int>(all.size());
+  NodeBarrierArgs& a = slots.barrierArgs_;
+  for (int r = 0; r < n; ++r) {
+    if (r == localRank) {
+      slots.peerFlags_[r] = slots.ownFlags_;
+    } else {
+      void* p = nullptr;
+      const cudaError_t e =
+          cudaIpcOpenMemHandle(&p, all[r].flagsHandle, cudaIpcMemLazyEnablePeerAccess);
+      if (e != cudaSuccess)
+        return c10::str("cudaIpcOpenMemHandle of local rank ", r,
+                        "'s barrier flags: ", cudaText(e));
+      slots.peerFlags_[r] = p;
+    }
+    a.flags[r] = static_cast<unsigned long long*>(slots.peerFlags_[r]);
+  }
+  void* gaveUpOnDevice = nullptr;
+  const cudaError_t e = cudaHostGetDevicePointer(&gaveUpOnDevice, slots.gaveUp_, 0);
+  if (e != cudaSuccess) return c10::str("cudaHostGetDevicePointer: ", cudaText(e));
+  a.count = slots.ownFlags_ + n;
+  a.gaveUp = static_cast<unsigned long long*>(gaveUpOnDevice);
+  a.localRank = localRank;
+  a.localSize = n;
+  a.timeoutNs = static_cast<unsigned long long>(std::max<int64_t>(timeoutMs, 1000)) * 1000000ULL;
   return "";
 }
 
@@ -106,14 +229,20 @@ std::string mapPeer(IpcSlots& slots, int r, const Exported& theirs) {
 
 }  // namespace
 
-std::unique_ptr<node::DeviceSlots> makeIpcSlots(const mpi::Comm& nodeComm, int64_t slotBytes,
+std::unique_ptr<node::DeviceSlots> makeIpcSlots(const mpi::Comm& nodeComm,
+                                                const node::SlotsSpec& spec,
                                                 const at::Device& device, const char* op, int rank,
                                                 std::string* why) {
   c10::cuda::CUDAGuard guard(device);
-  auto slots = std::make_unique<IpcSlots>(device, slotBytes, nodeComm.rank, nodeComm.size);
+  auto slots = std::make_unique<IpcSlots>(device, spec.slotBytes, nodeComm.rank, nodeComm.size);
   Exported mine{};
-  std::string error = exportOwn(*slots, 2 * slotBytes, &mine);
+  std::string error = exportOwn(*slots, 2 * spec.slotBytes, &mine);
   mine.ok = error.empty() ? 1 : 0;
+  // flags for device ordering: a rank that cannot make them has the node ordered from the host
+  mine.flagsOk = spec.ordering != node::Ordering::Host && error.empty() &&
+                         exportFlags(*slots, nodeComm.size, &mine).empty()
+                     ? 1
+                     : 0;
   std::vector<Exported> all(nodeComm.size);
   MPIGPU_MPI_CHECK(MPI_Allgather(&mine, sizeof(Exported), MPI_BYTE, all.data(), sizeof(Exported),
                                  MPI_BYTE, nodeComm.handle),
@@ -123,6 +252,12 @@ std::unique_ptr<node::DeviceSlots> makeIpcSlots(const mpi::Comm& nodeComm, int64
     if (r == nodeComm.rank) continue;
     error = all[r].ok ? mapPeer(*slots, r, all[r])
                       : c10::str("local rank ", r, " could not export its device buffer");
+  }
+  if (error.empty()) {
+    bool device = false;
+    slots->ordering_ = chooseOrdering(spec.ordering, all, &device);
+    if (device) error = mapFlags(*slots, all, nodeComm.rank, spec.barrierTimeoutMs);
+    slots->onDevice_ = device && error.empty();
   }
   if (!error.empty()) {
     *why = error;

@@ -11,8 +11,10 @@ namespace mpigpu::cuda {
 // A node::DeviceSlotsMaker: collective over `nodeComm`; null with the reason in `why` where this
 // rank could not allocate, export or map (no peer access, a container that blocks CUDA IPC, a
 // peer's GPU outside this process's view).
-// `device`: the GPU whose memory holds this rank's slots.
-std::unique_ptr<node::DeviceSlots> makeIpcSlots(const mpi::Comm& nodeComm, int64_t slotBytes,
+// `device`: the GPU whose memory holds this rank's slots. With device ordering (spec.ordering,
+// cuda/NodeBarrier.hpp) each rank also exports barrier flags.
+std::unique_ptr<node::DeviceSlots> makeIpcSlots(const mpi::Comm& nodeComm,
+                                                const node::SlotsSpec& spec,
                                                 const at::Device& device, const char* op, int rank,
                                                 std::string* why);
 

@@ -1,10 +1,16 @@
 // A node's slots in device memory: each rank's buffer (two halves, as SharedSegment's slots)
 // mapped into every peer of the node, so the node algorithm's copies and reductions run on the
 // device, reading the peers' buffers directly. A device type provides them through its paths
-// (paths/Devices.hpp: DevicePaths::nodeSlots; CUDA: cuda/IpcSlots.cpp, by CUDA IPC). The
-// barrier between the ranks stays the host segment's: before it, each rank waits for its own
-// queued device work, so its writes are complete when a peer reads them (ordered from the
-// host: no kernel ever waits for another process, which is what ranks sharing a GPU need).
+// (paths/Devices.hpp: DevicePaths::nodeSlots; CUDA: cuda/IpcSlots.cpp, by CUDA IPC).
+//
+// The ranks' steps are ordered in one of two ways (TORCH_MPIGPU_NODE_DEVICE_ORDER):
+//   host    the host segment's barrier: before it, each rank waits for its own queued device
+//           work, so its writes are complete when a peer reads them. No kernel ever waits for
+//           another process, which is what ranks sharing one GPU need (a kernel that spins there
+//           holds the GPU for a whole time slice).
+//   device  flags in the slots' memory: a barrier is a kernel on the op's stream that marks this
+//           rank's arrival in every peer's flags and waits for theirs; no host round trip, so
+//           the ops queue ahead like NCCL's. What ranks with GPUs of their own need.
 #pragma once
 
 #include <ATen/ATen.h>
@@ -14,6 +20,7 @@
 #include <memory>
 #include <string>
 
+#include "Config.hpp"
 #include "mpi/Collectives.hpp"
 
 namespace mpigpu::algo {
@@ -21,6 +28,16 @@ class Reducer;
 }
 
 namespace mpigpu::node {
+
+using Ordering = NodeDeviceOrder;
+
+// What the node asks of its slots. `Auto`: device flags where every local rank has a GPU of its
+// own, the host barrier where some share one.
+struct SlotsSpec {
+  int64_t slotBytes;
+  Ordering ordering;
+  int64_t barrierTimeoutMs;  // a device barrier gives up after this long (a peer died or stalled)
+};
 
 class DeviceSlots {
  public:
@@ -34,13 +51,27 @@ class DeviceSlots {
   virtual void settle() const = 0;
   // The device's reducer, for a rank whose tensors had to be moved to the device.
   virtual std::unique_ptr<algo::Reducer> reducer(c10d::ReduceOp::RedOpType kind) const = 0;
+
+  // ---- device-side ordering ----
+  // True: the node op calls barrier() where it would settle and take the host barrier.
+  virtual bool ordersOnDevice() const { return false; }
+  // Queues a barrier of the node's ranks on the current stream: this rank's writes queued so far
+  // are visible to its peers, and its later work starts once every peer has queued (and reached)
+  // the same barrier.
+  virtual void barrier(const char* op, int rank) {}
+  // Throws, naming `op` and `rank`, if an earlier device barrier gave up waiting for a peer (its
+  // results are wrong). Reads a word the device wrote; does not wait for the device.
+  virtual void checkBarriers(const char* op, int rank) const {}
+  // How the ranks' steps are ordered, and why (the group's description).
+  virtual std::string ordering() const { return "ordered from the host"; }
 };
 
 // Collective over `nodeComm`; null with the reason in `why` where this rank could not map its
 // peers' buffers (the caller agrees with the other ranks before anyone uses them). `where`: the
-// first op's tensors' device (the maker picks its own where that is another type).
+// first op's tensors' device (the maker picks its own where that is another type). Every rank
+// of a node must choose the same ordering (from what the node's ranks exchanged).
 using DeviceSlotsMaker = std::function<std::unique_ptr<DeviceSlots>(
-    const mpi::Comm& nodeComm, int64_t slotBytes, const at::Device& where, const char* op, int rank,
-    std::string* why)>;
+    const mpi::Comm& nodeComm, const SlotsSpec& spec, const at::Device& where, const char* op,
+    int rank, std::string* why)>;
 
 }  // namespace mpigpu::node

@@ -8,14 +8,14 @@
 namespace mpigpu::node {
 
 Node::Node(Topology topology, const mpi::Comm& group, int64_t slotBytes, int64_t oneShotBytes,
-           bool allGpu, DeviceSlotsMaker makeDeviceSlots, int64_t deviceSlotBytes)
+           bool allGpu, DeviceSlotsMaker makeDeviceSlots, SlotsSpec deviceSpec)
     : topology_(std::move(topology)),
       group_(group),
       slotBytes_(slotBytes),
       oneShotBytes_(oneShotBytes),
       allGpu_(allGpu),
       makeDeviceSlots_(std::move(makeDeviceSlots)),
-      deviceSlotBytes_(deviceSlotBytes) {}
+      deviceSpec_(deviceSpec) {}
 
 Node::~Node() = default;
 
@@ -53,8 +53,7 @@ DeviceSlots* Node::deviceSlots(const char* op, const at::Device& where) {
   std::string why = "this build has no device slots for the node algorithm (CUDA IPC)";
   if (makeDeviceSlots_) {
     why.clear();
-    deviceSlots_ =
-        makeDeviceSlots_(topology_.nodeComm, deviceSlotBytes_, where, op, group_.rank, &why);
+    deviceSlots_ = makeDeviceSlots_(topology_.nodeComm, deviceSpec_, where, op, group_.rank, &why);
   }
   if (!agreeMade(
           deviceSlots_ != nullptr, why, "another rank could not map its node's device buffers",
@@ -80,8 +79,8 @@ std::string Node::describe() const {
   if (!allGpu_) return s;
   if (!deviceUnavailable_.empty())
     return c10::str(s, ", device slots unavailable: ", deviceUnavailable_);
-  return c10::str(s, ", device slots ", deviceSlotBytes_, " bytes per rank and half",
-                  deviceSlots_ ? "" : " (made at the first node op)");
+  return c10::str(s, ", device slots ", deviceSpec_.slotBytes, " bytes per rank and half",
+                  deviceSlots_ ? ", " + deviceSlots_->ordering() : " (made at the first node op)");
 }
 
 }  // namespace mpigpu::node

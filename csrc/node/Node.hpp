@@ -16,10 +16,10 @@ class Node {
  public:
   // `group`: the communicator the ranks agree over when the segment is made. `allGpu`: every
   // member has a GPU (agreed), so the node's ops run in device slots made by `makeDeviceSlots`
-  // (null: this build has none) of `deviceSlotBytes` per rank and half.
+  // (null: this build has none) as `deviceSpec` asks.
   Node(Topology topology, const mpi::Comm& group, int64_t slotBytes, int64_t oneShotBytes,
        bool allGpu = false, DeviceSlotsMaker makeDeviceSlots = nullptr,
-       int64_t deviceSlotBytes = 0);
+       SlotsSpec deviceSpec = {0, Ordering::Host, 0});
   ~Node();
   Node(const Node&) = delete;
   Node& operator=(const Node&) = delete;
@@ -57,7 +57,7 @@ class Node {
   bool tried_ = false;
   const bool allGpu_;
   DeviceSlotsMaker makeDeviceSlots_;
-  int64_t deviceSlotBytes_;
+  SlotsSpec deviceSpec_;
   std::unique_ptr<DeviceSlots> deviceSlots_;
   bool triedDevice_ = false;
   std::string deviceUnavailable_;

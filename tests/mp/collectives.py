@@ -310,6 +310,9 @@ def main():
             c.true("the ops ran in device slots (made, not unavailable)",
                    "device slots 4096 bytes per rank and half" in described
                    and "made at the first node op" not in described, described)
+        if os.environ.get("MPIGPU_EXPECT_ORDER"):  # how the device slots' ranks wait
+            c.true("the device slots' ordering", os.environ["MPIGPU_EXPECT_ORDER"] in described,
+                   described)
     if HOST_PIECES:
         c.section("one rank's pieces, cut by every rank")
         described = dist.group.WORLD._get_backend(torch.device("cpu")).describe()
