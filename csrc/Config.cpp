@@ -102,6 +102,7 @@ Config Config::fromEnv() {
   c.nodeBufferBytes = parseInt("TORCH_MPIGPU_NODE_BUFFER_BYTES", 0, kTiB);
   c.nodeOneShotBytes = parseInt("TORCH_MPIGPU_NODE_ONE_SHOT_BYTES", 0, kHuge);
   c.nodeDeviceBufferBytes = parseInt("TORCH_MPIGPU_NODE_DEVICE_BUFFER_BYTES", 1, kTiB);
+  c.nodeDeviceBufferMaxBytes = parseInt("TORCH_MPIGPU_NODE_DEVICE_BUFFER_MAX_BYTES", 1, kTiB);
   c.nodeTestDeviceSlots = parseFlag("TORCH_MPIGPU_NODE_TEST_DEVICE_SLOTS");
   c.nodeDeviceOrder = parseChoice<NodeDeviceOrder>("TORCH_MPIGPU_NODE_DEVICE_ORDER",
                                                    {{"auto", NodeDeviceOrder::Auto},

@@ -78,6 +78,7 @@ struct Config {
   // Groups whose every member has a GPU: the node algorithm's slots in device memory (CUDA IPC),
   // per rank and half; ops are cut into pieces of this size, each piece two host round trips.
   int64_t nodeDeviceBufferBytes = 0;
+  int64_t nodeDeviceBufferMaxBytes = 0;  // ... grown on demand up to this
   NodeDeviceOrder nodeDeviceOrder = NodeDeviceOrder::Auto;
   // Tests only: groups without a GPU run the device-slot code on host memory.
   bool nodeTestDeviceSlots = false;

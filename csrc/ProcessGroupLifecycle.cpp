@@ -117,8 +117,9 @@ ProcessGroupMPIGPU::ProcessGroupMPIGPU(c10::intrusive_ptr<c10d::Store> store, in
           node::Topology::build(algoComm_, config_.pretendNodes, "new_group"), algoComm_,
           config_.nodeBufferBytes, config_.nodeOneShotBytes, allGpu != 0 || testSlots,
           testSlots ? algo::hostDeviceSlotsForTests() : paths_->nodeSlots(c10::DeviceType::CUDA),
-          node::SlotsSpec{config_.nodeDeviceBufferBytes, config_.nodeDeviceOrder,
-                          timeoutMs_.load()});
+          node::SlotsSpec{
+              config_.nodeDeviceBufferBytes, config_.nodeDeviceOrder, timeoutMs_.load(),
+              std::max(config_.nodeDeviceBufferBytes, config_.nodeDeviceBufferMaxBytes)});
     }
   });
   if (config_.debug) {

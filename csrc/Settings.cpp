@@ -59,8 +59,11 @@ const SettingSpec kSettings[] = {
     {"TORCH_MPIGPU_NODE_DEVICE_BUFFER_BYTES", "33554432", "", ReadAt::GroupCreation,
      "node algorithm in groups whose every member has a GPU (`TORCH_MPIGPU_ALGO=node` only, until "
      "a GPU measurement sets when auto takes it): device memory per rank and half, mapped into "
-     "the node's peers by CUDA IPC (made at the first such op); bigger ops go in pieces of this "
-     "size"},
+     "the node's peers by CUDA IPC (made at the first such op); made again larger, doubling up "
+     "to `NODE_DEVICE_BUFFER_MAX_BYTES`, at the first op that would fit in one piece"},
+    {"TORCH_MPIGPU_NODE_DEVICE_BUFFER_MAX_BYTES", "268435456", "", ReadAt::GroupCreation,
+     "the most the node algorithm's device slots grow to, per rank and half; bigger ops go in "
+     "pieces of this size (each piece one or two barriers of the node's ranks)"},
     {"TORCH_MPIGPU_NODE_DEVICE_ORDER", "auto", "", ReadAt::GroupCreation,
      "node algorithm in device slots: how the node's ranks wait for each other. `host`: each "
      "rank waits for its GPU, then a barrier in host shared memory (no kernel waits for another "

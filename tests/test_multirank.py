@@ -159,10 +159,14 @@ NODE_SHAPES = {
     "2x3": (6, {"TORCH_MPIGPU_PRETEND_NODES": "2"}, "2 nodes x 3 ranks"),
     "3+2-falls-back": (5, {"TORCH_MPIGPU_PRETEND_NODES": "2"}, "nodes of 2 to 3 ranks (not uniform)"),
     # the device-slot code (what the CUDA IPC slots run) on host memory, hierarchical, 4 KiB
-    # slots, ordered by the slots' own barrier where device flags would order them
+    # slots grown once to 8 KiB (larger ops still in pieces), ordered by the slots' own barrier
+    # where device flags would order them
     "device-slot-code-on-host-2-nodes": (4, {"TORCH_MPIGPU_PRETEND_NODES": "2",
                                              "TORCH_MPIGPU_NODE_TEST_DEVICE_SLOTS": "1",
                                              "TORCH_MPIGPU_NODE_DEVICE_BUFFER_BYTES": "4096",
+                                             "TORCH_MPIGPU_NODE_DEVICE_BUFFER_MAX_BYTES": "8192",
+                                             "MPIGPU_EXPECT_SLOTS": "device slots 8192 bytes per "
+                                             "rank and half (grown from 4096, at most 8192)",
                                              "TORCH_MPIGPU_NODE_DEVICE_ORDER": "device",
                                              "MPIGPU_EXPECT_ORDER": "ordered by the slots themselves"},
                                          "2 nodes x 2 ranks"),

@@ -23,15 +23,19 @@ namespace mpigpu::algo {
 
 class Link {
  public:
-  // `settle`: makes device work queued so far finish (nullptr on the host).
-  Link(const mpi::Comm& comm, const char* op, std::function<void()> settle = nullptr)
-      : comm_(comm), op_(op), settle_(std::move(settle)) {}
+  // `settle`: makes device work queued so far finish (nullptr on the host). `devicePointers`:
+  // MPI takes the op's device memory as it is (a CUDA-aware MPI).
+  Link(const mpi::Comm& comm, const char* op, std::function<void()> settle = nullptr,
+       bool devicePointers = false)
+      : comm_(comm), op_(op), settle_(std::move(settle)), devicePointers_(devicePointers) {}
   virtual ~Link();
   Link(const Link&) = delete;
   Link& operator=(const Link&) = delete;
 
   const mpi::Comm& comm() const { return comm_; }
   const char* op() const { return op_; }
+  // Whether MPI may be handed the op's device memory itself (after settle()).
+  bool takesDevicePointers() const { return devicePointers_; }
 
   // Queues a send of `piece` (contiguous, at most comm().maxCount elements). Work queued before
   // on the device that produces it is finished first. Returns a handle for wait().
@@ -58,6 +62,7 @@ class Link {
   const mpi::Comm& comm_;
   const char* op_;
   std::function<void()> settle_;
+  const bool devicePointers_;
 
  private:
   struct Pending {

@@ -27,7 +27,8 @@ struct NodeOp {
   node::DeviceSlots* dev;  // null: host slots
   const Topology& topo;
   const char* op;
-  int rank;  // in the group, for errors
+  int rank;             // in the group, for errors
+  bool devicePointers;  // across nodes, MPI takes the device slots' tensors as they are
   bool onHost() const { return dev == nullptr; }
   int64_t slotBytes() const { return dev ? dev->slotBytes() : seg.slotBytes(); }
   // This rank's writes to its slots are complete (device work waited for), then the barrier;
@@ -46,14 +47,26 @@ struct NodeOp {
   }
 };
 
-// MPI between nodes on host memory: a device tensor goes through a host copy (the node path
-// does not assume a CUDA-aware MPI).
+// The memory MPI uses for `t` between nodes: host memory as it is; device memory itself where
+// the op's link hands MPI device pointers (a CUDA-aware MPI, ops from CUDA_DIRECT_BYTES), once
+// the kernels that wrote it have finished (MPI does not see streams); else a host copy.
+at::Tensor forMpi(const NodeOp& o, const at::Tensor& t) {
+  if (t.is_cpu()) return t;
+  if (o.devicePointers) {
+    o.dev->settle();
+    return t;
+  }
+  return t.to(at::kCPU);
+}
+// What MPI wrote into forMpi(o, t), back in `t`.
+void fromMpi(const at::Tensor& t, const at::Tensor& written) {
+  if (!written.is_same(t)) t.copy_(written);
+}
 template <typename F>
-void acrossNodes(const at::Tensor& t, F&& mpiOn) {
-  if (t.is_cpu()) return mpiOn(t);
-  at::Tensor host = t.to(at::kCPU);
-  mpiOn(host);
-  t.copy_(host);
+void acrossNodes(const NodeOp& o, const at::Tensor& t, F&& mpiOn) {
+  at::Tensor m = forMpi(o, t);
+  mpiOn(m);
+  fromMpi(t, m);
 }
 
 // The reduction across nodes is MPI's: no AVG division (done once, at the end) and no PREMUL
@@ -150,7 +163,7 @@ void twoShotPiece(NodeOp& o, const at::Tensor& part, double scale) {
     at::Tensor mine = slice(slot, me);
     combineAll(o.c, mine, sources, t.nodes == 1 ? scale : 1.0);
     if (t.nodes > 1) {
-      acrossNodes(mine, [&](at::Tensor h) {
+      acrossNodes(o, mine, [&](at::Tensor h) {
         mpi::allreduceInPlace(t.crossComm, o.op, h, plainSum(o.c.red), /*counted=*/false);
       });
       if (scale != 1.0) mine.mul_(scale);
@@ -210,14 +223,10 @@ void reduceScatterOnHost(NodeOp& o, const at::Tensor& in, const at::Tensor& out)
         combineAll(o.c, mine.narrow(0, i * w, w),
                    slotRanges(o, dtype, p * w, t.placement[me * t.nodes + i] * w, w, 0), 1.0);
       }
-      if (mine.is_cpu()) {
-        mpi::reduceScatter(t.crossComm, o.op, mine, dst, plainSum(o.c.red), /*counted=*/false);
-      } else {
-        at::Tensor h = dst.to(at::kCPU);
-        mpi::reduceScatter(t.crossComm, o.op, mine.to(at::kCPU), h, plainSum(o.c.red),
-                           /*counted=*/false);
-        dst.copy_(h);
-      }
+      at::Tensor received = forMpi(o, dst);
+      mpi::reduceScatter(t.crossComm, o.op, forMpi(o, mine), received, plainSum(o.c.red),
+                         /*counted=*/false);
+      fromMpi(dst, received);
       if (scale != 1.0) dst.mul_(scale);
     }
     o.flip();
@@ -280,8 +289,9 @@ void allgatherOnHost(NodeOp& o, const at::Tensor& in, const at::Tensor& out) {
                      "); raise TORCH_MPIGPU_NODE_BUFFER_BYTES");
   at::Tensor mine = in.contiguous();
   if (N > 1) {
-    at::Tensor gathered = at::empty({N * in.numel()}, in.options().device(at::kCPU));
-    mpi::allgather(t.crossComm, o.op, mine.to(at::kCPU), gathered, /*counted=*/false);
+    const at::Tensor send = forMpi(o, mine);
+    at::Tensor gathered = at::empty({N * in.numel()}, send.options());
+    mpi::allgather(t.crossComm, o.op, send, gathered, /*counted=*/false);
     mine = gathered.to(in.device());
   }
   const ByteSpan src = spanOf(o, mine), dst = spanOf(o, out);
@@ -309,7 +319,7 @@ void broadcastOnHost(NodeOp& o, const at::Tensor& buf, int root) {
   const auto [rootLocal, rootCross] = t.placeOf(root);
   const bool source = t.localRank == rootLocal;
   if (t.nodes > 1 && source) {
-    acrossNodes(buf, [&](at::Tensor h) { mpi::broadcast(t.crossComm, o.op, h, rootCross); });
+    acrossNodes(o, buf, [&](at::Tensor h) { mpi::broadcast(t.crossComm, o.op, h, rootCross); });
   }
   const ByteSpan data = spanOf(o, buf);
   forPieces(buf.numel() * buf.element_size(), o.slotBytes(), [&](int64_t off, int64_t m) {
@@ -325,13 +335,16 @@ void broadcastOnHost(NodeOp& o, const at::Tensor& buf, int root) {
 // has a GPU (a tensor of another device moved there), else in host shared memory (a tensor of
 // another device copied to the host); the written ones are copied back. Every rank of the group
 // makes the same choice: it depends only on what was agreed when the group and slots were made.
+// `wantBytes`: the slot size in which the op would take one piece (device slots grow toward it).
 template <typename F>
-bool onNode(Context& c, std::vector<at::Tensor> tensors, std::vector<bool> written, F&& fn) {
+bool onNode(Context& c, std::vector<at::Tensor> tensors, std::vector<bool> written,
+            int64_t wantBytes, F&& fn) {
   Node* node = c.node;
   const char* op = c.link.op();
   SharedSegment* seg = node != nullptr && node->suits() ? node->segment(op) : nullptr;
   if (seg == nullptr) return false;
-  node::DeviceSlots* dev = node->onDevice() ? node->deviceSlots(op, tensors[0].device()) : nullptr;
+  node::DeviceSlots* dev =
+      node->onDevice() ? node->deviceSlots(op, tensors[0].device(), wantBytes) : nullptr;
   if (node->onDevice() && dev == nullptr) return false;
   const at::Device where = dev != nullptr ? dev->device() : at::Device(at::kCPU);
   std::vector<at::Tensor> work;
@@ -345,7 +358,15 @@ bool onNode(Context& c, std::vector<at::Tensor> tensors, std::vector<bool> writt
   std::unique_ptr<Reducer> reducer;
   if (moved) reducer = dev != nullptr ? dev->reducer(c.red.kind) : makeHostReducer(c.red.kind);
   Context wc{c.link, moved ? *reducer : c.reducer, c.red, c.pieceElems, c.node};
-  NodeOp o{wc, *node, *seg, dev, node->topology(), op, c.link.comm().rank};
+  // device pointers across nodes only for the op's own device memory (not a moved copy)
+  NodeOp o{wc,
+           *node,
+           *seg,
+           dev,
+           node->topology(),
+           op,
+           c.link.comm().rank,
+           dev != nullptr && !moved && c.link.takesDevicePointers()};
   if (dev != nullptr) dev->checkBarriers(op, o.rank);  // an earlier op's barrier gave up
   {
     // Every rank of the node copies and reduces at once, typically one rank per core: ATen's
@@ -360,6 +381,8 @@ bool onNode(Context& c, std::vector<at::Tensor> tensors, std::vector<bool> writt
 
 // Tests only: host shared memory as "device" slots. With `ownBarrier` (NODE_DEVICE_ORDER=device)
 // they order the ranks themselves, as device flags do, through their own segment's barrier.
+int64_t bytesOf(const at::Tensor& t) { return t.numel() * static_cast<int64_t>(t.element_size()); }
+
 class HostDeviceSlots final : public node::DeviceSlots {
  public:
   HostDeviceSlots(std::unique_ptr<SharedSegment> seg, bool ownBarrier)
@@ -400,29 +423,31 @@ node::DeviceSlotsMaker hostDeviceSlotsForTests() {
 }
 
 bool nodeAllreduce(Context& c, const at::Tensor& buf) {
-  return onNode(c, {buf}, {true},
+  return onNode(c, {buf}, {true}, bytesOf(buf),
                 [](NodeOp& o, std::vector<at::Tensor>& h) { allreduceOnHost(o, h[0]); });
 }
 
 bool nodeReduceScatter(Context& c, const at::Tensor& in, const at::Tensor& out) {
-  return onNode(c, {in, out}, {false, true},
+  return onNode(c, {in, out}, {false, true}, bytesOf(in),
                 [](NodeOp& o, std::vector<at::Tensor>& h) { reduceScatterOnHost(o, h[0], h[1]); });
 }
 
 bool nodeReduce(Context& c, const at::Tensor& buf, int root) {
-  return onNode(c, {buf}, {true},
+  return onNode(c, {buf}, {true}, bytesOf(buf),
                 [root](NodeOp& o, std::vector<at::Tensor>& h) { reduceOnHost(o, h[0], root); });
 }
 
 bool nodeAllgather(Context& c, const at::Tensor& in, const at::Tensor& out) {
   TORCH_INTERNAL_ASSERT(out.is_contiguous(), "mpigpu: all_gather's output must be contiguous");
-  return onNode(c, {in, out}, {false, true},
+  // the slot holds this rank's row of every node
+  const int64_t nodes = c.node != nullptr ? c.node->topology().nodes : 1;
+  return onNode(c, {in, out}, {false, true}, nodes * bytesOf(in),
                 [](NodeOp& o, std::vector<at::Tensor>& h) { allgatherOnHost(o, h[0], h[1]); });
 }
 
 bool nodeBroadcast(Context& c, const at::Tensor& buf, int root) {
   TORCH_INTERNAL_ASSERT(buf.is_contiguous(), "mpigpu: broadcast's buffer must be contiguous");
-  return onNode(c, {buf}, {true},
+  return onNode(c, {buf}, {true}, bytesOf(buf),
                 [root](NodeOp& o, std::vector<at::Tensor>& h) { broadcastOnHost(o, h[0], root); });
 }
 

@@ -186,7 +186,8 @@ class CudaOpBuffers final : public paths::OpBuffers {
     if (opBytes < directFromBytes_) return std::make_unique<StagedLink>(comm, op, comm_);
     // MPI is stream-blind: kernels that produce or still read a piece finish before MPI uses it.
     auto stream = comm_;
-    return std::make_unique<algo::Link>(comm, op, [stream] { stream.synchronize(); });
+    return std::make_unique<algo::Link>(
+        comm, op, [stream] { stream.synchronize(); }, /*devicePointers=*/true);
   }
 
   std::vector<c10::Device> futureDevices() const override { return {device_}; }

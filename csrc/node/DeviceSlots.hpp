@@ -37,6 +37,7 @@ struct SlotsSpec {
   int64_t slotBytes;
   Ordering ordering;
   int64_t barrierTimeoutMs;  // a device barrier gives up after this long (a peer died or stalled)
+  int64_t maxSlotBytes;      // the node grows its slots on demand up to this (node/Node.hpp)
 };
 
 class DeviceSlots {

@@ -3,6 +3,8 @@
 #include <c10/util/Logging.h>
 #include <c10/util/StringUtil.h>
 
+#include <algorithm>
+
 #include "mpi/Check.hpp"
 
 namespace mpigpu::node {
@@ -15,7 +17,8 @@ Node::Node(Topology topology, const mpi::Comm& group, int64_t slotBytes, int64_t
       oneShotBytes_(oneShotBytes),
       allGpu_(allGpu),
       makeDeviceSlots_(std::move(makeDeviceSlots)),
-      deviceSpec_(deviceSpec) {}
+      deviceSpec_(deviceSpec),
+      firstDeviceSlotBytes_(deviceSpec.slotBytes) {}
 
 Node::~Node() = default;
 
@@ -47,8 +50,13 @@ SharedSegment* Node::segment(const char* op) {
   return segment_.get();
 }
 
-DeviceSlots* Node::deviceSlots(const char* op, const at::Device& where) {
-  if (triedDevice_) return deviceSlots_.get();
+DeviceSlots* Node::deviceSlots(const char* op, const at::Device& where, int64_t wantBytes) {
+  if (triedDevice_) {
+    if (deviceSlots_ && wantBytes > deviceSpec_.slotBytes &&
+        deviceSpec_.slotBytes < deviceSpec_.maxSlotBytes)
+      growDeviceSlots(op, wantBytes);
+    return deviceSlots_.get();
+  }
   triedDevice_ = true;
   std::string why = "this build has no device slots for the node algorithm (CUDA IPC)";
   if (makeDeviceSlots_) {
@@ -62,6 +70,31 @@ DeviceSlots* Node::deviceSlots(const char* op, const at::Device& where) {
     deviceSlots_.reset();
   }
   return deviceSlots_.get();
+}
+
+// New slots of the next power-of-two multiple that holds `wantBytes` (at most the maximum); the
+// old ones stay where any rank could not make them, and growing stops.
+void Node::growDeviceSlots(const char* op, int64_t wantBytes) {
+  SlotsSpec spec = deviceSpec_;
+  while (spec.slotBytes < wantBytes && spec.slotBytes < spec.maxSlotBytes) spec.slotBytes *= 2;
+  spec.slotBytes = std::min(spec.slotBytes, spec.maxSlotBytes);
+  // This rank's queued work on the old slots (its reads of the peers' included) finishes here;
+  // the maker's exchange over the node is then the barrier after which no rank uses them.
+  deviceSlots_->settle();
+  std::string why;
+  auto grown =
+      makeDeviceSlots_(topology_.nodeComm, spec, deviceSlots_->device(), op, group_.rank, &why);
+  std::string failed;
+  const std::string instead = c10::str("they stay at ", deviceSpec_.slotBytes,
+                                       " bytes per rank and half (ops go in pieces of that size)");
+  if (!agreeMade(grown != nullptr, why, "another rank could not grow its node's device buffers",
+                 c10::str("larger device slots (", spec.slotBytes, " bytes)").c_str(),
+                 instead.c_str(), op, &failed)) {
+    deviceSpec_.maxSlotBytes = deviceSpec_.slotBytes;
+    return;
+  }
+  deviceSlots_ = std::move(grown);
+  deviceSpec_.slotBytes = spec.slotBytes;
 }
 
 void Node::free() {
@@ -79,8 +112,14 @@ std::string Node::describe() const {
   if (!allGpu_) return s;
   if (!deviceUnavailable_.empty())
     return c10::str(s, ", device slots unavailable: ", deviceUnavailable_);
+  const std::string grown =
+      deviceSpec_.slotBytes > firstDeviceSlotBytes_
+          ? c10::str(" (grown from ", firstDeviceSlotBytes_, ", at most ", deviceSpec_.maxSlotBytes,
+                     ")")
+          : c10::str(" (grown on demand up to ", deviceSpec_.maxSlotBytes, ")");
   return c10::str(s, ", device slots ", deviceSpec_.slotBytes, " bytes per rank and half",
-                  deviceSlots_ ? ", " + deviceSlots_->ordering() : " (made at the first node op)");
+                  deviceSlots_ ? grown + ", " + deviceSlots_->ordering()
+                               : std::string(" (made at the first node op)"));
 }
 
 }  // namespace mpigpu::node

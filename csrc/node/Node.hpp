@@ -19,7 +19,7 @@ class Node {
   // (null: this build has none) as `deviceSpec` asks.
   Node(Topology topology, const mpi::Comm& group, int64_t slotBytes, int64_t oneShotBytes,
        bool allGpu = false, DeviceSlotsMaker makeDeviceSlots = nullptr,
-       SlotsSpec deviceSpec = {0, Ordering::Host, 0});
+       SlotsSpec deviceSpec = {0, Ordering::Host, 0, 0});
   ~Node();
   Node(const Node&) = delete;
   Node& operator=(const Node&) = delete;
@@ -35,9 +35,11 @@ class Node {
   // Groups whose every member has a GPU: every rank's node ops run in device memory.
   bool onDevice() const { return allGpu_; }
   // The device slots, made by the first call (collective over the group, after segment()) on
-  // `where`, the op's tensors' device;
-  // null: unavailable, describe() says why, and every rank's ops take the ring.
-  DeviceSlots* deviceSlots(const char* op, const at::Device& where);
+  // `where`, the op's tensors' device, and made again larger (doubling, up to
+  // deviceSpec.maxSlotBytes) when an op would fit in one piece of `wantBytes`: every rank of the
+  // group asks for the same at the same op. Null: unavailable, describe() says why, and every
+  // rank's ops take the ring.
+  DeviceSlots* deviceSlots(const char* op, const at::Device& where, int64_t wantBytes);
   // abort(): an op waiting in the segment gives up (within 200 ms) instead of waiting forever.
   void cancel() { cancelled_.store(true, std::memory_order_relaxed); }
   const std::atomic<bool>& cancelled() const { return cancelled_; }
@@ -48,6 +50,7 @@ class Node {
  private:
   bool agreeMade(bool made, const std::string& why, const char* othersFailed, const char* what,
                  const char* instead, const char* op, std::string* unavailable);
+  void growDeviceSlots(const char* op, int64_t wantBytes);
 
   Topology topology_;
   mpi::Comm group_;
@@ -57,7 +60,8 @@ class Node {
   bool tried_ = false;
   const bool allGpu_;
   DeviceSlotsMaker makeDeviceSlots_;
-  SlotsSpec deviceSpec_;
+  SlotsSpec deviceSpec_;  // slotBytes: the current slots' size
+  int64_t firstDeviceSlotBytes_;
   std::unique_ptr<DeviceSlots> deviceSlots_;
   bool triedDevice_ = false;
   std::string deviceUnavailable_;
