@@ -20,6 +20,7 @@
 #include "mpi/Types.hpp"
 #include "paths/Devices.hpp"
 #include "algorithms/Algorithms.hpp"
+#include "algorithms/NodeAlgorithms.hpp"
 
 namespace py = pybind11;
 using mpigpu::ProcessGroupMPIGPU;
@@ -276,6 +277,18 @@ void bindPaths(py::module_& m) {
 
 // The algorithm table, as Python sees it (info, tests, docs).
 void bindAlgorithmTable(py::module_& m) {
+  m.def(
+      "node_waits",
+      [] {
+        const auto w = mpigpu::algo::nodeWaits();
+        py::dict d;
+        d["host"] = w.host;
+        d["device"] = w.device;
+        return d;
+      },
+      "How often this process's node-algorithm ops waited for their node's peers: barriers in "
+      "host shared memory (each a cross-process hand-off where the slots are device memory) and "
+      "barriers queued on the device.");
   m.def(
       "algorithms",
       [] {

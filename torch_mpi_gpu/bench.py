@@ -404,7 +404,12 @@ def main(argv=None):
                     case.reset()
                     sync()
                     iters = args.iters if case.nbytes < (16 << 20) else max(3, args.iters // 5)
+                    waits = node_waits()
                     med, p95 = timed(fn, iters, args.warmup, sync, stats)
+                    # how often each op waited for its node's peers (the node algorithm): with
+                    # device slots ordered from the host, each wait is a cross-process hand-off
+                    row["node_waits_per_op"] = {k: (v - waits[k]) / (iters + args.warmup)
+                                                for k, v in node_waits().items()}
                     algbw = case.nbytes / med / 1e9
                     row.update({"median_us": med * 1e6, "p95_us": p95 * 1e6, "algbw_GBps": algbw,
                                 "busbw_GBps": algbw * bus_factor(op, world)})
@@ -420,8 +425,8 @@ def main(argv=None):
                 rows.append(row)
                 if rank == 0 and args.no_progress:  # each point as it lands: a run cut short keeps them
                     print(f"# point {op} {row['bytes']} {name}: " + (row["error"] if "error" in row else
-                          f"{row['median_us']:.1f} us, busbw {row['busbw_GBps']:.3f} GB/s, wrong {row['wrong']}"),
-                          flush=True)
+                          f"{row['median_us']:.1f} us, busbw {row['busbw_GBps']:.3f} GB/s, wrong {row['wrong']}"
+                          f", node waits/op {waits_text(row)}"), flush=True)
                 if bar:
                     bar[0].advance(bar[1])
     if bar:
@@ -451,6 +456,18 @@ def main(argv=None):
     return 1 if wrong_total else 0
 
 
+def node_waits():
+    from . import _C
+    return _C.node_waits()
+
+
+def waits_text(row):
+    """Node-algorithm waits per op: "2h" (host barriers), "2d" (device barriers), "-" (none)."""
+    w = row.get("node_waits_per_op") or {}
+    parts = [f"{w[k]:.3g}{k[0]}" for k in ("host", "device") if w.get(k)]
+    return "+".join(parts) or "-"
+
+
 def lookup(rows, op, size_bytes, backend):
     for r in rows:
         if r["op"] == op and r["backend"] == backend and r["bytes"] == size_bytes:
@@ -464,7 +481,8 @@ def print_table(rows, ops, sizes, live):
         print(f"\n## {op}")
         width = max(9, *(len(n) for n in live))
         print(f"{'bytes':>10} {'backend':>{width}} {'median us':>11} {'p95 us':>10} {'algbw GB/s':>11} "
-              f"{'busbw GB/s':>11} {'wrong':>6} {'vs mpi':>7} {'vs mpigpu':>9} {'vs nccl':>7}")
+              f"{'busbw GB/s':>11} {'wrong':>6} {'vs mpi':>7} {'vs mpigpu':>9} {'vs nccl':>7} "
+              f"{'waits/op':>8}")
         for size_bytes in sorted({r["bytes"] for r in rows if r["op"] == op}):
             base = lookup(rows, op, size_bytes, ref) if ref else None
             ours = lookup(rows, op, size_bytes, "mpigpu")
@@ -481,7 +499,7 @@ def print_table(rows, ops, sizes, live):
                 vs_nccl = r["median_us"] / nccl["median_us"] if nccl and "median_us" in nccl else float("nan")
                 print(f"{size_bytes:>10} {name:>{width}} {r['median_us']:>11.1f} {r['p95_us']:>10.1f} "
                       f"{r['algbw_GBps']:>11.3f} {r['busbw_GBps']:>11.3f} {r['wrong']:>6} "
-                      f"{vs_mpi:>7.2f} {vs_ours:>9.2f} {vs_nccl:>7.2f}")
+                      f"{vs_mpi:>7.2f} {vs_ours:>9.2f} {vs_nccl:>7.2f} {waits_text(r):>8}")
     sys.stdout.flush()
 
 

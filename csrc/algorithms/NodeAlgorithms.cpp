@@ -3,6 +3,7 @@
 #include <c10/util/ParallelGuard.h>
 
 #include <algorithm>
+#include <atomic>
 #include <cstring>
 #include <vector>
 
@@ -17,6 +18,8 @@ namespace {
 using node::Node;
 using node::SharedSegment;
 using node::Topology;
+
+std::atomic<uint64_t> g_hostWaits{0}, g_deviceWaits{0};
 
 // One op's view of the node: slots in host shared memory, or in device memory (dev) with the
 // host segment as the barrier, or the device slots' own (node/DeviceSlots.hpp: ordering).
@@ -34,7 +37,11 @@ struct NodeOp {
   // This rank's writes to its slots are complete (device work waited for), then the barrier;
   // or both queued on the device.
   void sync() {
-    if (dev && dev->ordersOnDevice()) return dev->barrier(op, rank);
+    if (dev && dev->ordersOnDevice()) {
+      g_deviceWaits.fetch_add(1, std::memory_order_relaxed);
+      return dev->barrier(op, rank);
+    }
+    g_hostWaits.fetch_add(1, std::memory_order_relaxed);
     if (dev) dev->settle();
     seg.sync(op, rank, node.cancelled());
   }
@@ -420,6 +427,11 @@ node::DeviceSlotsMaker hostDeviceSlotsForTests() {
     return std::make_unique<HostDeviceSlots>(std::move(seg),
                                              spec.ordering == node::Ordering::Device);
   };
+}
+
+NodeWaits nodeWaits() {
+  return {g_hostWaits.load(std::memory_order_relaxed),
+          g_deviceWaits.load(std::memory_order_relaxed)};
 }
 
 bool nodeAllreduce(Context& c, const at::Tensor& buf) {

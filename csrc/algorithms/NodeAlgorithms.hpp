@@ -14,6 +14,15 @@ bool nodeReduce(Context& c, const at::Tensor& buf, int root);
 bool nodeAllgather(Context& c, const at::Tensor& in, const at::Tensor& out);
 bool nodeBroadcast(Context& c, const at::Tensor& buf, int root);
 
+// How often this process's node ops waited for the node's peers: barriers in host shared memory
+// (with device slots each is a cross-process hand-off: the rank's device work finished first)
+// and barriers queued on the device. The benchmark reports them per op.
+struct NodeWaits {
+  uint64_t host;
+  uint64_t device;
+};
+NodeWaits nodeWaits();
+
 // Tests only (TORCH_MPIGPU_NODE_TEST_DEVICE_SLOTS=1): "device" slots that are host shared memory,
 // so CPU CI runs the code the CUDA IPC slots share with them (slots as tensors, byte copies as
 // tensor copies, settle before each barrier, the agreement on the slots).
