@@ -20,12 +20,14 @@ TEST_BUDGET_S="${TEST_BUDGET_S:-200}"
 # GPU_TESTS: what pytest runs at the end (files and -k, from tests/), TEST_RUNS times in a row
 # (each run's log kept); BENCH=0 skips the NCCL reference and the benchmarks (a quick check of a
 # change, or #24's run: BENCH=0 TEST_RUNS=3); SANITIZER=0 skips compute-sanitizer (memcheck,
-# racecheck, synccheck over a short CUDA soak at 2 ranks, SANITIZER_BUDGET_S each).
+# racecheck, synccheck over a short CUDA soak at 2 ranks, SANITIZER_BUDGET_S each; memcheck and
+# racecheck again over the node algorithm's device slots, SANITIZER_NODE_BUDGET_S each).
 GPU_TESTS="${GPU_TESTS:-test_gpu.py}"
 TEST_RUNS="${TEST_RUNS:-1}"
 BENCH="${BENCH:-1}"
 SANITIZER="${SANITIZER:-1}"
 SANITIZER_BUDGET_S="${SANITIZER_BUDGET_S:-60}"
+SANITIZER_NODE_BUDGET_S="${SANITIZER_NODE_BUDGET_S:-40}"
 # What the all_reduce sweep compares (bench --backends); the default is the full comparison.
 # mpigpu[ALGO=node]: the node algorithm in CUDA IPC device slots (#22; auto does not take it on
 # GPUs until this sweep has measured it).
@@ -127,6 +129,16 @@ if [ "$SANITIZER" = 1 ]; then
       "$CUDA_HOME/bin/compute-sanitizer" --tool "$tool" --error-exitcode 9 python device_soak.py) \
       >> "$OUT/sanitizer.log" 2>&1
     echo "=== $tool exit $?" | tee -a "$OUT/sanitizer.log"
+  done
+  # the node algorithm's CUDA IPC slots, ordered by the device-flag barrier kernel (#22)
+  for tool in memcheck racecheck; do
+    step "compute-sanitizer --tool $tool, node algorithm (device slots, device flags), 20 soak cases, 2 ranks (budget ${SANITIZER_NODE_BUDGET_S}s)"
+    (cd "$ROOT/tests/mp" && MPIGPU_TEST_DEVICE=cuda MPIGPU_RANDOM_CASES=20 MPIGPU_SOAK_MAX_ELEMENTS=20000 \
+      TORCH_MPIGPU_ALGO=node TORCH_MPIGPU_NODE_DEVICE_ORDER=device TORCH_MPIGPU_NODE_DEVICE_BUFFER_BYTES=65536 \
+      timeout "$SANITIZER_NODE_BUDGET_S" mpirun --oversubscribe -np 2 \
+      "$CUDA_HOME/bin/compute-sanitizer" --tool "$tool" --error-exitcode 9 python device_soak.py) \
+      >> "$OUT/sanitizer.log" 2>&1
+    echo "=== $tool (node) exit $?" | tee -a "$OUT/sanitizer.log"
   done
   grep -E "ERROR SUMMARY|=== .* exit" "$OUT/sanitizer.log"
 fi

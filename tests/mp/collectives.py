@@ -331,7 +331,7 @@ def main():
                        calls == chunks(n, t.element_size()), f"{calls} calls, want {chunks(n, t.element_size())}")
                 c.true(f"{what} {dtype} n={n}: right", bool((t == (world if what != "broadcast" and
                        (what == "all_reduce" or rank == world - 1) else 1)).all()), str(t))
-    if OUR_ALGO:
+    if OUR_ALGO and not os.environ.get("MPIGPU_EXPECT_RAN"):  # else common.py checks that one
         c.section("the forced algorithm ran")
         runs = torch_mpi_gpu._C.algorithm_runs()
         c.true(f"TORCH_MPIGPU_ALGO={OUR_ALGO} ran", runs.get(OUR_ALGO, 0) > 0, str(runs))

@@ -283,6 +283,12 @@ class Checker:
 
     def finish(self):
         world = dist.get_world_size() if dist.is_initialized() else 1
+        ran = os.environ.get("MPIGPU_EXPECT_RAN")  # a forced algorithm must not have fallen back
+        if ran:
+            import torch_mpi_gpu
+            runs = torch_mpi_gpu._C.algorithm_runs()
+            self.section("the expected algorithm ran")
+            self.true(f"{ran} ran", runs.get(ran, 0) > 0, str(runs))
         for f in self.failures[:50]:
             print(f"[rank {self.rank}] FAIL {self.name}: {f}", flush=True)
         if self.failures:
