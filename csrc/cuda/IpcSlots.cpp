@@ -78,6 +78,9 @@ class IpcSlots final : public node::DeviceSlots {
                            "restarted");
   }
   std::string ordering() const override { return ordering_; }
+  void cancel() override {
+    if (gaveUp_ != nullptr) static_cast<volatile unsigned long long*>(gaveUp_)[1] = 1;
+  }
 
   // this rank's allocation: both halves
   void* own_ = nullptr;
@@ -136,13 +139,14 @@ std::string exportFlags(IpcSlots& slots, int localSize, Exported* mine) {
   if ((e = cudaMemset(slots.ownFlags_, 0, bytes)) != cudaSuccess ||
       (e = cudaDeviceSynchronize()) != cudaSuccess)
     return c10::str("zeroing the barrier flags: ", cudaText(e));
-  e = cudaHostAlloc(reinterpret_cast<void**>(&slots.gaveUp_), sizeof(unsigned long long),
+  // two host-mapped words: [0] the barrier that gave up, [1] abort()'s cancel
+  e = cudaHostAlloc(reinterpret_cast<void**>(&slots.gaveUp_), 2 * sizeof(unsigned long long),
                     cudaHostAllocMapped);
   if (e != cudaSuccess) {
     slots.gaveUp_ = nullptr;
     return c10::str("cudaHostAlloc (mapped) of the barrier's timeout word: ", cudaText(e));
   }
-  *slots.gaveUp_ = 0;
+  slots.gaveUp_[0] = slots.gaveUp_[1] = 0;
   e = cudaIpcGetMemHandle(&mine->flagsHandle, slots.ownFlags_);
   if (e != cudaSuccess) return c10::str("cudaIpcGetMemHandle of the barrier flags: ", cudaText(e));
   return "";
@@ -197,6 +201,7 @@ std::string mapFlags(IpcSlots& slots, const std::vector<Exported>& all, int loca
   if (e != cudaSuccess) return c10::str("cudaHostGetDevicePointer: ", cudaText(e));
   a.count = slots.ownFlags_ + n;
   a.gaveUp = static_cast<unsigned long long*>(gaveUpOnDevice);
+  a.cancelled = a.gaveUp + 1;
   a.localRank = localRank;
   a.localSize = n;
   a.timeoutNs = static_cast<unsigned long long>(std::max<int64_t>(timeoutMs, 1000)) * 1000000ULL;

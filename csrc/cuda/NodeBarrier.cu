@@ -44,7 +44,9 @@ __global__ void nodeBarrierKernel(NodeBarrierArgs a) {
     storeRelease(a.flags[j] + a.localRank, k);
     const unsigned long long* theirs = a.flags[a.localRank] + j;
     const unsigned long long start = nowNs();
+    const volatile unsigned long long* cancelled = a.cancelled;
     while (loadAcquire(theirs) < k) {
+      if (*cancelled != 0) break;  // the group was aborted: nobody else is coming
       if (nowNs() - start > a.timeoutNs) {
         // host memory: a plain store (atomics there need a platform that supports them)
         volatile unsigned long long* gaveUp = a.gaveUp;

@@ -6,7 +6,8 @@
 // is advanced by the kernel itself, so the barrier needs no host arguments that change per call
 // (a CUDA graph may capture it). A peer that never arrives (it died, stalled, or issued other
 // ops) makes the kernel give up after the timeout and record that in host-mapped memory, which
-// the host reads before the next op (IpcSlots::checkBarriers).
+// the host reads before the next op (IpcSlots::checkBarriers); an aborted group's barriers give
+// up at once (a host-mapped word abort() sets).
 #pragma once
 
 #include <cuda_runtime_api.h>
@@ -22,6 +23,7 @@ struct NodeBarrierArgs {
   unsigned long long* flags[kMaxBarrierRanks];
   unsigned long long* count;   // this rank's barrier count (device memory)
   unsigned long long* gaveUp;  // host-mapped: the count of the first barrier that timed out
+  const unsigned long long* cancelled;  // host-mapped: nonzero once the group is aborted
   int localRank;
   int localSize;
   unsigned long long timeoutNs;

@@ -65,6 +65,9 @@ class DeviceSlots {
   virtual void checkBarriers(const char* op, int rank) const {}
   // How the ranks' steps are ordered, and why (the group's description).
   virtual std::string ordering() const { return "ordered from the host"; }
+  // abort() (any thread): device barriers queued or waiting give up at once instead of waiting
+  // for peers that will not come.
+  virtual void cancel() {}
 };
 
 // Collective over `nodeComm`; null with the reason in `why` where this rank could not map its

@@ -93,8 +93,16 @@ void Node::growDeviceSlots(const char* op, int64_t wantBytes) {
     deviceSpec_.maxSlotBytes = deviceSpec_.slotBytes;
     return;
   }
+  std::lock_guard<std::mutex> lock(slotsMutex_);
   deviceSlots_ = std::move(grown);
   deviceSpec_.slotBytes = spec.slotBytes;
+  if (cancelled_.load(std::memory_order_relaxed)) deviceSlots_->cancel();
+}
+
+void Node::cancel() {
+  std::lock_guard<std::mutex> lock(slotsMutex_);
+  cancelled_.store(true, std::memory_order_relaxed);
+  if (deviceSlots_) deviceSlots_->cancel();
 }
 
 void Node::free() {

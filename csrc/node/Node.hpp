@@ -4,6 +4,7 @@
 
 #include <atomic>
 #include <memory>
+#include <mutex>
 #include <string>
 
 #include "node/DeviceSlots.hpp"
@@ -41,7 +42,8 @@ class Node {
   // rank's ops take the ring.
   DeviceSlots* deviceSlots(const char* op, const at::Device& where, int64_t wantBytes);
   // abort(): an op waiting in the segment gives up (within 200 ms) instead of waiting forever.
-  void cancel() { cancelled_.store(true, std::memory_order_relaxed); }
+  // (From any thread; device slots' barriers give up too.)
+  void cancel();
   const std::atomic<bool>& cancelled() const { return cancelled_; }
   // Frees the communicators (on the engine thread; collective in spirit, as at group destroy).
   void free();
@@ -63,6 +65,7 @@ class Node {
   SlotsSpec deviceSpec_;  // slotBytes: the current slots' size
   int64_t firstDeviceSlotBytes_;
   std::unique_ptr<DeviceSlots> deviceSlots_;
+  std::mutex slotsMutex_;  // cancel() against the engine thread replacing the slots
   bool triedDevice_ = false;
   std::string deviceUnavailable_;
   std::atomic<bool> cancelled_{false};
