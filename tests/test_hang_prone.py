@@ -15,11 +15,12 @@ from test_reliability import launch
 
 TWO_HOSTS = LAUNCHER.startswith("two-hosts")
 NP = 4  # 2 hosts x 2 ranks under the two-host launchers
-# How often the launch check runs across two hosts: 12 by slot and 3 round-robin by name, 10 by
-# slot by IP only (what changes there is how ranks find the rendezvous): 22 runs bound to cores
-# per CI run, where the hang of #25 showed in 7 of 10 (its fix was shown on 20 of 20 and 20 of 20);
-# MPIGPU_TEST_REPEAT, or 3, on one host.
-SEQUENCE_RUNS = {"slot": 10 if LAUNCHER == "two-hosts-ip-only" else 12, "node": 3} if TWO_HOSTS else {
+# How often the launch check runs across two hosts: 6 by slot and 3 round-robin by name, 5 by
+# slot by IP only (what changes there is how ranks find the rendezvous): 11 runs bound to cores
+# per CI run, where the hang of #25 showed in 7 of 10, so all 11 passing with it present has odds
+# of about 2 in a million (its fix was shown on 20 of 20 and 20 of 20; 22 runs a CI run until the
+# CI budget needed the minute); MPIGPU_TEST_REPEAT, or 3, on one host.
+SEQUENCE_RUNS = {"slot": 5 if LAUNCHER == "two-hosts-ip-only" else 6, "node": 3} if TWO_HOSTS else {
     "default": int(os.environ.get("MPIGPU_TEST_REPEAT", "3"))}
 SEQUENCE = {"world ops", "point-to-point", "subgroup of odd ranks", "world after the subgroup"}
 BUSY_WAIT = {"collective inline, sync", "collective on the worker, sync",

@@ -81,6 +81,17 @@ class IpcSlots final : public node::DeviceSlots {
   void cancel() override {
     if (gaveUp_ != nullptr) static_cast<volatile unsigned long long*>(gaveUp_)[1] = 1;
   }
+  void release() override {
+    c10::cuda::CUDAGuard guard(device_);
+    cudaDeviceSynchronize();  // every kernel of this process that reads or writes a peer's memory
+    cudaGetLastError();
+    for (size_t r = 0; r < peers_.size(); ++r) {
+      if (static_cast<int>(r) == localRank_) continue;
+      if (peers_[r] != nullptr) cudaIpcCloseMemHandle(peers_[r]);
+      if (peerFlags_[r] != nullptr) cudaIpcCloseMemHandle(peerFlags_[r]);
+      peers_[r] = peerFlags_[r] = nullptr;
+    }
+  }
 
   // this rank's allocation: both halves
   void* own_ = nullptr;

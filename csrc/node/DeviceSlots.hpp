@@ -68,6 +68,10 @@ class DeviceSlots {
   // abort() (any thread): device barriers queued or waiting give up at once instead of waiting
   // for peers that will not come.
   virtual void cancel() {}
+  // Before the slots go (node/Node.cpp: retire): waits for all of this process's device work and
+  // unmaps the peers' buffers; the node then waits for every rank before any frees its own, so
+  // no rank frees memory a peer still reads or maps.
+  virtual void release() {}
 };
 
 // Collective over `nodeComm`; null with the reason in `why` where this rank could not map its

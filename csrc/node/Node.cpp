@@ -4,6 +4,7 @@
 #include <c10/util/StringUtil.h>
 
 #include <algorithm>
+#include <utility>
 
 #include "mpi/Check.hpp"
 
@@ -67,9 +68,17 @@ DeviceSlots* Node::deviceSlots(const char* op, const at::Device& where, int64_t 
           deviceSlots_ != nullptr, why, "another rank could not map its node's device buffers",
           "device slots for the node algorithm",
           "this group's node ops use the ring and MPI's own instead", op, &deviceUnavailable_)) {
-    deviceSlots_.reset();
+    retire(std::move(deviceSlots_), op);
   }
   return deviceSlots_.get();
+}
+
+// Slots that go while the group lives on (grown, or made on only some ranks) or at its end.
+// Collective over the node: every rank calls it at the same point, with or without slots.
+void Node::retire(std::unique_ptr<DeviceSlots> slots, const char* op) {
+  if (slots) slots->release();
+  MPIGPU_MPI_CHECK(MPI_Barrier(topology_.nodeComm.handle), op, group_.rank);
+  slots.reset();
 }
 
 // New slots of the next power-of-two multiple that holds `wantBytes` (at most the maximum); the
@@ -78,9 +87,6 @@ void Node::growDeviceSlots(const char* op, int64_t wantBytes) {
   SlotsSpec spec = deviceSpec_;
   while (spec.slotBytes < wantBytes && spec.slotBytes < spec.maxSlotBytes) spec.slotBytes *= 2;
   spec.slotBytes = std::min(spec.slotBytes, spec.maxSlotBytes);
-  // This rank's queued work on the old slots (its reads of the peers' included) finishes here;
-  // the maker's exchange over the node is then the barrier after which no rank uses them.
-  deviceSlots_->settle();
   std::string why;
   auto grown =
       makeDeviceSlots_(topology_.nodeComm, spec, deviceSlots_->device(), op, group_.rank, &why);
@@ -91,12 +97,17 @@ void Node::growDeviceSlots(const char* op, int64_t wantBytes) {
                  c10::str("larger device slots (", spec.slotBytes, " bytes)").c_str(),
                  instead.c_str(), op, &failed)) {
     deviceSpec_.maxSlotBytes = deviceSpec_.slotBytes;
+    retire(std::move(grown), op);
     return;
   }
-  std::lock_guard<std::mutex> lock(slotsMutex_);
-  deviceSlots_ = std::move(grown);
-  deviceSpec_.slotBytes = spec.slotBytes;
-  if (cancelled_.load(std::memory_order_relaxed)) deviceSlots_->cancel();
+  std::unique_ptr<DeviceSlots> old;
+  {
+    std::lock_guard<std::mutex> lock(slotsMutex_);
+    old = std::exchange(deviceSlots_, std::move(grown));
+    deviceSpec_.slotBytes = spec.slotBytes;
+    if (cancelled_.load(std::memory_order_relaxed)) deviceSlots_->cancel();
+  }
+  retire(std::move(old), op);
 }
 
 void Node::cancel() {
@@ -106,7 +117,7 @@ void Node::cancel() {
 }
 
 void Node::free() {
-  deviceSlots_.reset();
+  if (deviceSlots_) retire(std::move(deviceSlots_), "destroy_process_group");
   segment_.reset();
   topology_.free();
 }

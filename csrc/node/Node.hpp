@@ -53,6 +53,7 @@ class Node {
   bool agreeMade(bool made, const std::string& why, const char* othersFailed, const char* what,
                  const char* instead, const char* op, std::string* unavailable);
   void growDeviceSlots(const char* op, int64_t wantBytes);
+  void retire(std::unique_ptr<DeviceSlots> slots, const char* op);
 
   Topology topology_;
   mpi::Comm group_;
