@@ -30,8 +30,9 @@ SANITIZER_BUDGET_S="${SANITIZER_BUDGET_S:-60}"
 SANITIZER_NODE_BUDGET_S="${SANITIZER_NODE_BUDGET_S:-40}"
 # What the all_reduce sweep compares (bench --backends); the default is the full comparison.
 # mpigpu[ALGO=node]: the node algorithm in CUDA IPC device slots (#22; auto does not take it on
-# GPUs until this sweep has measured it).
-ALLREDUCE_BACKENDS="${ALLREDUCE_BACKENDS:-mpigpu,mpigpu[ALGO=node],mpigpu[ALGO=mpi],mpigpu[ALGO=ring;CUDA_REDUCE=direct],mpigpu[ALGO=allgather;CUDA_REDUCE=direct],mpigpu[ALGO=rhd;CUDA_REDUCE=direct],MPI,gloo-host}"
+# GPUs until this sweep has measured it), ordered from the host (auto: the ranks share the GPU)
+# and by device flags (forced; each barrier waits for the other process's time slice here).
+ALLREDUCE_BACKENDS="${ALLREDUCE_BACKENDS:-mpigpu,mpigpu[ALGO=node],mpigpu[ALGO=node;NODE_DEVICE_ORDER=device],mpigpu[ALGO=mpi],mpigpu[ALGO=ring;CUDA_REDUCE=direct],mpigpu[ALGO=allgather;CUDA_REDUCE=direct],mpigpu[ALGO=rhd;CUDA_REDUCE=direct],MPI,gloo-host}"
 mkdir -p "$OUT" /tmp/ompi /tmp/nccl
 exec > >(tee "$OUT/gpu_check.log") 2>&1
 export PYTHONUNBUFFERED=1
