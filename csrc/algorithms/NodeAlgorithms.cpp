@@ -386,10 +386,10 @@ bool onNode(Context& c, std::vector<at::Tensor> tensors, std::vector<bool> writt
   return true;
 }
 
-// Tests only: host shared memory as "device" slots. With `ownBarrier` (NODE_DEVICE_ORDER=device)
-// they order the ranks themselves, as device flags do, through their own segment's barrier.
 int64_t bytesOf(const at::Tensor& t) { return t.numel() * static_cast<int64_t>(t.element_size()); }
 
+// Tests only: host shared memory as "device" slots. With `ownBarrier` (NODE_DEVICE_ORDER=device)
+// they order the ranks themselves, as device flags do, through their own segment's barrier.
 class HostDeviceSlots final : public node::DeviceSlots {
  public:
   HostDeviceSlots(std::unique_ptr<SharedSegment> seg, bool ownBarrier)
