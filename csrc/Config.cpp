@@ -89,6 +89,10 @@ Config Config::fromEnv() {
   c.cudaProbe = parseChoice<CudaProbe>(
       "TORCH_MPIGPU_CUDA_PROBE",
       {{"auto", CudaProbe::Auto}, {"off", CudaProbe::Off}, {"fail", CudaProbe::Fail}});
+  c.anySourceRecv =
+      parseChoice<AnySourceRecv>("TORCH_MPIGPU_ANY_SOURCE_RECV", {{"auto", AnySourceRecv::Auto},
+                                                                  {"post", AnySourceRecv::Post},
+                                                                  {"probe", AnySourceRecv::Probe}});
   c.algo = requiredValueOf("TORCH_MPIGPU_ALGO");
   c.stagingChunkBytes = parseInt("TORCH_MPIGPU_STAGING_CHUNK_BYTES", 1, kTiB);
   c.fusionBytes = parseInt("TORCH_MPIGPU_FUSION_BYTES", 0, kTiB);

@@ -21,6 +21,9 @@ enum class CudaProbe : int8_t { Auto, Off, Fail };
 // How the node algorithm's ranks wait for each other in device slots
 // (TORCH_MPIGPU_NODE_DEVICE_ORDER=auto|host|device; node/DeviceSlots.hpp).
 enum class NodeDeviceOrder : int8_t { Auto, Host, Device };
+// How receives from any source meet MPI (TORCH_MPIGPU_ANY_SOURCE_RECV=auto|post|probe;
+// mpi/AnySource.hpp).
+enum class AnySourceRecv : int8_t { Auto, Post, Probe };
 
 // Filled by fromEnv(); the defaults are in the settings table (Settings.cpp), not here.
 struct Config {
@@ -36,6 +39,7 @@ struct Config {
   CudaAware cudaAware = CudaAware::Auto;
   CudaReduce cudaReduce = CudaReduce::Auto;
   CudaProbe cudaProbe = CudaProbe::Auto;
+  AnySourceRecv anySourceRecv = AnySourceRecv::Auto;
   // Piece size of the staged path's pipeline: copies of one piece overlap MPI on the previous.
   int64_t stagingChunkBytes = 0;
   // Most bytes packed into one fused MPI call when an op gets many tensors (allreduce lists,

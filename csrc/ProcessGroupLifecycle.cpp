@@ -90,6 +90,7 @@ ProcessGroupMPIGPU::ProcessGroupMPIGPU(c10::intrusive_ptr<c10d::Store> store, in
   comm_.maxCount = config_.maxElementsPerCall;
   algoComm_ = comm_;
   policy_ = algo::policyFor(config_.algo);
+  anySource_ = mpi::chooseAnySourceRecv(config_.anySourceRecv);
   paths_ = std::make_unique<paths::PathFactory>(config_);
   engine_ = Engine::create("mpigpu-" + groupName_);
   const int hasGpu = at::hasCUDA() ? 1 : 0;
@@ -164,7 +165,10 @@ void ProcessGroupMPIGPU::shutdown() {
     // would otherwise hold destroy_process_group() forever.
     const bool done = engine->runAndWait(
         "destroy_process_group", groupName_, rank_,
-        [this] {
+        [this, worker = engine.get()] {
+          worker->failHeldReceives(comm_.handle,
+                                   "was still outstanding when the process group was destroyed "
+                                   "(held until a message matched a receive from any source)");
           if (node_) node_->free();
           mpi::freeComm(&algoComm_.handle);
           mpi::freeComm(&comm_.handle);
@@ -215,7 +219,8 @@ std::string ProcessGroupMPIGPU::describe() const {
     << (node_ ? node_->describe()
               : std::string("not looked at (a single rank, a member with a GPU, or "
                             "TORCH_MPIGPU_NODE_BUFFER_BYTES=0)"))
-    << "; reductions: " << algo::describeChoice(policy_, config_, groupHasGpu_);
+    << "; reductions: " << algo::describeChoice(policy_, config_, groupHasGpu_)
+    << "; receives from any source " << anySource_.why;
   return s.str();
 }
 

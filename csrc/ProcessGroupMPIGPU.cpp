@@ -631,9 +631,8 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupMPIGPU::alltoall(std::vector<at::Tens
 // Point-to-point: posted in issue order (on the caller when nothing is ahead, else on the
 // worker), completed as MPI finishes them (found by the worker's polling or a waiting caller).
 
-c10::intrusive_ptr<c10d::Work> ProcessGroupMPIGPU::enqueueP2P(c10d::OpType type, const char* op,
-                                                              at::Tensor tensor, int peer,
-                                                              int tag) {
+void ProcessGroupMPIGPU::checkP2P(const char* op, const at::Tensor& tensor, int peer,
+                                  int tag) const {
   checkTensor(op, rank_, tensor);
   if (peer != MPI_ANY_SOURCE) {
     checkRank(op, rank_, size_, peer, "peer");
@@ -646,6 +645,13 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupMPIGPU::enqueueP2P(c10d::OpType type,
   MPIGPU_CHECK_VALUE(tag >= 0 && tag <= tagUpperBound, op, rank_, "tag ", tag,
                      " is outside MPI's range [0, ", tagUpperBound, "]");
   mpi::transportType(tensor.scalar_type(), op, rank_);
+  if (peer == MPI_ANY_SOURCE) mpi::checkAnySourceCount(comm_, op, tensor);
+}
+
+c10::intrusive_ptr<c10d::Work> ProcessGroupMPIGPU::enqueueP2P(c10d::OpType type, const char* op,
+                                                              at::Tensor tensor, int peer,
+                                                              int tag) {
+  checkP2P(op, tensor, peer, tag);
   const auto engine = currentEngine(op);
   const bool sending = type == c10d::OpType::SEND;
   auto bufs = buffersFor(tensor);
@@ -654,23 +660,37 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupMPIGPU::enqueueP2P(c10d::OpType type,
   const auto work = newWork(type, op, ++p2pSeq_, {tensor}, {tensor}, timeout(), bufs,
                             /*asyncOp=*/true, peer)
                         .first;
-  auto post = [this, engine = engine.get(), op, bufs, peer, tag, sending, work] {
-    std::vector<MPI_Request> reqs;
-    {
-      auto onCommStream = bufs->enter();
-      bufs->stageIn();
-      at::Tensor& b = bufs->mpi(0);
-      reqs = sending ? mpi::isend(comm_, op, b, peer, tag) : mpi::irecv(comm_, op, b, peer, tag);
-    }
+  const bool held = !sending && anySource_.probe;
+  auto post = [this, engine = engine.get(), op, bufs, peer, tag, sending, held, work] {
     WorkMPIGPU* raw = work.get();  // the pending entry owns `work`
-    engine->addPending(std::move(reqs), work, [bufs, raw](const MPI_Status& status) {
+    Engine::Then then = [bufs, raw](const MPI_Status& status) {
       if (status.MPI_ERROR == MPI_SUCCESS) {  // on an error: release only, copy nothing back
         raw->setSourceRank(status.MPI_SOURCE);
         auto onCommStream = bufs->enter();
         bufs->stageOut();
       }
       bufs->release();
-    });
+    };
+    std::vector<MPI_Request> reqs;
+    {
+      auto onCommStream = bufs->enter();
+      bufs->stageIn();
+      at::Tensor& b = bufs->mpi(0);
+      if (!held)
+        reqs = sending ? mpi::isend(comm_, op, b, peer, tag) : mpi::irecv(comm_, op, b, peer, tag);
+    }
+    if (held) {  // matched by probe (mpi/AnySource.hpp): posted by the engine when it can be
+      auto receive = [this, op, bufs](MPI_Message* message, int source, int tag) {
+        at::Tensor& b = bufs->mpi(0);
+        return message ? mpi::imrecv(comm_, op, b, message) : mpi::irecv(comm_, op, b, source, tag);
+      };
+      engine->addHeldReceive(
+          {comm_.handle, peer, tag,
+           [receive, peer, tag](MPI_Message* message) { return receive(message, peer, tag); }},
+          work, std::move(then));
+      return false;
+    }
+    engine->addPending(std::move(reqs), work, std::move(then));
     return false;
   };
   // Host tensors: posted on the calling thread when nothing is ahead of it, and wait() tests

@@ -16,6 +16,7 @@
 #include "node/Node.hpp"
 #include "engine/WorkMPIGPU.hpp"
 #include "engine/Engine.hpp"
+#include "mpi/AnySource.hpp"
 #include "mpi/Collectives.hpp"
 #include "paths/Devices.hpp"
 
@@ -129,6 +130,9 @@ class ProcessGroupMPIGPU : public c10d::Backend {
       c10d::OpType type, const char* op, uint64_t seq, std::vector<at::Tensor> outputs,
       std::vector<at::Tensor> inputs, std::chrono::milliseconds timeout,
       const std::shared_ptr<paths::OpBuffers>& bufs, bool asyncOp, int peer = -1);
+  // The arguments of a send or receive: a tensor MPI can carry, a peer of the group (not this
+  // rank), a tag in MPI's range; errors name `op` and this rank.
+  void checkP2P(const char* op, const at::Tensor& tensor, int peer, int tag) const;
   c10::intrusive_ptr<c10d::Work> enqueueP2P(c10d::OpType type, const char* op, at::Tensor tensor,
                                             int peer, int tag);
   // Our algorithms (algorithms/): the choice for an op, and one run of it on the engine.
@@ -168,6 +172,8 @@ class ProcessGroupMPIGPU : public c10d::Backend {
   bool groupHasGpu_ = false;
   // TORCH_MPIGPU_ALGO, resolved against the algorithm table.
   algo::Policy policy_;
+  // Receives from any source: posted, or matched by probe (TORCH_MPIGPU_ANY_SOURCE_RECV).
+  mpi::AnySourceChoice anySource_;
   // Which ranks share a node and the shared memory among them (groups of host ranks only: the
   // node algorithms serve host tensors); null where the group has no use for them.
   std::unique_ptr<node::Node> node_;

@@ -47,6 +47,11 @@ const SettingSpec kSettings[] = {
      "`auto` staged on Open MPI (it reduces device buffers on the host anyway), direct "
      "elsewhere. Our algorithms (the GPU reduces either way): `auto` device pointers for ops "
      "from `TORCH_MPIGPU_CUDA_DIRECT_BYTES`, pinned staging below; `direct`; `staged`"},
+    {"TORCH_MPIGPU_ANY_SOURCE_RECV", "auto", "", ReadAt::GroupCreation,
+     "receives from any source (`recv` with `src=None`): `post` hands MPI_Irecv(MPI_ANY_SOURCE) "
+     "to the library; `probe` matches each with MPI_Improbe and receives it with MPI_Imrecv "
+     "(later receives of its tag wait until it is matched, as MPI orders them); `auto` probes on "
+     "MPICH's ucx netmod, which loses such receives, and posts elsewhere"},
     {"TORCH_MPIGPU_ALGO", "auto", "", ReadAt::GroupCreation,
      "collective algorithm: `auto`, `mpi` (MPI's own), or one of ours by name: `node`, `ring`, "
      "`rhd`, `allgather` (`python -m torch_mpi_gpu info` lists them with the ops each serves; a "

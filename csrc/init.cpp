@@ -15,6 +15,7 @@
 #include "engine/FutureCompleter.hpp"
 #include "engine/Watchdog.hpp"
 #include "mpi/Collectives.hpp"
+#include "mpi/AnySource.hpp"
 #include "mpi/DirectProbe.hpp"
 #include "mpi/Env.hpp"
 #include "mpi/Types.hpp"
@@ -329,6 +330,14 @@ void bindDirectProbe(py::module_& m) {
       py::arg("corrupt") = false,
       "CUDA-awareness probe (tests): its exchanges and agreement on host buffers over the job "
       "communicator, collective; corrupt fails this rank's check. Returns (ok, detail, seconds).");
+  m.def(
+      "_mpich_netmod",
+      [](const std::string& libraryVersion, const std::string& netmodVariable) {
+        return mpigpu::mpi::mpichNetmod(libraryVersion, netmodVariable.c_str());
+      },
+      py::arg("library_version"), py::arg("netmod_variable") = "",
+      "The MPICH ch4 netmod in use (unit tests of TORCH_MPIGPU_ANY_SOURCE_RECV=auto) from "
+      "MPI_Get_library_version's text and MPIR_CVAR_CH4_NETMOD; '' for other libraries.");
 }
 
 // Unit-test hooks and counters of the algorithms and fusion layers.

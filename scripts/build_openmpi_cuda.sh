@@ -31,7 +31,9 @@ echo "configuring $version for $prefix with CUDA from $cuda (log: $work/configur
 echo "building with $jobs jobs (log: $work/make.log)"
 make -j"$jobs" > "$work/make.log" 2>&1
 make install > "$work/install.log" 2>&1
-if "$prefix/bin/ompi_info" --parsable --all | grep -q "mpi_built_with_cuda_support:value:true"; then
+# (grep reads it all: with -q it would leave early, ompi_info would die of SIGPIPE, and pipefail
+# would call a CUDA build a failure)
+if "$prefix/bin/ompi_info" --parsable --all | grep "mpi_built_with_cuda_support:value:true" >/dev/null; then
   echo "$version installed in $prefix, built with CUDA support"
 else
   echo "$version installed in $prefix but ompi_info does not report CUDA support; see $work/configure.log" >&2

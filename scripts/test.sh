@@ -11,7 +11,8 @@
 #                               exit tests under Hydra's mpiexec; slurm: a one-node Slurm cluster,
 #                               the launcher suite under srun --mpi=pmix (Open MPI build) and
 #                               --mpi=pmi2 (MPICH build); hosts: two network-namespace hosts,
-#                               mpirun across them, names resolving and IP only)
+#                               Open MPI's mpirun across them, names resolving and IP only, and
+#                               MPICH's Hydra mpiexec by name)
 #   MPIGPU_REQUIRE_CUDA_BUILD   1: no nvcc is an error, not a skip (CI sets it)
 #   MPIGPU_ALLOW_SKIPS          what may skip instead of failing: slurm, hosts (legs that cannot
 #                               start), libraries, torch-version, not-cuda-aware (tests/conftest.py)
@@ -66,10 +67,11 @@ fi
 if [[ " $builds " == *" mpich "* ]]; then
   # The MPI standard, not Open MPI's tolerance: MPICH rejects aliased buffers, and its Hydra
   # launcher takes other flags (tests/conftest.py picks them). The node algorithm runs in every
-  # plain test here; of its shapes only the hierarchical 2 x 2 (the cross-node MPI calls).
+  # plain test here; of its shapes only the hierarchical 2 x 2 (the cross-node MPI calls). The
+  # hang-prone jobs run under MPICH across the two hosts (below).
   setup_mpich
   run_suite "$MPICH_VENV" "MPICH build (Hydra mpiexec)" test_multirank.py test_reliability.py \
-    test_flight_recorder.py test_hang_prone.py -k "not soak and not count_above and not device_of_its_own \
+    test_flight_recorder.py -k "not soak and not count_above and not device_of_its_own \
 and not (node_algorithm and not 2x2) and (not test_reliability or uncaught or async or clean or shared_mpi_thread)" "$@"
 fi
 if [[ " $builds " == *" slurm "* ]]; then
@@ -104,6 +106,15 @@ or communicator" "$@"
       "two hosts, IP only (mpirun)" test_multirank.py test_reliability.py test_flight_recorder.py \
       test_hang_prone.py -k "(launcher or uncaught or clean or killed or stalled or p2p_async \
 or (subgroup_sequence and slot)) and not shared_mpi_thread" "$@"
+    # MPICH's Hydra across the same hosts (its rsh launcher through the same agent; the MPICH
+    # leg above runs its suite on one host): the launcher, a killed rank and an uncaught
+    # exception ending the job, the core ops, DDP, point-to-point (receives from any source:
+    # mpi/AnySource.hpp), and the hang-prone jobs at 2 hosts x 2 ranks
+    setup_mpich
+    MPIGPU_TEST_LAUNCHER=two-hosts-names run_suite "$MPICH_VENV" \
+      "two hosts, MPICH Hydra (mpiexec)" test_multirank.py test_hang_prone.py test_reliability.py \
+      -k "launcher or (collectives and not algorithm and not split and not shared) or node_across \
+or ddp or p2p_async or hang_prone or killed or (uncaught and collective)" "$@"
   else
     leg_cannot_run hosts "the two simulated hosts cannot be made here: $why"
   fi

@@ -9,15 +9,16 @@
 #                                            RATE (e.g. 10gbit): shape each direction with tc tbf
 #   two_hosts.sh down                        remove them (also what `up` does first)
 #   two_hosts.sh check                       exit 0 when this machine can create them (root, netns)
-#   two_hosts.sh mpirun ARGS...              run Open MPI's mpirun from h0 with a hostfile of h0,h1
-#                                            (ARGS: -np N and the program; mpirun from PATH);
+#   two_hosts.sh mpirun ARGS...              run mpirun (from PATH) from h0 over h0 and h1: Open
+#                                            MPI's with a hostfile, MPICH's Hydra with -hosts
+#                                            (ARGS: -np N, -x NAME, the program);
 #                                            MPIGPU_TWO_HOSTS_MAP_BY=node (default: round-robin,
 #                                            ranks 0,2 on h0, so 2 ranks span both hosts) or
 #                                            slot (a plain hostfile's filling: 0-1 on h0, 2-3 on
 #                                            h1). Up to 4 ranks (the slots) Open MPI binds them
 #                                            to cores as it does for users; --oversubscribe
-#                                            (no binding) only above that
-# Needs root, iproute2 and util-linux's unshare; tests/test_launchers.py uses it.
+#                                            (no binding) only above that. Hydra binds nothing
+# Needs root, iproute2 and util-linux's unshare; tests/conftest.py uses it.
 set -euo pipefail
 ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 NS=(mpigpu-h0 mpigpu-h1)
@@ -91,6 +92,29 @@ oversubscribe_above_slots() {
   done
 }
 
+# MPICH's Hydra (mpirun of the MPICH build): the same hosts and placement in its words. -hosts
+# with each host's slot count (slot: fill h0 first) or one per host, cycled (node); its rsh
+# launcher through the same agent; `-x NAME` becomes -genv NAME VALUE (Hydra passes the rest of
+# the environment itself). Program arguments after the first non-option word are left alone.
+hydra_args() {
+  local per=2 hosts=() h args=() program=0
+  [ "${MPIGPU_TWO_HOSTS_MAP_BY:-node}" = node ] && per=1
+  while read -r h _; do hosts+=("$h:$per"); done < "$STATE/hostfile"
+  args=(-launcher rsh -launcher-exec "$ROOT/scripts/netns_rsh.sh"
+    -hosts "$(IFS=,; echo "${hosts[*]}")")
+  while [ $# -gt 0 ]; do
+    if [ $program = 0 ] && [ "$1" = -x ]; then
+      args+=(-genv "$2" "${!2-}")
+      shift 2
+      continue
+    fi
+    case "$1" in -np|-n) args+=("$1" "$2"); shift 2; continue ;; -*) ;; *) program=1 ;; esac
+    args+=("$1")
+    shift
+  done
+  printf '%s\n' "${args[@]}"
+}
+
 case "${1:-}" in
   up) shift; up "$@" ;;
   down) down ;;
@@ -98,9 +122,18 @@ case "${1:-}" in
   mpirun)
     shift
     [ -f "$STATE/hostfile" ] || { echo "two_hosts.sh: run '$0 up' first" >&2; exit 2; }
-    # The agent is given the host as the hostfile names it (name or IP).
+    # (not `| grep -q`: grep leaving early may kill mpirun with SIGPIPE, and pipefail then
+    # takes Hydra for Open MPI)
+    version=$(mpirun --version 2>&1 || true)
+    if [[ "${version,,}" == *hydra* ]]; then
+      mapfile -t hydra < <(hydra_args "$@")
+      set -- "${hydra[@]}"
+    else
+      # The agent is given the host as the hostfile names it (name or IP).
+      set -- --hostfile "$STATE/hostfile" --map-by "${MPIGPU_TWO_HOSTS_MAP_BY:-node}" \
+        $(oversubscribe_above_slots "$@") --mca plm_rsh_agent "$ROOT/scripts/netns_rsh.sh" "$@"
+    fi
     exec ip netns exec "${NS[0]}" unshare --uts sh -c 'hostname "$0"; exec "$@"' "${NAMES[0]}" \
-      mpirun --hostfile "$STATE/hostfile" --map-by "${MPIGPU_TWO_HOSTS_MAP_BY:-node}" \
-      $(oversubscribe_above_slots "$@") --mca plm_rsh_agent "$ROOT/scripts/netns_rsh.sh" "$@" ;;
+      mpirun "$@" ;;
   *) sed -n '2,15p' "$0"; exit 2 ;;
 esac

@@ -6,7 +6,8 @@ MPIGPU_TEST_LAUNCHER picks the launcher (scripts/test.sh runs the multi-rank sui
                      Hydra mpiexec (default)
   srun-pmix          Slurm's srun --mpi=pmix (Open MPI); needs a cluster: scripts/slurm_cluster.sh
   srun-pmi2          Slurm's srun --mpi=pmi2 (MPICH)
-  two-hosts-names    Open MPI's mpirun across two network namespaces with their own host names
+  two-hosts-names    the launcher of the MPI built against (Open MPI's mpirun, MPICH's Hydra)
+                     across two network namespaces with their own host names
   two-hosts-ip-only  the same, hosts known to each other by IP only (scripts/two_hosts.sh)
 """
 

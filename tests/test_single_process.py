@@ -537,6 +537,21 @@ def test_bad_cuda_reduce_setting_names_it():
     assert rc != 0 and "ValueError" in out and "TORCH_MPIGPU_CUDA_REDUCE=sometimes" in out, out
 
 
+MPICH_5 = ("MPICH Version:      5.0.2\nMPICH Release date: Fri Sep 25 20:45:26 UTC 2026\n"
+           "MPICH Device:       {device}\nMPICH configure:    --with-device={device}\n")
+
+
+@pytest.mark.parametrize("device, variable, expect", [
+    ("ch4:ucx ofi", "", "ucx"), ("ch4:ucx ofi", "ofi", "ofi"), ("ch4:ofi", "", "ofi"),
+    ("ch4:ofi ucx", "UCX", "ucx"), ("ch3:nemesis", "", ""), (None, "", "")])
+def test_any_source_auto_reads_the_mpich_netmod(device, variable, expect):
+    # TORCH_MPIGPU_ANY_SOURCE_RECV=auto probes on MPICH's ucx netmod: the first netmod the
+    # library was built with, unless MPIR_CVAR_CH4_NETMOD picks another; not MPICH: none
+    from torch_mpi_gpu import _C
+    text = MPICH_5.format(device=device) if device else "Open MPI v5.0.11, package: Open MPI"
+    assert _C._mpich_netmod(text, variable) == expect
+
+
 def test_build_without_mpi_explains_every_option(monkeypatch, tmp_path):
     sys.path.insert(0, str(ROOT))
     try:

@@ -4,6 +4,7 @@
 #include <c10/util/Logging.h>
 #include <c10/util/StringUtil.h>
 
+#include <algorithm>
 #include <thread>
 
 #include <ATen/core/grad_mode.h>
@@ -12,6 +13,7 @@
 
 #include "Errors.hpp"
 #include "KeepUntilExit.hpp"
+#include "mpi/Check.hpp"
 #include "mpi/Collectives.hpp"
 #include "mpi/Env.hpp"
 
@@ -250,6 +252,10 @@ void Engine::addPending(std::vector<MPI_Request> requests, c10::intrusive_ptr<Wo
     pendingCount_ = pending_.size();
     lastProgress_ = std::chrono::steady_clock::now().time_since_epoch().count();
   }
+  wakeToPoll();
+}
+
+void Engine::wakeToPoll() {
   // Posted from a caller's thread while the worker sleeps for good: wake it to poll. (Otherwise
   // it looks within kSlowPollInterval, and a waiting caller tests sooner.) The lock orders this
   // check against the worker's between its predicate and its wait.
@@ -259,6 +265,76 @@ void Engine::addPending(std::vector<MPI_Request> requests, c10::intrusive_ptr<Wo
     wake = deepSleep_;
   }
   if (wake) cv_.notify_all();
+}
+
+void Engine::addHeldReceive(HeldReceive receive, c10::intrusive_ptr<WorkMPIGPU> work, Then then) {
+  {
+    std::lock_guard<std::mutex> lock(progressMutex_);
+    const bool behind = std::any_of(pending_.begin(), pending_.end(), [&](const Pending& p) {
+      return p.held && p.held->comm == receive.comm && p.held->tag == receive.tag;
+    });
+    Pending p{{}, std::move(work), std::move(then), {}, std::nullopt};
+    if (receive.source == MPI_ANY_SOURCE || behind) {
+      p.held = std::move(receive);
+    } else {
+      p.requests = receive.post(nullptr);  // a throw fails the op (nothing was added)
+    }
+    pending_.push_back(std::move(p));
+    pendingCount_ = pending_.size();
+    lastProgress_ = std::chrono::steady_clock::now().time_since_epoch().count();
+  }
+  wakeToPoll();
+}
+
+void Engine::failHeldReceives(MPI_Comm comm, const std::string& why) {
+  std::vector<Pending> failed;
+  {
+    std::lock_guard<std::mutex> lock(progressMutex_);
+    for (size_t i = 0; i < pending_.size();) {
+      if (pending_[i].held && pending_[i].held->comm == comm) {
+        failed.push_back(std::move(pending_[i]));
+        pending_.erase(pending_.begin() + static_cast<std::ptrdiff_t>(i));
+      } else {
+        ++i;
+      }
+    }
+    pendingCount_ = pending_.size();
+  }
+  MPI_Status status{};
+  status.MPI_ERROR = MPI_ERR_OTHER;
+  for (auto& p : failed) {
+    if (p.then) p.then(status);  // releases its buffers
+    p.work->markFailed(failedWith(*p.work, why));
+  }
+}
+
+void Engine::postHeldReceives(std::vector<std::pair<Pending, std::exception_ptr>>& failed) {
+  std::vector<std::pair<MPI_Comm, int>> stillHeld;  // (comm, tag) with an unmatched receive
+  for (size_t i = 0; i < pending_.size(); ++i) {
+    Pending& p = pending_[i];
+    if (!p.held) continue;
+    const std::pair<MPI_Comm, int> key{p.held->comm, p.held->tag};
+    if (std::find(stillHeld.begin(), stillHeld.end(), key) != stillHeld.end()) continue;
+    try {
+      MPI_Message message = MPI_MESSAGE_NULL;
+      if (p.held->source == MPI_ANY_SOURCE) {
+        int found = 0;
+        MPI_Status status;
+        MPIGPU_MPI_CHECK(
+            MPI_Improbe(MPI_ANY_SOURCE, p.held->tag, p.held->comm, &found, &message, &status),
+            p.work->opName(), p.work->groupRank());
+        if (!found) {
+          stillHeld.push_back(key);
+          continue;
+        }
+      }
+      p.requests = p.held->post(message == MPI_MESSAGE_NULL ? nullptr : &message);
+      p.held.reset();
+    } catch (...) {
+      failed.emplace_back(std::move(p), std::current_exception());
+      pending_.erase(pending_.begin() + static_cast<std::ptrdiff_t>(i--));
+    }
+  }
 }
 
 void Engine::shutdown() {
@@ -483,6 +559,7 @@ struct Engine::Finished {
 void Engine::progressPending(bool blocking) {
   std::vector<Finished> finished;
   std::vector<Pending> aborted;  // by abortGroup()
+  std::vector<std::pair<Pending, std::exception_ptr>> failedToPost;
   {
     std::unique_lock<std::mutex> lock(progressMutex_, std::defer_lock);
     if (blocking) {
@@ -491,8 +568,13 @@ void Engine::progressPending(bool blocking) {
       return;
     }
     cancelMarkedPending(aborted);
+    postHeldReceives(failedToPost);
     for (size_t i = 0; i < pending_.size();) {
       Pending& p = pending_[i];
+      if (p.held) {  // not matched yet: nothing posted to test
+        ++i;
+        continue;
+      }
       int done = 0;
       std::vector<MPI_Status> statuses(p.requests.size());
       int rc = MPI_Testall(static_cast<int>(p.requests.size()), p.requests.data(), &done,
@@ -504,13 +586,19 @@ void Engine::progressPending(bool blocking) {
         ++i;
       }
     }
-    if (!finished.empty()) {
+    if (!finished.empty() || !failedToPost.empty()) {
       pendingCount_ = pending_.size();
       lastProgress_ = std::chrono::steady_clock::now().time_since_epoch().count();
     }
   }
   // Completion runs callbacks that may issue new ops (and so add pending requests): unlocked.
   for (auto& p : aborted) p.work->markFailed(failedWith(*p.work, p.abortedWhy));
+  for (auto& [p, error] : failedToPost) {
+    MPI_Status status{};
+    status.MPI_ERROR = MPI_ERR_OTHER;
+    if (p.then) p.then(status);  // releases its buffers
+    p.work->markFailed(error);
+  }
   for (auto& f : finished) completePending(f);
 }
 

@@ -29,6 +29,7 @@
 #include <functional>
 #include <memory>
 #include <mutex>
+#include <optional>
 #include <string>
 #include <thread>
 #include <vector>
@@ -82,6 +83,20 @@ class Engine : public ProgressDriver {
                   std::chrono::milliseconds timeout = std::chrono::hours(24 * 365));
   void addPending(std::vector<MPI_Request> requests, c10::intrusive_ptr<WorkMPIGPU> work,
                   Then then);
+  // A receive MPI sees only once it can be matched (mpi/AnySource.hpp: probe): from any source,
+  // a later progress pass finds its message with MPI_Improbe and calls post(&message); from a
+  // named source, post(nullptr) runs at once unless a receive of the same comm and tag is still
+  // held ahead of it. Its requests then complete as addPending's do.
+  struct HeldReceive {
+    MPI_Comm comm;
+    int source;  // MPI_ANY_SOURCE, or a rank of comm
+    int tag;
+    std::function<std::vector<MPI_Request>(MPI_Message*)> post;
+  };
+  void addHeldReceive(HeldReceive receive, c10::intrusive_ptr<WorkMPIGPU> work, Then then);
+  // Before `comm` is freed (destroy_process_group): its receives still held fail with `why` (a
+  // later pass would probe a freed communicator; posted requests outlive it, as MPI allows).
+  void failHeldReceives(MPI_Comm comm, const std::string& why);
   void shutdown();
   // c10d's abort(): stops without waiting for anything. Queued ops and pending point-to-point
   // requests fail with `why` (the requests are cancelled and freed first, so MPI never writes
@@ -111,6 +126,7 @@ class Engine : public ProgressDriver {
     c10::intrusive_ptr<WorkMPIGPU> work;
     Then then;
     std::string abortedWhy;  // set by abortGroup(): the worker cancels the requests, fails the op
+    std::optional<HeldReceive> held;  // not yet posted: requests empty (addHeldReceive)
   };
   // Why an outstanding op fails when the engine stops (abort() names the blocking op to others).
   using WhyFor = std::function<std::string(const WorkMPIGPU&)>;
@@ -129,6 +145,10 @@ class Engine : public ProgressDriver {
   // Tests every pending request set; completes the finished ones outside the lock. `blocking`:
   // wait for another thread's pass instead of skipping.
   void progressPending(bool blocking);
+  void wakeToPoll();  // after a post: the worker must test it even if it sleeps for good
+  // Posts the held receives that can be matched now, in the order they were added (under
+  // progressMutex_); those whose posting failed go to `failed`.
+  void postHeldReceives(std::vector<std::pair<Pending, std::exception_ptr>>& failed);
   void completePending(Finished& f);
   // A failed MPI_Testall: cancels what is still active, tells the op's completion, and throws
   // the error naming the op.

@@ -386,14 +386,27 @@ std::vector<MPI_Request> isend(const Comm& c, const char* op, const at::Tensor& 
 
 std::vector<MPI_Request> irecv(const Comm& c, const char* op, at::Tensor& buf, int src, int tag) {
   const MPI_Datatype type = transportType(buf.scalar_type(), op, c.rank);
-  MPIGPU_CHECK_VALUE(src != MPI_ANY_SOURCE || buf.numel() <= c.maxCount, op, c.rank,
-                     "receiving from any source is limited to ", c.maxCount,
-                     " elements per message; receive from a named rank instead");
+  if (src == MPI_ANY_SOURCE) checkAnySourceCount(c, op, buf);
   const int64_t es = buf.element_size();
   return postChunks(buf, c.maxCount, [&](int64_t off, int n, MPI_Request* req) {
     MPIGPU_MPI_CHECK(MPI_Irecv(bytes(buf) + off * es, n, type, src, tag, c.handle, req), op,
                      c.rank);
   });
+}
+
+void checkAnySourceCount(const Comm& c, const char* op, const at::Tensor& buf) {
+  MPIGPU_CHECK_VALUE(buf.numel() <= c.maxCount, op, c.rank,
+                     "receiving from any source is limited to ", c.maxCount,
+                     " elements per message; receive from a named rank instead");
+}
+
+std::vector<MPI_Request> imrecv(const Comm& c, const char* op, at::Tensor& buf, MPI_Message* msg) {
+  checkAnySourceCount(c, op, buf);
+  MPI_Request req;
+  MPIGPU_MPI_CHECK(MPI_Imrecv(bytes(buf), static_cast<int>(buf.numel()),
+                              transportType(buf.scalar_type(), op, c.rank), msg, &req),
+                   op, c.rank);
+  return {req};
 }
 
 }  // namespace mpigpu::mpi

@@ -58,6 +58,11 @@ void barrier(const Comm& c, const char* op);
 std::vector<MPI_Request> isend(const Comm& c, const char* op, const at::Tensor& buf, int dst,
                                int tag);
 std::vector<MPI_Request> irecv(const Comm& c, const char* op, at::Tensor& buf, int src, int tag);
+// The message MPI_Improbe matched (from any source: one MPI call's worth), received into `buf`.
+std::vector<MPI_Request> imrecv(const Comm& c, const char* op, at::Tensor& buf, MPI_Message* msg);
+// Receives from any source are one message each (MPI_Improbe matches one): an error naming `op`
+// when `buf` needs more than one MPI call.
+void checkAnySourceCount(const Comm& c, const char* op, const at::Tensor& buf);
 // Cancels the requests still active and waits a moment (200 ms) for them to complete; frees what
 // is left. False when some were freed unfinished: MPI may still use their buffers, which the
 // caller must then keep alive for the rest of the process (keepUntilExit).
