@@ -71,7 +71,7 @@ if [[ " $builds " == *" mpich "* ]]; then
   # hang-prone jobs run under MPICH across the two hosts (below).
   setup_mpich
   run_suite "$MPICH_VENV" "MPICH build (Hydra mpiexec)" test_multirank.py test_reliability.py \
-    test_flight_recorder.py -k "not soak and not count_above and not device_of_its_own \
+    test_flight_recorder.py -k "not soak and not count_above and not device_of_its_own and not prterun \
 and not (node_algorithm and not 2x2) and (not test_reliability or uncaught or async or clean or shared_mpi_thread)" "$@"
 fi
 if [[ " $builds " == *" slurm "* ]]; then

@@ -3,6 +3,7 @@ references computed independently on each rank (see tests/mp/)."""
 
 import os
 import re
+from pathlib import Path
 
 import pytest
 import torch
@@ -64,6 +65,33 @@ def test_launcher_sets_rank_local_rank_and_world_size(np):
     hosts = 2 if LAUNCHER.startswith("two-hosts") and np > 1 else 1
     out = run_mpi("launch_env.py", np, args=(expected_launcher(), str(hosts)))
     assert passed_counts(out, np) >= 7
+
+
+def test_pmix_prterun_starts_ranks_and_a_dead_rank_ends_the_job():
+    # PRRTE's own launcher (the README's table; Open MPI 5's mpirun runs on it): ranks, local
+    # ranks and the rendezvous from PMIx alone, one collective per rank, and a killed rank
+    # ending the job. The MPICH leg deselects it (no prterun there).
+    import subprocess
+    import sys
+    import time
+    from conftest import MP_DIR, launch_env
+    prterun = Path(mpirun_path()).with_name("prterun")
+    assert prterun.exists(), f"no prterun beside {mpirun_path()} (Open MPI 5 has it)"
+    env = launch_env({"PRTE_ALLOW_RUN_AS_ROOT": "1", "PRTE_ALLOW_RUN_AS_ROOT_CONFIRM": "1"})
+
+    def prterun_job(script, *args):
+        # (3 ranks on this 2-core VM: more than its slots)
+        cmd = [str(prterun), "--map-by", ":OVERSUBSCRIBE", "-np", "3", sys.executable, str(MP_DIR / script), *args]
+        start = time.monotonic()
+        proc = subprocess.run(cmd, env=env, cwd=MP_DIR, capture_output=True, text=True, timeout=120)
+        return proc.returncode, proc.stdout + proc.stderr, time.monotonic() - start
+
+    rc, out, _ = prterun_job("launch_env.py", "PMIx (prterun)", "1")
+    assert rc == 0 and passed_counts(out, 3) >= 7, out[-3000:]
+    rc, out, took = prterun_job("stall.py", "die")
+    started = set(re.findall(r"\[rank (\d+)\] started at", out))
+    assert started == {"0", "1", "2"} and rc != 0 and "unreachable" not in out, out[-3000:]
+    assert took < 60, f"the job took {took:.0f} s to end after rank 1 was killed"
 
 
 def test_master_port_setting_is_the_store_port():
