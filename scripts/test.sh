@@ -114,8 +114,8 @@ test_reliability) or p2p_async or (subgroup_sequence and slot)) and not shared_m
     setup_mpich
     MPIGPU_TEST_LAUNCHER=two-hosts-names run_suite "$MPICH_VENV" \
       "two hosts, MPICH Hydra (mpiexec)" test_multirank.py test_hang_prone.py test_reliability.py \
-      -k "launcher or (collectives and not algorithm and not split and not shared) or node_across \
-or ddp or p2p_async or hang_prone or killed or (uncaught and collective)" "$@"
+      -k "(launcher or (collectives and not algorithm and not split) or node_across or ddp \
+or p2p_async or hang_prone or killed or (uncaught and collective)) and not shared and not debug_detail" "$@"
   else
     leg_cannot_run hosts "the two simulated hosts cannot be made here: $why"
   fi

@@ -128,10 +128,10 @@ def test_abort_on_exception_off_leaves_the_job_to_the_watchdog():
 
 def test_exit_with_async_ops_pending_finishes_cleanly():
     # The queued collectives run in issue order at exit, then MPI finalises; before the fix
-    # about half of the runs hung (one rank dropped an op its peer was already inside), so 12
-    # runs under mpirun (Open MPI and MPICH) miss it with odds of 1 in 4096; 8 under the other
-    # launchers (CI's time: 95 s across two hosts for 20).
-    for i in range(12 if LAUNCHER == "mpirun" else 8):
+    # about half of the runs hung (one rank dropped an op its peer was already inside), so 8
+    # runs under each launcher (mpirun of Open MPI and of MPICH, srun twice, across two hosts:
+    # 40 a CI run) miss it with odds of 1 in 256 each, 1 in 10^12 together.
+    for i in range(8):
         rc, out, took = launch("pending-async", 2, {}, script="exits.py", timeout=60)
         assert rc == 0, f"run {i}: exit {rc}\n{out[-3000:]}"
         assert out.count("async ops unwaited") == 2, out[-3000:]
