@@ -680,14 +680,11 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupMPIGPU::enqueueP2P(c10d::OpType type,
         reqs = sending ? mpi::isend(comm_, op, b, peer, tag) : mpi::irecv(comm_, op, b, peer, tag);
     }
     if (held) {  // matched by probe (mpi/AnySource.hpp): posted by the engine when it can be
-      auto receive = [this, op, bufs](MPI_Message* message, int source, int tag) {
+      auto receive = [this, op, bufs, peer, tag](MPI_Message* message) {
         at::Tensor& b = bufs->mpi(0);
-        return message ? mpi::imrecv(comm_, op, b, message) : mpi::irecv(comm_, op, b, source, tag);
+        return message ? mpi::imrecv(comm_, op, b, message) : mpi::irecv(comm_, op, b, peer, tag);
       };
-      engine->addHeldReceive(
-          {comm_.handle, peer, tag,
-           [receive, peer, tag](MPI_Message* message) { return receive(message, peer, tag); }},
-          work, std::move(then));
+      engine->addHeldReceive({comm_.handle, peer, tag, std::move(receive)}, work, std::move(then));
       return false;
     }
     engine->addPending(std::move(reqs), work, std::move(then));

@@ -300,12 +300,14 @@ void Engine::failHeldReceives(MPI_Comm comm, const std::string& why) {
     }
     pendingCount_ = pending_.size();
   }
+  for (auto& p : failed) failUnposted(p, failedWith(*p.work, why));
+}
+
+void Engine::failUnposted(Pending& p, std::exception_ptr error) {
   MPI_Status status{};
   status.MPI_ERROR = MPI_ERR_OTHER;
-  for (auto& p : failed) {
-    if (p.then) p.then(status);  // releases its buffers
-    p.work->markFailed(failedWith(*p.work, why));
-  }
+  if (p.then) p.then(status);  // releases its buffers, copies nothing back
+  p.work->markFailed(std::move(error));
 }
 
 void Engine::postHeldReceives(std::vector<std::pair<Pending, std::exception_ptr>>& failed) {
@@ -593,12 +595,7 @@ void Engine::progressPending(bool blocking) {
   }
   // Completion runs callbacks that may issue new ops (and so add pending requests): unlocked.
   for (auto& p : aborted) p.work->markFailed(failedWith(*p.work, p.abortedWhy));
-  for (auto& [p, error] : failedToPost) {
-    MPI_Status status{};
-    status.MPI_ERROR = MPI_ERR_OTHER;
-    if (p.then) p.then(status);  // releases its buffers
-    p.work->markFailed(error);
-  }
+  for (auto& [p, error] : failedToPost) failUnposted(p, error);
   for (auto& f : finished) completePending(f);
 }
 

@@ -146,6 +146,8 @@ class Engine : public ProgressDriver {
   // wait for another thread's pass instead of skipping.
   void progressPending(bool blocking);
   void wakeToPoll();  // after a post: the worker must test it even if it sleeps for good
+  // A held receive that never reached MPI: its buffers released, its op failed with `error`.
+  static void failUnposted(Pending& p, std::exception_ptr error);
   // Posts the held receives that can be matched now, in the order they were added (under
   // progressMutex_); those whose posting failed go to `failed`.
   void postHeldReceives(std::vector<std::pair<Pending, std::exception_ptr>>& failed);
