@@ -11,8 +11,8 @@
  *   scripts/two_hosts.sh mpirun -np 4 ./repro)       -> STALLED at iteration 1
  * The same with mpi4py: MPI_Irecv(MPI_ANY_SOURCE) + MPI_Test never completes although every
  * sender's MPI_Send returned; MPI_Improbe(MPI_ANY_SOURCE) + MPI_Mrecv in its place completes
- * 3000 of 3000 iterations, and so does a receive naming the source. Open MPI 5.0.11 across the
- * same hosts: 3000 of 3000 either way.
+ * 3000 of 3000 iterations, and so does a receive naming the source. Through mpigpu on Open MPI
+ * 5.0.11 across the same hosts, the same loop ran 3000 of 3000 posted and by probe.
  *
  * Rank 0 receives size-1 messages per iteration from MPI_ANY_SOURCE, one tag per iteration;
  * every other rank sends one. */
