@@ -401,7 +401,6 @@ void checkAnySourceCount(const Comm& c, const char* op, const at::Tensor& buf) {
 }
 
 std::vector<MPI_Request> imrecv(const Comm& c, const char* op, at::Tensor& buf, MPI_Message* msg) {
-  checkAnySourceCount(c, op, buf);
   MPI_Request req;
   MPIGPU_MPI_CHECK(MPI_Imrecv(bytes(buf), static_cast<int>(buf.numel()),
                               transportType(buf.scalar_type(), op, c.rank), msg, &req),

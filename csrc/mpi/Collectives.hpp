@@ -58,7 +58,8 @@ void barrier(const Comm& c, const char* op);
 std::vector<MPI_Request> isend(const Comm& c, const char* op, const at::Tensor& buf, int dst,
                                int tag);
 std::vector<MPI_Request> irecv(const Comm& c, const char* op, at::Tensor& buf, int src, int tag);
-// The message MPI_Improbe matched (from any source: one MPI call's worth), received into `buf`.
+// The message MPI_Improbe matched, received into `buf` (checked by checkAnySourceCount when the
+// receive was issued: a check here would come after the message was taken).
 std::vector<MPI_Request> imrecv(const Comm& c, const char* op, at::Tensor& buf, MPI_Message* msg);
 // Receives from any source are one message each (MPI_Improbe matches one): an error naming `op`
 // when `buf` needs more than one MPI call.
