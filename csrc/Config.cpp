@@ -102,6 +102,7 @@ Config Config::fromEnv() {
   c.algoMinBytes = parseInt("TORCH_MPIGPU_ALGO_MIN_BYTES", 0, kHuge);
   c.hostHalfRingBytes = parseInt("TORCH_MPIGPU_HOST_HALF_RING_BYTES", 0, kHuge);
   c.hostReduceScatterRingBytes = parseInt("TORCH_MPIGPU_HOST_RS_RING_BYTES", 0, kHuge);
+  c.hostAcrossRingBytes = parseInt("TORCH_MPIGPU_HOST_ACROSS_RING_BYTES", 0, kHuge);
   c.cudaDirectBytes = parseInt("TORCH_MPIGPU_CUDA_DIRECT_BYTES", 0, kHuge);
   c.nodeBufferBytes = parseInt("TORCH_MPIGPU_NODE_BUFFER_BYTES", 0, kTiB);
   c.nodeOneShotBytes = parseInt("TORCH_MPIGPU_NODE_ONE_SHOT_BYTES", 0, kHuge);

@@ -70,6 +70,14 @@ struct Config {
   // of at least hostReduceScatterRingBytes too (fp32 1 MiB: 0.21 ms against 0.09 ms).
   int64_t hostHalfRingBytes = 0;
   int64_t hostReduceScatterRingBytes = 0;
+  // ... and in groups that span nodes (without the node algorithm: one rank per node, uneven
+  // nodes, NODE_BUFFER_BYTES=0), all_reduce from hostAcrossRingBytes. Two simulated hosts x 1
+  // rank, a 10 Gbit/s link, Open MPI 5.0.11 over TCP: Open MPI's own all_reduce took 27 ms at
+  // 16 MiB in runs of back-to-back ops (half the link's speed), the ring 14.3-14.7 ms; 4 MiB
+  // 4.6 against 3.5 ms; 1 MiB a tie (benchmarks/results/two_hosts/allreduce_2hosts_x1.txt).
+  // The cause is the order of the exchange: posted receive first, then send (as Open MPI's
+  // sendrecv does) halves the link's speed there; the ring posts its sends first.
+  int64_t hostAcrossRingBytes = 0;
   // CUDA_REDUCE=auto with a CUDA-aware MPI: our algorithms' messages go as device pointers for
   // ops of at least this many bytes, through pinned host memory below (device messages pay for
   // the GPU's context switches on a shared GPU and for IPC set-up).

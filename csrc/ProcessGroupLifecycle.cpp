@@ -108,20 +108,7 @@ ProcessGroupMPIGPU::ProcessGroupMPIGPU(c10::intrusive_ptr<c10d::Store> store, in
                      "new_group", rank_);
     groupHasGpu_ = anyGpu != 0;
     paths_->confirm(algoComm_, groupHasGpu_, "new_group");
-    if (size_ > 1 && config_.nodeBufferBytes > 0) {
-      // every member with a GPU: the node ops run in device slots; some: through host memory
-      int allGpu = hasGpu;
-      MPIGPU_MPI_CHECK(MPI_Allreduce(MPI_IN_PLACE, &allGpu, 1, MPI_INT, MPI_MIN, comm_.handle),
-                       "new_group", rank_);
-      const bool testSlots = config_.nodeTestDeviceSlots && !groupHasGpu_;
-      node_ = std::make_unique<node::Node>(
-          node::Topology::build(algoComm_, config_.pretendNodes, "new_group"), algoComm_,
-          config_.nodeBufferBytes, config_.nodeOneShotBytes, allGpu != 0 || testSlots,
-          testSlots ? algo::hostDeviceSlotsForTests() : paths_->nodeSlots(c10::DeviceType::CUDA),
-          node::SlotsSpec{
-              config_.nodeDeviceBufferBytes, config_.nodeDeviceOrder, timeoutMs_.load(),
-              std::max(config_.nodeDeviceBufferBytes, config_.nodeDeviceBufferMaxBytes)});
-    }
+    if (size_ > 1) readNodes(hasGpu);
   });
   if (config_.debug) {
     // c10 logging: INFO lines show with TORCH_CPP_LOG_LEVEL=INFO, as torch's own backends' do
@@ -134,6 +121,30 @@ ProcessGroupMPIGPU::ProcessGroupMPIGPU(c10::intrusive_ptr<c10d::Store> store, in
   }
   if (store_) Watchdog::addGroup({groupName_, rank_, size_, store_, collectives_});
   flightRecorderId_ = fr::Recorder::get().addGroup(groupName_, globalRanks_);
+}
+
+// On the group's engine thread at creation, collective over the group: which ranks share a node,
+// and the node algorithm's state where shared memory is on.
+void ProcessGroupMPIGPU::readNodes(int hasGpu) {
+  if (config_.nodeBufferBytes == 0) {
+    node::Topology t = node::Topology::build(algoComm_, config_.pretendNodes, "new_group");
+    spansNodes_ = t.localSize < size_;
+    nodesWithoutNode_ = c10::str(t.describe(), ", shared memory off (NODE_BUFFER_BYTES=0)");
+    t.free();
+    return;
+  }
+  // every member with a GPU: the node ops run in device slots; some: through host memory
+  int allGpu = hasGpu;
+  MPIGPU_MPI_CHECK(MPI_Allreduce(MPI_IN_PLACE, &allGpu, 1, MPI_INT, MPI_MIN, comm_.handle),
+                   "new_group", rank_);
+  const bool testSlots = config_.nodeTestDeviceSlots && !groupHasGpu_;
+  node_ = std::make_unique<node::Node>(
+      node::Topology::build(algoComm_, config_.pretendNodes, "new_group"), algoComm_,
+      config_.nodeBufferBytes, config_.nodeOneShotBytes, allGpu != 0 || testSlots,
+      testSlots ? algo::hostDeviceSlotsForTests() : paths_->nodeSlots(c10::DeviceType::CUDA),
+      node::SlotsSpec{config_.nodeDeviceBufferBytes, config_.nodeDeviceOrder, timeoutMs_.load(),
+                      std::max(config_.nodeDeviceBufferBytes, config_.nodeDeviceBufferMaxBytes)});
+  spansNodes_ = node_->topology().localSize < size_;
 }
 
 ProcessGroupMPIGPU::~ProcessGroupMPIGPU() {
@@ -216,9 +227,9 @@ std::string ProcessGroupMPIGPU::describe() const {
     << timeout().count() << " ms, max elements per MPI call " << config_.maxElementsPerCall
     << ", fusion up to " << config_.fusionBytes
     << " bytes per MPI call; paths: " << paths_->describe() << "; nodes: "
-    << (node_ ? node_->describe()
-              : std::string("not looked at (a single rank, a member with a GPU, or "
-                            "TORCH_MPIGPU_NODE_BUFFER_BYTES=0)"))
+    << (node_                        ? node_->describe()
+        : !nodesWithoutNode_.empty() ? nodesWithoutNode_
+                                     : std::string("one (a single rank)"))
     << "; reductions: " << algo::describeChoice(policy_, config_, groupHasGpu_)
     << "; receives from any source " << anySource_.why;
   return s.str();

@@ -36,7 +36,8 @@ algo::Facts ProcessGroupMPIGPU::factsOf(algo::OpKind kind,
           size_,
           groupHasGpu_,
           nodeSuits,
-          nodeSuits && node_->topology().nodes > 1};
+          nodeSuits && node_->topology().nodes > 1,
+          spansNodes_};
 }
 
 const algo::Algorithm* ProcessGroupMPIGPU::chooseAlgo(

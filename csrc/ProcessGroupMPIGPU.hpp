@@ -136,6 +136,7 @@ class ProcessGroupMPIGPU : public c10d::Backend {
   c10::intrusive_ptr<c10d::Work> enqueueP2P(c10d::OpType type, const char* op, at::Tensor tensor,
                                             int peer, int tag);
   // Our algorithms (algorithms/): the choice for an op, and one run of it on the engine.
+  void readNodes(int hasGpu);  // at creation: node_, spansNodes_
   algo::Facts factsOf(algo::OpKind kind, const std::vector<at::Tensor>& tensors) const;
   // Null: MPI's own collectives.
   const algo::Algorithm* chooseAlgo(algo::OpKind kind,
@@ -177,6 +178,10 @@ class ProcessGroupMPIGPU : public c10d::Backend {
   // Which ranks share a node and the shared memory among them (groups of host ranks only: the
   // node algorithms serve host tensors); null where the group has no use for them.
   std::unique_ptr<node::Node> node_;
+  // The group's ranks are on more than one node (read at creation with or without node_): auto
+  // takes the ring for large host all_reduce there.
+  bool spansNodes_ = false;
+  std::string nodesWithoutNode_;  // describe()'s nodes where node_ is null
   std::unique_ptr<paths::PathFactory> paths_;
   // Read by callers, cleared by shutdown()/abort() from any thread: through currentEngine().
   mutable std::mutex engineMutex_;

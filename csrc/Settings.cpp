@@ -104,6 +104,9 @@ const SettingSpec kSettings[] = {
      "ring"},
     {"TORCH_MPIGPU_HOST_RS_RING_BYTES", "1048576", "", ReadAt::GroupCreation,
      "auto, groups without a GPU: reduce_scatter from this size uses the ring"},
+    {"TORCH_MPIGPU_HOST_ACROSS_RING_BYTES", "4194304", "", ReadAt::GroupCreation,
+     "auto, groups without a GPU that span nodes (where the node algorithm does not run): "
+     "all_reduce from this size uses the ring"},
     {"TORCH_MPIGPU_STAGING_CHUNK_BYTES", "4194304", "", ReadAt::GroupCreation,
      "cuda-staged: piece size of the copy/MPI pipeline"},
     {"TORCH_MPIGPU_FUSION_BYTES", "67108864", "", ReadAt::GroupCreation,

@@ -110,9 +110,11 @@ test_reliability) or p2p_async or (subgroup_sequence and slot)) and not shared_m
     # MPICH's Hydra across the same hosts (its rsh launcher through the same agent; the MPICH
     # leg above runs its suite on one host): the launcher, a killed rank and an uncaught
     # exception ending the job, the core ops, DDP, point-to-point (receives from any source:
-    # mpi/AnySource.hpp), and the hang-prone jobs at 2 hosts x 2 ranks
+    # mpi/AnySource.hpp), and the hang-prone jobs at 2 hosts x 2 ranks. UCX_TLS=self,tcp: else
+    # UCX finds both "hosts" on this one machine and moves their bytes through shared memory (a
+    # 16 MiB all_reduce put 17 KB on the veth; with it, 17 MB); ranks of one host keep MPICH's own
     setup_mpich
-    MPIGPU_TEST_LAUNCHER=two-hosts-names run_suite "$MPICH_VENV" \
+    UCX_TLS=self,tcp MPIGPU_TEST_LAUNCHER=two-hosts-names run_suite "$MPICH_VENV" \
       "two hosts, MPICH Hydra (mpiexec)" test_multirank.py test_hang_prone.py test_reliability.py \
       -k "(launcher or (collectives and not algorithm and not split) or node_across or ddp \
 or p2p_async or hang_prone or killed or (uncaught and collective)) and not shared and not debug_detail" "$@"
@@ -130,6 +132,9 @@ if [[ " $builds " == *" cuda "* ]]; then
     echo "=== CUDA build SKIPPED: no nvcc at $CUDA_HOME/bin/nvcc (set CUDA_HOME) ==="
     exit 0
   fi
+  # the CUDA torch wheels take ~6 GiB installed, and pip's download sits beside them meanwhile
+  free_gib=$(df -Pk "$ROOT" | awk 'NR == 2 { print int($4 / 1048576) }')
+  echo "=== CUDA build: ${free_gib} GiB free on $ROOT (about 10 needed) ==="
   MPIGPU_VENV="$ROOT/.venv-cuda" TORCH_SPEC="${CUDA_TORCH_SPEC:-torch==2.14.1}" \
     TORCH_MPIGPU_WITH_CUDA=1 "$ROOT/scripts/setup_env.sh"
   (cd / && "$ROOT/.venv-cuda/bin/python" -c 'import torch_mpi_gpu as t; assert t._C.with_cuda(), "CUDA sources missing"; print("CUDA build imports; CUDA tensors take", t._C.cuda_path()[0])')

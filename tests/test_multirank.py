@@ -146,18 +146,23 @@ def algo_env(algo):
 
 
 AUTO_ALGORITHM = {"fp16/bf16 all_reduce: the ring from HOST_HALF_RING_BYTES",
-                  "fp32 all_reduce: MPI's own at any size",
                   "reduce_scatter: the ring from HOST_RS_RING_BYTES (fp16/bf16 from HOST_HALF_RING)",
                   "reduce: MPI's own"}
 NO_NODE = {"TORCH_MPIGPU_NODE_BUFFER_BYTES": "0"}
+# every rank a node of its own: the group spans nodes, and the node algorithm has nothing to share
+NODE_EACH = {"TORCH_MPIGPU_PRETEND_NODES": "3"}
 
 
-@pytest.mark.parametrize("np, env", [(1, {}), (2, NO_NODE), (3, NO_NODE), (2, {}), (3, {})])
+@pytest.mark.parametrize("np, env", [(1, {}), (2, NO_NODE), (3, NO_NODE), (2, {}), (3, {}),
+                                     (3, NODE_EACH)])
 def test_auto_algorithm_choice_at_its_thresholds(np, env):
     out = run_mpi("auto_algorithm.py", np, env=env)
     gpu = {"a member has a GPU: MPI's own below ALGO_MIN_BYTES, then the ring"}
     node = {"ranks sharing a node: the node algorithm for reductions, all_gather and broadcast"}
-    want = gpu if torch.cuda.is_available() else node if np > 1 and not env else AUTO_ALGORITHM
+    fp32 = ("fp32 all_reduce across nodes: the ring from HOST_ACROSS_RING_BYTES" if env is NODE_EACH
+            else "fp32 all_reduce inside one node: MPI's own at any size")
+    want = (gpu if torch.cuda.is_available() else node if np > 1 and not env
+            else AUTO_ALGORITHM | {fp32})
     assert passed_counts(out, np, want) >= 2
 
 

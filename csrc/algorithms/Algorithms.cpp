@@ -117,12 +117,14 @@ void recvWhole(Context& c, const at::Tensor& t, int peer) {
 void exchangeReduce(Context& c, const at::Tensor& sendRange, const at::Tensor& range,
                     const at::Tensor& tmp, int peer, double scale) {
   c.link.settle();  // earlier steps' kernels may still read tmp
+  // Sends before receives: posted the other way round, Open MPI 5 over TCP ran such an exchange
+  // at half the link's speed (Config.hpp: hostAcrossRingBytes).
   std::vector<size_t> receiving, sending;
-  forPieces(range.numel(), c.pieceElems, [&](int64_t off, int64_t m) {
-    receiving.push_back(c.link.irecv(tmp.narrow(0, off, m), peer));
-  });
   forPieces(sendRange.numel(), c.pieceElems, [&](int64_t off, int64_t m) {
     sending.push_back(c.link.isend(sendRange.narrow(0, off, m), peer));
+  });
+  forPieces(range.numel(), c.pieceElems, [&](int64_t off, int64_t m) {
+    receiving.push_back(c.link.irecv(tmp.narrow(0, off, m), peer));
   });
   size_t i = 0;
   forPieces(range.numel(), c.pieceElems, [&](int64_t off, int64_t m) {
@@ -136,12 +138,12 @@ void exchangeReduce(Context& c, const at::Tensor& sendRange, const at::Tensor& r
 // Sends `mine` to `partner` and receives its range into `theirs`, piece by piece.
 void swapRanges(Context& c, const at::Tensor& mine, const at::Tensor& theirs, int partner) {
   c.link.settle();
-  std::vector<size_t> h;
-  forPieces(theirs.numel(), c.pieceElems, [&](int64_t off, int64_t m) {
-    h.push_back(c.link.irecv(theirs.narrow(0, off, m), partner));
-  });
+  std::vector<size_t> h;  // sends first, as in exchangeReduce
   forPieces(mine.numel(), c.pieceElems, [&](int64_t off, int64_t m) {
     h.push_back(c.link.isend(mine.narrow(0, off, m), partner));
+  });
+  forPieces(theirs.numel(), c.pieceElems, [&](int64_t off, int64_t m) {
+    h.push_back(c.link.irecv(theirs.narrow(0, off, m), partner));
   });
   c.link.waitAll(h);
 }
@@ -308,6 +310,9 @@ bool ringPicks(const Config& config, const Facts& f) {
   // reduce_scatter lost to the ring from 1 MiB (see Config.hpp)
   if (isHalf(f.dtype) && f.kind != OpKind::Reduce && f.bytes >= config.hostHalfRingBytes)
     return true;
+  // across nodes Open MPI's own all_reduce ran at half the link's speed (see Config.hpp)
+  if (f.kind == OpKind::Allreduce && f.spansNodes && f.bytes >= config.hostAcrossRingBytes)
+    return true;
   return f.kind == OpKind::ReduceScatter && f.bytes >= config.hostReduceScatterRingBytes;
 }
 std::string ringRule(const Config& config, bool groupHasGpu) {
@@ -318,8 +323,11 @@ std::string ringRule(const Config& config, bool groupHasGpu) {
                     config.algoPieceBytes, " bytes");
   }
   return c10::str("ring for fp16/bf16 all_reduce and reduce_scatter from ",
-                  config.hostHalfRingBytes, " bytes and any reduce_scatter from ",
-                  config.hostReduceScatterRingBytes, " bytes");
+                  config.hostHalfRingBytes, " bytes, any reduce_scatter from ",
+                  config.hostReduceScatterRingBytes,
+                  " bytes and, in groups that span nodes, any "
+                  "all_reduce from ",
+                  config.hostAcrossRingBytes, " bytes");
 }
 
 bool never(const Config&, const Facts&) { return false; }

@@ -72,8 +72,9 @@ struct Facts {
   at::ScalarType dtype;
   int worldSize;
   bool groupHasGpu;
-  bool nodeSuits;  // the group has node-aware state that suits it (node::Node::suits)
-  bool nodeSpans;  // ... and spans more than one node
+  bool nodeSuits;   // the group has node-aware state that suits it (node::Node::suits)
+  bool nodeSpans;   // ... and spans more than one node
+  bool spansNodes;  // the group's ranks are on more than one node (whatever the node state)
 };
 
 // One row of the table. An op function returns false when it cannot run in this group (the ring

@@ -2,8 +2,9 @@
 Where more than one rank shares a node (the same count on every node, read from the group's
 description), the node algorithm takes every reduction of any size and dtype. Elsewhere
 (TORCH_MPIGPU_NODE_BUFFER_BYTES=0, one rank per node, a single rank), the rules at their thresholds: fp16/bf16 all_reduce and reduce_scatter take our ring from
-TORCH_MPIGPU_HOST_HALF_RING_BYTES, any reduce_scatter from TORCH_MPIGPU_HOST_RS_RING_BYTES, and
-everything else (fp32 all_reduce however big, reduce of any dtype) MPI's own. Sizes just below and
+TORCH_MPIGPU_HOST_HALF_RING_BYTES, any reduce_scatter from TORCH_MPIGPU_HOST_RS_RING_BYTES, in
+groups that span nodes any all_reduce from TORCH_MPIGPU_HOST_ACROSS_RING_BYTES, and everything
+else (fp32 all_reduce inside one node however big, reduce of any dtype) MPI's own. Sizes just below and
 at each threshold (the input's bytes); which ran is read from the algorithm counters, and every
 result is checked against the float64 reference within its bound."""
 
@@ -93,9 +94,19 @@ def main():
         c.true(f"{dtype} all_reduce at {half_ring} bytes: the ring", at == (world > 1),
                f"ring ran: {at}")
 
-    c.section("fp32 all_reduce: MPI's own at any size")
-    c.true("fp32 all_reduce of 4 x HOST_RS_RING_BYTES: MPI's own",
-           not all_reduce(torch.float32, rs_ring, 30))
+    across = int(torch_mpi_gpu.config.get("TORCH_MPIGPU_HOST_ACROSS_RING_BYTES"))
+    if shape is not None and int(shape[1]) > 1:
+        c.section("fp32 all_reduce across nodes: the ring from HOST_ACROSS_RING_BYTES")
+        below = all_reduce(torch.float32, across // 4 - 1, 31)
+        at = all_reduce(torch.float32, across // 4, 32)
+        c.true(f"fp32 all_reduce below {across} bytes: MPI's own", not below)
+        c.true(f"fp32 all_reduce at {across} bytes: the ring", at, f"ring ran: {at}")
+    else:
+        c.section("fp32 all_reduce inside one node: MPI's own at any size")
+        c.true("fp32 all_reduce of 4 x HOST_RS_RING_BYTES: MPI's own",
+               not all_reduce(torch.float32, rs_ring, 30))
+        c.true("fp32 all_reduce of HOST_ACROSS_RING_BYTES: MPI's own",
+               not all_reduce(torch.float32, across // 4, 31))
 
     c.section("reduce_scatter: the ring from HOST_RS_RING_BYTES (fp16/bf16 from HOST_HALF_RING)")
     per_rank = 4 * world  # fp32 input bytes per output element
