@@ -9,6 +9,8 @@
  *   MPIR_CVAR_NOLOCAL=1 MPIR_CVAR_CH4_NETMOD=ofi mpiexec -n 2 ./repro   -> done
  *   two hosts x 2 ranks (scripts/two_hosts.sh up names; MPIGPU_TWO_HOSTS_MAP_BY=slot
  *   scripts/two_hosts.sh mpirun -np 4 ./repro)       -> STALLED at iteration 1
+ *   the same with UCX_TLS=self,tcp (2026-11-28; without it UCX carries the two "hosts'" bytes
+ *   through shared memory, with it over the veth)     -> STALLED (MPI_Abort 3), 2 of 2
  * The same with mpi4py: MPI_Irecv(MPI_ANY_SOURCE) + MPI_Test never completes although every
  * sender's MPI_Send returned; MPI_Improbe(MPI_ANY_SOURCE) + MPI_Mrecv in its place completes
  * 3000 of 3000 iterations, and so does a receive naming the source. Through mpigpu on Open MPI
