@@ -25,7 +25,7 @@ export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1
 run_suite() {  # venv, label, pytest args...
   local venv=$1 label=$2
   shift 2
-  echo "=== $label: pytest with $venv ==="
+  echo "=== $label: pytest with $venv (at $((SECONDS / 60)) min $((SECONDS % 60)) s) ==="
   (cd "$ROOT/tests" && PATH="$venv/bin:$PATH" "$venv/bin/python" -m pytest -v --durations=10 "$@")
 }
 
@@ -152,3 +152,4 @@ if [[ " $builds " == *" cuda "* ]]; then
 or device_of_its_own" "$@"
   fi
 fi
+echo "=== every leg passed: $((SECONDS / 60)) min $((SECONDS % 60)) s ==="
