@@ -292,7 +292,7 @@ bool isHalf(at::ScalarType t) { return t == at::kHalf || t == at::kBFloat16; }
 bool nodePicks(const Config& config, const Facts& f) {
   if (f.groupHasGpu || !f.nodeSuits || f.worldSize == 1 || config.nodeBufferBytes == 0)
     return false;
-  return !f.nodeSpans || f.bytes >= config.nodeAcrossMinBytes;
+  return !f.spansNodes || f.bytes >= config.nodeAcrossMinBytes;
 }
 std::string nodeRule(const Config& config, bool groupHasGpu) {
   if (groupHasGpu || config.nodeBufferBytes == 0) return "";
@@ -325,8 +325,7 @@ std::string ringRule(const Config& config, bool groupHasGpu) {
   return c10::str("ring for fp16/bf16 all_reduce and reduce_scatter from ",
                   config.hostHalfRingBytes, " bytes, any reduce_scatter from ",
                   config.hostReduceScatterRingBytes,
-                  " bytes and, in groups that span nodes, any "
-                  "all_reduce from ",
+                  " bytes and, in groups that span nodes, any all_reduce from ",
                   config.hostAcrossRingBytes, " bytes");
 }
 

@@ -73,7 +73,6 @@ struct Facts {
   int worldSize;
   bool groupHasGpu;
   bool nodeSuits;   // the group has node-aware state that suits it (node::Node::suits)
-  bool nodeSpans;   // ... and spans more than one node
   bool spansNodes;  // the group's ranks are on more than one node (whatever the node state)
 };
 
