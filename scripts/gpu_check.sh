@@ -21,10 +21,14 @@ TEST_BUDGET_S="${TEST_BUDGET_S:-200}"
 # (each run's log kept); BENCH=0 skips the NCCL reference and the benchmarks (a quick check of a
 # change, or #24's run: BENCH=0 TEST_RUNS=3); SANITIZER=0 skips compute-sanitizer (memcheck,
 # racecheck, synccheck over a short CUDA soak at 2 ranks, SANITIZER_BUDGET_S each; memcheck and
-# racecheck again over the node algorithm's device slots, SANITIZER_NODE_BUDGET_S each).
+# racecheck again over the node algorithm's device slots, SANITIZER_NODE_BUDGET_S each);
+# SANITIZER=background runs those alongside the tests (they check correctness, not time), so a
+# lease fits three test runs and the sanitizer; BUILD=0 reuses the build a previous call on the
+# same warm machine installed (a second call for the benchmarks).
 GPU_TESTS="${GPU_TESTS:-test_gpu.py}"
 TEST_RUNS="${TEST_RUNS:-1}"
 BENCH="${BENCH:-1}"
+BUILD="${BUILD:-1}"
 SANITIZER="${SANITIZER:-1}"
 SANITIZER_BUDGET_S="${SANITIZER_BUDGET_S:-60}"
 SANITIZER_NODE_BUDGET_S="${SANITIZER_NODE_BUDGET_S:-40}"
@@ -54,7 +58,9 @@ NCCL_DIR=
 if tar xJf "$NCCL_TARBALL" -C /tmp/nccl 2>/dev/null; then NCCL_DIR=$(ls -d /tmp/nccl/*/ | head -1); fi
 
 step build
-python -m pip install --no-build-isolation --no-deps -q "$ROOT" || { echo "BUILD FAILED"; exit 1; }
+if [ "$BUILD" = 1 ]; then
+  python -m pip install --no-build-isolation --no-deps -q "$ROOT" || { echo "BUILD FAILED"; exit 1; }
+fi
 (cd / && python -m torch_mpi_gpu.info)
 
 step "probe: two ranks, one GPU, device buffers"
@@ -120,7 +126,7 @@ bench "$OTHERS_BUDGET_S" others_cuda_2ranks --ops reduce_scatter,allgather,broad
 
 fi
 
-if [ "$SANITIZER" = 1 ]; then
+sanitize() {
   # every rank under the sanitizer; its report (and 'ERROR SUMMARY: n errors') per tool
   for tool in memcheck racecheck synccheck; do
     step "compute-sanitizer --tool $tool over 40 soak cases, 2 ranks (budget ${SANITIZER_BUDGET_S}s)"
@@ -142,7 +148,11 @@ if [ "$SANITIZER" = 1 ]; then
     echo "=== $tool (node) exit $?" | tee -a "$OUT/sanitizer.log"
   done
   grep -E "ERROR SUMMARY|=== .* exit" "$OUT/sanitizer.log"
-fi
+}
+case "$SANITIZER" in
+  1) sanitize ;;
+  background) step "compute-sanitizer runs alongside the tests (its steps print as they start)"; sanitize & sanitizer_pid=$! ;;
+esac
 
 status=0
 for run in $(seq 1 "$TEST_RUNS"); do
@@ -154,5 +164,6 @@ for run in $(seq 1 "$TEST_RUNS"); do
   tail -25 "$OUT/test_gpu_run$run.log"
   [ "$rc" = 0 ] || status=$rc
 done
+if [ -n "${sanitizer_pid:-}" ]; then wait "$sanitizer_pid"; fi
 step done
 exit "$status"
