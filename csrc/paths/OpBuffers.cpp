@@ -73,20 +73,37 @@ at::Tensor OpBuffers::adjacentView(const Slot& s) {
   return first.new_empty({0}).set_(first.storage(), first.storage_offset(), {s.numel}, {1});
 }
 
+namespace {
+// torch 2.11 has no CUDA _foreach_copy_ for uint16/32/64 (seen on the lent H200): those copy as
+// the signed type of the same size, which moves the same bits.
+at::ScalarType copyableAs(at::ScalarType dtype) {
+  switch (dtype) {
+    case at::kUInt16: return at::kShort;
+    case at::kUInt32: return at::kInt;
+    case at::kUInt64: return at::kLong;
+    default: return dtype;
+  }
+}
+}  // namespace
+
 void OpBuffers::unpackInto(const at::Tensor& flat, const std::vector<at::Tensor>& users,
                            bool nonBlocking) {
   if (users.size() == 1) {
     users[0].copy_(flat.view(users[0].sizes()), nonBlocking);
     return;
   }
-  std::vector<at::Tensor> pieces;
+  const at::ScalarType dtype = flat.scalar_type(), as = copyableAs(dtype);
+  const auto copyable = [&](const at::Tensor& t) { return as == dtype ? t : t.view(as); };
+  std::vector<at::Tensor> targets, pieces;
+  targets.reserve(users.size());
   pieces.reserve(users.size());
   int64_t off = 0;
   for (const auto& u : users) {
-    pieces.push_back(flat.narrow(0, off, u.numel()).view(u.sizes()));
+    targets.push_back(copyable(u));
+    pieces.push_back(copyable(flat.narrow(0, off, u.numel()).view(u.sizes())));
     off += u.numel();
   }
-  at::_foreach_copy_(users, pieces, nonBlocking);  // batched on devices where torch can
+  at::_foreach_copy_(targets, pieces, nonBlocking);  // batched on devices where torch can
 }
 
 // A host buffer reused by every fused op of one group, so packing many small tensors costs a
