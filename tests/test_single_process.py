@@ -5,6 +5,7 @@ import ast
 import json
 import os
 import re
+import shutil
 import tempfile
 import socket
 import subprocess
@@ -149,6 +150,44 @@ def test_local_rank_from_host_names_when_the_launcher_gives_none():
                      "print('local', os.environ['LOCAL_RANK'], os.environ['LOCAL_WORLD_SIZE'])\n"
                      "dist.destroy_process_group()", env={"PMIX_RANK": "0"})
     assert rc == 0 and "local 0 1" in out, out
+
+
+RESERVED_PORT_SCRIPT = """
+import datetime, socket, subprocess
+import torch.distributed as dist
+from torch_mpi_gpu import launcher
+subprocess.run(["ip", "link", "set", "lo", "up"], check=True)
+with open("/proc/sys/net/ipv4/ip_local_port_range", "w") as f:
+    f.write("40000 40001")  # two ephemeral ports: the reserved one and one more
+port = launcher.reserve_port()
+server = socket.create_server(("127.0.0.1", 50000))
+taken = []
+for _ in range(3):  # outgoing connections, as MPI and the address probes make before the store
+    c = socket.socket()
+    try:
+        c.connect(("127.0.0.1", 50000))
+        taken.append(c.getsockname()[1])
+    except OSError:
+        taken.append(None)
+store = dist.TCPStore("127.0.0.1", port, 1, True, timeout=datetime.timedelta(seconds=10))
+store.set("k", "v")
+launcher.release_ports()
+print("RESULT", port, taken, store.get("k").decode())
+"""
+
+
+@pytest.mark.skipif(os.geteuid() != 0 or not shutil.which("unshare"),
+                    reason="needs root and unshare for a private network namespace")
+def test_reserved_store_port_is_never_an_outgoing_connections_port():
+    # The rendezvous port rank 0 picks stays bound until the store listens: in a namespace of two
+    # ephemeral ports, outgoing connections get only the other one, and the store still binds.
+    out = subprocess.run(["unshare", "-n", sys.executable, "-c", RESERVED_PORT_SCRIPT],
+                         capture_output=True, text=True, timeout=120, cwd="/")
+    line = [x for x in out.stdout.splitlines() if x.startswith("RESULT")]
+    assert line, out.stdout + out.stderr
+    _, port, *rest = line[0].split(" ", 2)
+    other = 40001 if int(port) == 40000 else 40000
+    assert int(port) in (40000, 40001) and rest[0] == f"[{other}, None, None] v", line[0]
 
 
 def test_no_launcher_means_no_env_changes():

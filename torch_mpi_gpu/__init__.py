@@ -19,7 +19,7 @@ import torch.distributed as dist
 from . import _C, config, flight_recorder, groups  # noqa: F401  (flight_recorder.dump())
 from .groups import init_process_group, new_group
 from .launcher import (choose_mpi_yield, detect_launcher, install_env_rendezvous_hook,
-                       select_cuda_device, setup_env)
+                       release_ports, select_cuda_device, setup_env)
 
 __version__ = "0.1.0"
 BACKEND_NAME = "mpigpu"
@@ -33,6 +33,7 @@ def _create_backend(dist_backend_opts, pg_options):
     """c10d creator (extended API): runs on member ranks only, once per group."""
     timeout = dist_backend_opts.timeout
     seconds = timeout.total_seconds() if hasattr(timeout, "total_seconds") else float(timeout)
+    release_ports()  # the group's store listens by now
     select_cuda_device()  # before MPI_Init, if this is where MPI starts
     if not dist.is_initialized():  # the default group: its ranks are those of its communicator
         _C.use_job_comm(groups.default_group_comm())

@@ -92,10 +92,28 @@ def check_world_size(found, mpi_size):
                "Launch with the mpirun/mpiexec of the MPI torch_mpi_gpu was built against."))
 
 
-def _free_port():
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
-        s.bind(("", 0))
-        return s.getsockname()[1]
+# Ports chosen for a rendezvous store, each held by a bound socket until the store listens on it:
+# Linux never gives a port bound so to an outgoing connection, and one could otherwise take it
+# between the choice and the store's bind (EADDRINUSE, seen in CI across two simulated hosts).
+_reserved_ports = {}
+
+
+def reserve_port():
+    """A free port, held until release_ports(); the store binds beside the holder (SO_REUSEADDR,
+    which torch's TCPStore sets too; the holder never listens)."""
+    s = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+    s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    s.bind(("", 0))
+    port = s.getsockname()[1]
+    _reserved_ports[port] = s
+    return port
+
+
+def release_ports(keep=None):
+    """Close the holders of reserved ports (but `keep`'s): once the store listens, or on ranks
+    whose choice was not taken."""
+    for port in [p for p in _reserved_ports if p != keep]:
+        _reserved_ports.pop(port).close()
 
 
 PROBE_TIMEOUT_S = 3.0
@@ -311,8 +329,9 @@ def setup_env(force=False):
     if found is None or (all(v in os.environ for v in TORCH_VARS) and not force):
         return None
     select_cuda_device()
-    port = int(config.get("TORCH_MPIGPU_MASTER_PORT") or 0) or _free_port()
+    port = int(config.get("TORCH_MPIGPU_MASTER_PORT") or 0) or reserve_port()
     host, port, rank, size, host_rank, host_size = store_address(port)
+    release_ports(keep=port if rank == 0 else None)  # rank 0's store will listen on it
     check_world_size(found, size)
     values = {"RANK": str(rank), "WORLD_SIZE": str(size), "MASTER_ADDR": host,
               "MASTER_PORT": str(port)}
