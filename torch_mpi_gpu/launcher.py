@@ -3,8 +3,8 @@ launcher with no environment variables set by the user.
 
 torch's env:// rendezvous needs RANK, WORLD_SIZE, MASTER_ADDR and MASTER_PORT. MPI launchers set
 their own variables instead, so when one is detected and those are missing we take rank and size
-from MPI itself and agree on the store address through MPI (rank 0 picks a free port and
-broadcasts it; 127.0.0.1 when every rank is on one host). Across hosts, rank 0 publishes the
+from MPI itself and agree on the store address through MPI (rank 0 picks a free port, held
+until the store listens, and broadcasts it; 127.0.0.1 when every rank is on one host). Across hosts, rank 0 publishes the
 names and addresses of its host and every rank tries to resolve and connect to each; the first
 one every rank reached becomes MASTER_ADDR (clusters often have no DNS for node names).
 """
