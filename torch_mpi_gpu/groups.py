@@ -11,7 +11,7 @@ communicators in one job each get an independent default group."""
 import torch.distributed as dist
 
 from . import _C
-from .launcher import release_ports, reserve_port, select_cuda_device, store_address
+from .launcher import reserve_port, select_cuda_device, store_address
 
 # The communicator (Fortran handle) the default group being made is over; None: MPI_COMM_WORLD.
 # Read by the backend's creator (torch_mpi_gpu._create_backend), which makes it the job's.
@@ -60,7 +60,6 @@ def init_process_group(comm=None, backend="mpigpu", **kwargs):
     select_cuda_device()
     # a free port on each communicator's rank 0: ensembles sharing a host each get a store
     host, port, rank, size, _, _ = store_address(reserve_port(), handle)
-    release_ports(keep=port if rank == 0 else None)  # the creator releases rank 0's
     url_host = f"[{host}]" if ":" in host else host
     global _default_group_comm
     _default_group_comm = handle

@@ -310,6 +310,7 @@ def store_address(port, comm=None):
 
     host, port, single_host, rank, size, host_rank, host_size = _C.bootstrap_address(
         socket.gethostname(), port, comm)
+    release_ports(keep=port if rank == 0 else None)  # rank 0's store will listen on it
     if not single_host:
         host = agree_master_addr(rank, lambda mine: _C.allgather_bytes(mine, comm))
     return ("127.0.0.1" if single_host else host), port, rank, size, host_rank, host_size
@@ -331,7 +332,6 @@ def setup_env(force=False):
     select_cuda_device()
     port = int(config.get("TORCH_MPIGPU_MASTER_PORT") or 0) or reserve_port()
     host, port, rank, size, host_rank, host_size = store_address(port)
-    release_ports(keep=port if rank == 0 else None)  # rank 0's store will listen on it
     check_world_size(found, size)
     values = {"RANK": str(rank), "WORLD_SIZE": str(size), "MASTER_ADDR": host,
               "MASTER_PORT": str(port)}
