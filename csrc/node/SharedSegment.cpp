@@ -13,6 +13,7 @@
 #include <cerrno>
 #include <chrono>
 #include <cstring>
+#include <random>
 #include <thread>
 
 #include "Errors.hpp"
@@ -62,6 +63,28 @@ std::string makeSegment(const std::string& name, size_t bytes, int* fdOut) {
   return "";
 }
 
+// A name of our own on this node: rank 0's pid and a count within this process. A name can still
+// be taken: a job killed while making its segment leaves it in /dev/shm, and a later rank 0 may
+// get the same pid (CI met this). Then a random suffix, a few times over.
+std::string makeUniqueSegment(size_t bytes, char (&name)[64], int* fdOut) {
+  static std::atomic<int> made{0};
+  const long pid = static_cast<long>(getpid());
+  const int count = made++;
+  std::snprintf(name, sizeof name, "/mpigpu-%ld-%d", pid, count);
+  std::random_device random;
+  std::string error;
+  for (int attempt = 0; attempt < 8; ++attempt) {
+    if (attempt > 0) {
+      std::snprintf(name, sizeof name, "/mpigpu-%ld-%d-%08x", pid, count,
+                    static_cast<unsigned>(random()));
+    }
+    error = makeSegment(name, bytes, fdOut);
+    const bool taken = *fdOut < 0 && error.find(errnoText(EEXIST)) != std::string::npos;
+    if (!taken) return error;
+  }
+  return error;
+}
+
 }  // namespace
 
 std::unique_ptr<SharedSegment> SharedSegment::create(const mpi::Comm& nodeComm, int64_t slotBytes,
@@ -75,16 +98,13 @@ std::unique_ptr<SharedSegment> SharedSegment::create(const mpi::Comm& nodeComm, 
   seg->slotBytes_ = static_cast<int64_t>(roundUp(static_cast<size_t>(slotBytes), kPage));
   seg->headerBytes_ = roundUp(sizeof(Peer) * nodeComm.size, kPage);
   const size_t bytes = seg->headerBytes_ + 2 * nodeComm.size * static_cast<size_t>(seg->slotBytes_);
-  static std::atomic<int> made{0};
-  // unique on the node: rank 0's pid, and a count within that process
   char name[64] = {0};
-  std::snprintf(name, sizeof name, "/mpigpu-%ld-%d", static_cast<long>(getpid()), made++);
-  MPIGPU_MPI_CHECK(MPI_Bcast(name, sizeof name, MPI_CHAR, 0, nodeComm.handle), op, rankForErrors);
   std::string error;
   int fd = -1;
-  if (nodeComm.rank == 0) error = makeSegment(name, bytes, &fd);
+  if (nodeComm.rank == 0) error = makeUniqueSegment(bytes, name, &fd);
   int made0 = error.empty() ? 1 : 0;
   MPIGPU_MPI_CHECK(MPI_Bcast(&made0, 1, MPI_INT, 0, nodeComm.handle), op, rankForErrors);
+  MPIGPU_MPI_CHECK(MPI_Bcast(name, sizeof name, MPI_CHAR, 0, nodeComm.handle), op, rankForErrors);
   if (nodeComm.rank != 0 && made0) {
     fd = shm_open(name, O_RDWR, 0600);
     if (fd < 0) error = c10::str("shm_open(", name, ") of rank 0's segment: ", errnoText(errno));
