@@ -134,6 +134,8 @@ const SettingSpec kSettings[] = {
     {"TORCH_MPIGPU_MASTER_PORT", "", "a free port", ReadAt::Rendezvous,
      "port of the TCP store when mpigpu picks the address"},
     {"TORCH_MPIGPU_WITH_CUDA", "auto", "", ReadAt::Build, "compile the CUDA sources"},
+    {"TORCH_MPIGPU_DEBUG_INFO", "lines", "", ReadAt::Build,
+     "debug info in the extension: lines (file:line in backtraces), full (variables too), none"},
     {"MPI_HOME", "/opt/openmpi-cuda", "", ReadAt::Build, "the MPI to build against"},
 };
 
