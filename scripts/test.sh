@@ -143,13 +143,13 @@ if [[ " $builds " == *" cuda "* ]]; then
     run_suite "$ROOT/.venv-cuda" "CUDA build, GPU visible: the whole suite" "$@"
   else
     # No GPU: the host paths are the CPU leg's code, run there in full. Here what the CUDA build
-    # changes: the single-process tests (CUDA path choice, settings, hooks), the GPU tests
-    # (which must skip cleanly), the core collectives at 1-4 ranks, and the tests' own device
-    # beside CUDA's registered paths.
+    # changes, as a smoke set: the single-process tests (CUDA path choice, settings, hooks), the
+    # GPU tests (which must skip cleanly), the collectives and DDP at 2 ranks, and the tests' own
+    # device beside CUDA's registered paths (alone at 2 ranks, mixed with CPU ranks at 3).
     run_suite "$ROOT/.venv-cuda" "CUDA build, no GPU: what the build changes" \
       test_single_process.py test_gpu.py test_multirank.py \
-      -k "test_single_process or test_gpu or (collectives and not algorithm and not split and not shared) \
-or device_of_its_own" "$@"
+      -k "test_single_process or test_gpu or ((test_collectives or test_ddp_matches) and [2] \
+and not algorithm and not split and not shared) or device_of_its_own" "$@"
   fi
 fi
 echo "=== every leg passed: $((SECONDS / 60)) min $((SECONDS % 60)) s ==="
