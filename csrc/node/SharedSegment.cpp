@@ -46,11 +46,8 @@ size_t roundUp(size_t n, size_t to) { return (n + to - 1) / to * to; }
 
 std::string errnoText(int e) { return std::strerror(e); }
 
-// Rank 0's part: a new name, the file sized and its pages reserved, mapped. "" on success.
-std::string makeSegment(const std::string& name, size_t bytes, int* fdOut) {
-  const int fd = shm_open(name.c_str(), O_CREAT | O_EXCL | O_RDWR, 0600);
-  if (fd < 0) return c10::str("shm_open(", name, "): ", errnoText(errno));
-  *fdOut = fd;
+// Rank 0's part, once its segment exists: the file sized and its pages reserved. "" on success.
+std::string sizeSegment(int fd, size_t bytes) {
   if (ftruncate(fd, static_cast<off_t>(bytes)) != 0)
     return c10::str("ftruncate(", bytes, " bytes): ", errnoText(errno));
   // reserve the pages now: a tmpfs that cannot hold them says so here, not with SIGBUS later
@@ -63,26 +60,27 @@ std::string makeSegment(const std::string& name, size_t bytes, int* fdOut) {
   return "";
 }
 
-// A name of our own on this node: rank 0's pid and a count within this process. A name can still
-// be taken: a job killed while making its segment leaves it in /dev/shm, and a later rank 0 may
-// get the same pid (CI met this). Then a random suffix, a few times over.
+// A new segment under a name of our own on this node: rank 0's pid and a count within this
+// process. A name can still be taken: a job killed while making its segment leaves it in
+// /dev/shm, and a later rank 0 may get the same pid (CI met this). Then a random suffix, a few
+// times over. "" on success.
 std::string makeUniqueSegment(size_t bytes, char (&name)[64], int* fdOut) {
   static std::atomic<int> made{0};
   const long pid = static_cast<long>(getpid());
   const int count = made++;
   std::snprintf(name, sizeof name, "/mpigpu-%ld-%d", pid, count);
   std::random_device random;
-  std::string error;
-  for (int attempt = 0; attempt < 8; ++attempt) {
-    if (attempt > 0) {
-      std::snprintf(name, sizeof name, "/mpigpu-%ld-%d-%08x", pid, count,
-                    static_cast<unsigned>(random()));
+  for (int attempt = 1;; ++attempt) {
+    const int fd = shm_open(name, O_CREAT | O_EXCL | O_RDWR, 0600);
+    if (fd >= 0) {
+      *fdOut = fd;
+      return sizeSegment(fd, bytes);
     }
-    error = makeSegment(name, bytes, fdOut);
-    const bool taken = *fdOut < 0 && error.find(errnoText(EEXIST)) != std::string::npos;
-    if (!taken) return error;
+    if (errno != EEXIST || attempt == 8)
+      return c10::str("shm_open(", name, "): ", errnoText(errno));
+    std::snprintf(name, sizeof name, "/mpigpu-%ld-%d-%08x", pid, count,
+                  static_cast<unsigned>(random()));
   }
-  return error;
 }
 
 }  // namespace
