@@ -125,6 +125,56 @@ def debug_info_flag():
     return flags[setting]
 
 
+def precompiled_header_wanted():
+    setting = os.environ.get("TORCH_MPIGPU_PRECOMPILED_HEADER", "1")
+    if setting not in ("0", "1"):
+        sys.exit(f"torch_mpi_gpu: TORCH_MPIGPU_PRECOMPILED_HEADER={setting}: use 1 or 0")
+    return setting == "1"
+
+
+def compiler_is_gcc(compiler):
+    version = _run([compiler, "--version"]) or ""
+    return "Free Software Foundation" in version and "clang" not in version.lower()
+
+
+def build_precompiled_header(compiler, cflags, post_cflags, build_directory):
+    """Compiles csrc/PrecompiledHeaders.hpp with the units' own flags; returns the flags that make
+    every unit use it, or [] (the build then goes on without it, only slower). GCC takes a .gch
+    only when its flags match the unit's, so the flags are the ones torch hands to ninja. It is
+    made again when those flags, torch or the header change (a stale one would go unnoticed)."""
+    import torch
+
+    pch_dir = Path(build_directory, "pch")
+    header = pch_dir / "PrecompiledHeaders.hpp"
+    gch = pch_dir / "PrecompiledHeaders.hpp.gch"
+    stamp = pch_dir / "made-with.txt"
+    # cflags ends with "-c" (the compile rule's input follows it): dropped for the header
+    flags = [f for f in cflags if f != "-c"] + list(post_cflags)
+    source = (ROOT / "csrc" / "PrecompiledHeaders.hpp").read_text()
+    made_with = "\n".join([compiler, torch.__version__, torch.__file__, " ".join(flags), source])
+    use = ["-include", shlex.quote(str(header))]
+    if int((_run([compiler, "-dumpversion"]) or "0").split(".")[0]) < 13:
+        # GCC 12 drops the headers' own `#pragma GCC diagnostic` from a precompiled header: torch's
+        # TypeSafeSignMath.h then warned once per unit, against the pragma that silences it
+        use.append("-Wno-sign-compare")
+    if gch.exists() and stamp.exists() and stamp.read_text() == made_with:
+        return use
+    pch_dir.mkdir(parents=True, exist_ok=True)
+    header.write_text(source)
+    gch.unlink(missing_ok=True)
+    command = " ".join([shlex.quote(compiler), "-x", "c++-header", *flags, shlex.quote(str(header)),
+                        "-o", shlex.quote(str(gch))])
+    print(f"torch_mpi_gpu: precompiling torch's headers ({header.name})", flush=True)
+    done = subprocess.run(command, shell=True, capture_output=True, text=True)
+    if done.returncode != 0:
+        print(f"torch_mpi_gpu: no precompiled header (the units parse torch's headers each, "
+              f"slower): {done.stderr.strip()[-600:]}", flush=True)
+        gch.unlink(missing_ok=True)
+        return []
+    stamp.write_text(made_with)
+    return use
+
+
 def want_cuda():
     import torch
     from torch.utils.cpp_extension import CUDA_HOME
@@ -204,7 +254,25 @@ def build_ext_class():
 
     class BuildExtensionChecked(BuildExtension):
         def build_extensions(self):
-            super().build_extensions()
+            import torch.utils.cpp_extension as cpp_extension
+
+            write_and_compile = cpp_extension._write_ninja_file_and_compile_objects
+
+            def with_precompiled_header(*args, **kwargs):
+                # torch passes these by keyword; the units' exact flags are known only here
+                compiler = cpp_extension.get_cxx_compiler()
+                if not args and {"cflags", "post_cflags", "build_directory"} <= kwargs.keys() \
+                        and compiler_is_gcc(compiler):
+                    kwargs["post_cflags"] = list(kwargs["post_cflags"]) + build_precompiled_header(
+                        compiler, kwargs["cflags"], kwargs["post_cflags"], kwargs["build_directory"])
+                return write_and_compile(*args, **kwargs)
+
+            if precompiled_header_wanted():
+                cpp_extension._write_ninja_file_and_compile_objects = with_precompiled_header
+            try:
+                super().build_extensions()
+            finally:
+                cpp_extension._write_ninja_file_and_compile_objects = write_and_compile
             for ext in self.extensions:
                 so_path = self.get_ext_fullpath(ext.name)
                 count = private_libstdcxx(so_path)

@@ -31,15 +31,75 @@ run_suite() {  # venv, label, pytest args...
 
 CPU_VENV="${MPIGPU_VENV:-$ROOT/.venv}"
 MPICH_VENV="$ROOT/.venv-mpich"
-ready=""
-setup_cpu() {  # once per run
-  [[ "$ready" == *cpu* ]] || MPIGPU_VENV="$CPU_VENV" TORCH_MPIGPU_WITH_CUDA=0 "$ROOT/scripts/setup_env.sh"
+CUDA_VENV="$ROOT/.venv-cuda"
+at_exit=()  # commands run when the script ends, however it ends
+trap 'for command in "${at_exit[@]}"; do eval "$command" || true; done' EXIT
+
+ready=""  # each setup runs once; "|| return": a failure is the function's status, in the
+# background too (where set -e does not reach)
+setup_cpu() {
+  if [[ "$ready" != *cpu* ]]; then
+    MPIGPU_VENV="$CPU_VENV" TORCH_MPIGPU_WITH_CUDA=0 "$ROOT/scripts/setup_env.sh" || return
+  fi
   ready="$ready cpu"
 }
 setup_mpich() {
-  [[ "$ready" == *mpich* ]] || MPIGPU_VENV="$MPICH_VENV" MPIGPU_MPI_PACKAGE=mpich MPI_HOME= \
-    TORCH_MPIGPU_WITH_CUDA=0 "$ROOT/scripts/setup_env.sh"
+  if [[ "$ready" != *mpich* ]]; then
+    wait_for_background_setup mpich || MPIGPU_VENV="$MPICH_VENV" MPIGPU_MPI_PACKAGE=mpich MPI_HOME= \
+      TORCH_MPIGPU_WITH_CUDA=0 "$ROOT/scripts/setup_env.sh" || return
+  fi
   ready="$ready mpich"
+}
+setup_cuda() {
+  if [[ "$ready" != *cuda* ]] && ! wait_for_background_setup cuda; then
+    # the CUDA torch wheels take ~6 GiB installed, and pip's download sits beside them meanwhile
+    echo "CUDA build: $(df -Pk "$ROOT" | awk 'NR == 2 { print int($4 / 1048576) }') GiB free on $ROOT (about 10 needed)"
+    MPIGPU_VENV="$CUDA_VENV" TORCH_SPEC="${CUDA_TORCH_SPEC:-torch==2.14.1}" \
+      TORCH_MPIGPU_WITH_CUDA=1 "$ROOT/scripts/setup_env.sh" || return
+  fi
+  ready="$ready cuda"
+}
+
+# The later legs' setups (pip installs, builds: ~7 of CI's minutes) run in the background beside
+# the earlier legs' tests, in the idle scheduling class: they take only the CPU time the tests
+# leave (about a quarter in the CPU leg, where ranks wait on each other and on timeouts) and give
+# way at once when a test's process wants a core. One at a time, in the order the legs need them;
+# a leg waits for its setup and shows its output then.
+BACKGROUND_LOGS="$(mktemp -d)"
+background_pid="" background_names=""
+kill_tree() { local child; for child in $(pgrep -P "$1"); do kill_tree "$child"; done; kill "$1" 2>/dev/null || true; }
+start_background_setups() {  # names (mpich, cuda)
+  [ $# -gt 0 ] || return 0
+  (
+    chrt --idle -p 0 "$BASHPID" >/dev/null 2>&1 || renice -n 19 -p "$BASHPID" >/dev/null
+    for name; do
+      "setup_$name" >"$BACKGROUND_LOGS/$name.log" 2>&1 && status=0 || status=$?
+      echo "$status $SECONDS" >"$BACKGROUND_LOGS/$name.status"
+      [ "$status" = 0 ] || break
+    done
+  ) &
+  background_pid=$! background_names=" $* "
+  at_exit+=("kill_tree $background_pid; rm -rf '$BACKGROUND_LOGS'")
+  echo "=== in the background, idle class: the setups of ${*} (at $((SECONDS / 60)) min $((SECONDS % 60)) s) ==="
+}
+wait_for_background_setup() {  # name; false when it was never started
+  local name=$1 since=$SECONDS status finished
+  [[ "$background_names" == *" $name "* ]] || return 1
+  while [ ! -e "$BACKGROUND_LOGS/$name.status" ]; do
+    if ! kill -0 "$background_pid" 2>/dev/null && [ ! -e "$BACKGROUND_LOGS/$name.status" ]; then
+      cat "$BACKGROUND_LOGS/$name.log" 2>/dev/null || true
+      echo "=== the $name setup ended without a status (killed?) ===" >&2
+      exit 1
+    fi
+    sleep 1
+  done
+  read -r status finished <"$BACKGROUND_LOGS/$name.status"
+  echo "=== $name setup, run in the background (done at $((finished / 60)) min $((finished % 60)) s; this leg waited $((SECONDS - since)) s for it) ==="
+  cat "$BACKGROUND_LOGS/$name.log"
+  if [ "$status" != 0 ]; then
+    echo "=== the $name setup FAILED (exit $status) ===" >&2
+    exit 1
+  fi
 }
 
 # A leg that cannot start fails the run, unless MPIGPU_ALLOW_SKIPS names it (tests/conftest.py
@@ -59,8 +119,29 @@ builds="${MPIGPU_TEST_BUILDS:-cpu mpich slurm hosts cuda}"
 # ranks start and find each other, not the ops, which the default launcher runs at 1-4 above.
 LAUNCHER_TESTS="(launcher or uncaught or clean or killed or stalled or ((ddp or fsdp or p2p_async \
 or (collectives and not algorithm and not split)) and [3])) and not shared_mpi_thread"
-if [[ " $builds " == *" cpu "* ]]; then
+later_setups=""
+if [[ " $builds " == *" mpich "* || " $builds " == *" slurm "* || " $builds " == *" hosts "* ]]; then
+  later_setups="mpich"
+fi
+if [[ " $builds " == *" cuda "* ]]; then
+  export CUDA_HOME="${CUDA_HOME:-/usr/local/cuda}" TORCH_CUDA_ARCH_LIST="${TORCH_CUDA_ARCH_LIST:-9.0}"
+  if [ -x "$CUDA_HOME/bin/nvcc" ]; then
+    later_setups="$later_setups cuda"
+  elif [ "${MPIGPU_REQUIRE_CUDA_BUILD:-0}" = 1 ]; then
+    echo "no nvcc at $CUDA_HOME/bin/nvcc: cannot compile the CUDA sources" >&2
+    exit 1
+  else
+    echo "=== CUDA build SKIPPED: no nvcc at $CUDA_HOME/bin/nvcc (set CUDA_HOME) ==="
+    builds="${builds/cuda/}"
+  fi
+fi
+# the CPU venv first, in the foreground: builds share the source tree's build/ folder, one at a time
+if [[ " $builds " == *" cpu "* || " $builds " == *" slurm "* || " $builds " == *" hosts "* ]]; then
   setup_cpu
+fi
+# shellcheck disable=SC2086  # the names, split
+start_background_setups $later_setups
+if [[ " $builds " == *" cpu "* ]]; then
   echo "=== lint ==="
   "$ROOT/scripts/lint.sh" "$CPU_VENV"
   run_suite "$CPU_VENV" "CPU build" "$@"
@@ -93,7 +174,7 @@ if [[ " $builds " == *" slurm "* ]]; then
 fi
 if [[ " $builds " == *" hosts "* ]]; then
   if why=$("$ROOT/scripts/two_hosts.sh" check 2>&1); then
-    trap '"$ROOT/scripts/two_hosts.sh" down' EXIT  # the test fixture removes them too
+    at_exit+=('"$ROOT/scripts/two_hosts.sh" down')  # the test fixture removes them too
     setup_cpu
     # (test_hang_prone: 2 hosts x 2 ranks bound to cores, the launch check 15 times, p2p_groups,
     # a killed and a stalled rank, a waiting rank's threads; IP only: the launch check)
@@ -124,29 +205,16 @@ or p2p_async or hang_prone or killed or (uncaught and collective)) and not share
   fi
 fi
 if [[ " $builds " == *" cuda "* ]]; then
-  export CUDA_HOME="${CUDA_HOME:-/usr/local/cuda}" TORCH_CUDA_ARCH_LIST="${TORCH_CUDA_ARCH_LIST:-9.0}"
-  if [ ! -x "$CUDA_HOME/bin/nvcc" ]; then
-    if [ "${MPIGPU_REQUIRE_CUDA_BUILD:-0}" = 1 ]; then
-      echo "no nvcc at $CUDA_HOME/bin/nvcc: cannot compile the CUDA sources" >&2
-      exit 1
-    fi
-    echo "=== CUDA build SKIPPED: no nvcc at $CUDA_HOME/bin/nvcc (set CUDA_HOME) ==="
-    exit 0
-  fi
-  # the CUDA torch wheels take ~6 GiB installed, and pip's download sits beside them meanwhile
-  free_gib=$(df -Pk "$ROOT" | awk 'NR == 2 { print int($4 / 1048576) }')
-  echo "=== CUDA build: ${free_gib} GiB free on $ROOT (about 10 needed) ==="
-  MPIGPU_VENV="$ROOT/.venv-cuda" TORCH_SPEC="${CUDA_TORCH_SPEC:-torch==2.14.1}" \
-    TORCH_MPIGPU_WITH_CUDA=1 "$ROOT/scripts/setup_env.sh"
-  (cd / && "$ROOT/.venv-cuda/bin/python" -c 'import torch_mpi_gpu as t; assert t._C.with_cuda(), "CUDA sources missing"; print("CUDA build imports; CUDA tensors take", t._C.cuda_path()[0])')
-  if (cd / && "$ROOT/.venv-cuda/bin/python" -c 'import sys, torch; sys.exit(0 if torch.cuda.is_available() else 1)'); then
-    run_suite "$ROOT/.venv-cuda" "CUDA build, GPU visible: the whole suite" "$@"
+  setup_cuda
+  (cd / && "$CUDA_VENV/bin/python" -c 'import torch_mpi_gpu as t; assert t._C.with_cuda(), "CUDA sources missing"; print("CUDA build imports; CUDA tensors take", t._C.cuda_path()[0])')
+  if (cd / && "$CUDA_VENV/bin/python" -c 'import sys, torch; sys.exit(0 if torch.cuda.is_available() else 1)'); then
+    run_suite "$CUDA_VENV" "CUDA build, GPU visible: the whole suite" "$@"
   else
     # No GPU: the host paths are the CPU leg's code, run there in full. Here what the CUDA build
     # changes, as a smoke set: the single-process tests (CUDA path choice, settings, hooks), the
     # GPU tests (which must skip cleanly), the collectives and DDP at 2 ranks, and the tests' own
     # device beside CUDA's registered paths (alone at 2 ranks, mixed with CPU ranks at 3).
-    run_suite "$ROOT/.venv-cuda" "CUDA build, no GPU: what the build changes" \
+    run_suite "$CUDA_VENV" "CUDA build, no GPU: what the build changes" \
       test_single_process.py test_gpu.py test_multirank.py \
       -k "test_single_process or test_gpu or ((test_collectives or test_ddp_matches) and [2] \
 and not algorithm and not split and not shared) or device_of_its_own" "$@"
