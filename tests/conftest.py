@@ -25,6 +25,11 @@ MP_DIR = Path(__file__).parent / "mp"
 ROOT = Path(__file__).resolve().parents[1]
 LAUNCHERS = ("mpirun", "srun-pmix", "srun-pmi2", "two-hosts-names", "two-hosts-ip-only")
 LAUNCHER = os.environ.get("MPIGPU_TEST_LAUNCHER", "mpirun")
+# Open MPI 5's libfabric BTL finds no fabric on a machine without one and says so after ~1 s
+# inside MPI_Init; it carries none of these tests' bytes (sm and tcp do). Left out, every job and
+# every single-process test starts that second sooner: minutes of a CI run. A user's own choice
+# of BTLs stands. (MPICH ignores OMPI_ variables.)
+os.environ.setdefault("OMPI_MCA_btl", "^ofi")
 # tests/mp/common.py then has mpi4py initialise MPI at MPI_THREAD_SERIALIZED: every group of a
 # process shares one engine thread, the path of MPIs without MPI_THREAD_MULTIPLE
 SERIALIZED = {"MPIGPU_TEST_THREAD_LEVEL": "serialized"}
