@@ -3,6 +3,8 @@
 #include "ProcessGroupMPIGPU.hpp"
 
 #include <c10/util/Logging.h>
+
+#include <algorithm>
 #include <numeric>
 #include <sstream>
 
@@ -77,7 +79,7 @@ std::vector<int> resolveJobRanks(int rank, int size, const std::vector<int64_t>&
 
 ProcessGroupMPIGPU::ProcessGroupMPIGPU(c10::intrusive_ptr<c10d::Store> store, int rank, int size,
                                        std::vector<int64_t> globalRanks, milliseconds timeout,
-                                       std::string groupName)
+                                       std::string groupName, MPI_Comm made)
     : Backend(rank, size),
       store_(std::move(store)),
       groupName_(std::move(groupName)),
@@ -94,8 +96,10 @@ ProcessGroupMPIGPU::ProcessGroupMPIGPU(c10::intrusive_ptr<c10d::Store> store, in
   paths_ = std::make_unique<paths::PathFactory>(config_);
   engine_ = Engine::create("mpigpu-" + groupName_);
   const int hasGpu = at::hasCUDA() ? 1 : 0;
-  engine_->runAndWait("new_group", groupName_, rank, [this, hasGpu] {
-    comm_.handle = mpi::createGroupComm(globalRanks_, tagFor(groupName_), rank_);
+  engine_->runAndWait("new_group", groupName_, rank, [this, hasGpu, made] {
+    comm_.handle = made != MPI_COMM_NULL
+                       ? made
+                       : mpi::createGroupComm(globalRanks_, tagFor(groupName_), rank_);
     int commRank = -1;
     MPI_Comm_rank(comm_.handle, &commRank);
     if (commRank != rank_) {
@@ -121,6 +125,68 @@ ProcessGroupMPIGPU::ProcessGroupMPIGPU(c10::intrusive_ptr<c10d::Store> store, in
   }
   if (store_) Watchdog::addGroup({groupName_, rank_, size_, store_, collectives_});
   flightRecorderId_ = fr::Recorder::get().addGroup(groupName_, globalRanks_);
+}
+
+c10::intrusive_ptr<c10d::Backend> ProcessGroupMPIGPU::split(
+    const c10::intrusive_ptr<c10d::Store>& store, const std::vector<int>& ranks,
+    const c10::intrusive_ptr<Options>& opts) {
+  const char* op = "split_group";
+  for (int r : ranks)
+    MPIGPU_CHECK_VALUE(r >= 0 && r < size_, op, rank_, "rank ", r, " is not a rank of group '",
+                       groupName_, "' (size ", size_, ")");
+  if (lastSplit_.store && lastSplit_.store.get() == store.get() && lastSplit_.ranks == ranks)
+    return lastSplit_.child ? lastSplit_.child->lock() : nullptr;
+  const auto mine = std::find(ranks.begin(), ranks.end(), rank_);
+  const bool member = mine != ranks.end();
+  // on the engine, after the ops queued before it; shared with the task, which a timeout below
+  // leaves queued
+  struct Result {
+    MPI_Comm child = MPI_COMM_NULL;
+    std::vector<int> made;
+  };
+  auto result = std::make_shared<Result>();
+  const bool done = currentEngine(op)->runAndWait(
+      op, groupName_, rank_,
+      [this, result, ranks, op] {
+        result->child = mpi::splitComm(comm_, ranks, &result->made, op);
+      },
+      timeout());
+  if (!done)
+    MPIGPU_THROW_BACKEND(op, rank_, "the split of group '", groupName_,
+                         "' did not complete within ", timeout().count(),
+                         " ms: every rank of the group must call split_group (DeviceMesh calls "
+                         "it once per mesh dimension); the group is not usable after this");
+  if (!member) {
+    lastSplit_ = {store, ranks, std::nullopt};
+    return nullptr;
+  }
+  if (result->child == MPI_COMM_NULL) {
+    std::ostringstream got, asked;
+    for (int r : result->made) got << " " << r;
+    for (int r : ranks) asked << " " << r;
+    MPIGPU_CHECK_VALUE(false, op, rank_, "this rank asked for a group of ranks [", asked.str(),
+                       " ] of group '", groupName_, "', but the ranks that split with it make [",
+                       got.str(),
+                       " ]: every rank must pass the same split_ranks, each rank in at most one "
+                       "of them");
+  }
+  std::vector<int64_t> global;
+  for (int r : ranks) global.push_back(globalRanks_[r]);
+  const std::string name = opts && !opts->group_name.empty()
+                               ? opts->group_name
+                               : c10::str(groupName_, ":split:", ranks.front());
+  c10::intrusive_ptr<c10d::Backend> child = c10::make_intrusive<ProcessGroupMPIGPU>(
+      store, static_cast<int>(mine - ranks.begin()), static_cast<int>(ranks.size()),
+      std::move(global), opts ? opts->timeout : timeout(), name, result->child);
+  lastSplit_ = {store, ranks, c10::weak_intrusive_ptr<c10d::Backend>(child)};
+  return child;
+}
+
+c10::intrusive_ptr<c10d::Backend::Options> ProcessGroupMPIGPU::getBackendOptions() {
+  auto opts = c10::make_intrusive<CopyableOptions>(getBackendName(), timeout());
+  opts->group_name = groupName_;
+  opts->global_ranks_in_group.assign(globalRanks_.begin(), globalRanks_.end());
+  return opts;
 }
 
 // On the group's engine thread at creation, collective over the group: which ranks share a node,

@@ -8,6 +8,7 @@
 #include <atomic>
 #include <memory>
 #include <mutex>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -25,14 +26,31 @@ namespace mpigpu {
 class ProcessGroupMPIGPU : public c10d::Backend {
  public:
   // `globalRanks` are the members' ranks in the default group (= MPI_COMM_WORLD ranks); empty for
-  // the default group itself.
+  // the default group itself. `made`: a communicator of exactly those ranks, in that order,
+  // that the group takes over (split); MPI_COMM_NULL: the group makes its own.
   ProcessGroupMPIGPU(c10::intrusive_ptr<c10d::Store> store, int rank, int size,
                      std::vector<int64_t> globalRanks, std::chrono::milliseconds timeout,
-                     std::string groupName);
+                     std::string groupName, MPI_Comm made = MPI_COMM_NULL);
   ~ProcessGroupMPIGPU() override;
 
   const std::string getBackendName() const override { return "mpigpu"; }
   bool supportsCoalescing() const override { return true; }
+
+  // Splitting (torch's split_group, and DeviceMesh where the default group has a device_id):
+  // collective over this group, each rank passing its own child's ranks in child-rank order, or
+  // another child's where it is in none (it gets null). One MPI_Comm_split on the engine, after
+  // the ops queued before it; members that passed different ranks all get a ValueError.
+  bool supportsSplitting() const override { return true; }
+  c10::intrusive_ptr<c10d::Backend> split(const c10::intrusive_ptr<c10d::Store>& store,
+                                          const std::vector<int>& ranks,
+                                          const c10::intrusive_ptr<Options>& opts) override;
+  // The options a split child starts from (torch copies them; CopyableOptions says why).
+  c10::intrusive_ptr<Options> getBackendOptions() override;
+  // torch 2.13's split_group deep-copies the parent's options, which the base class's Python
+  // binding cannot do: this one can (init.cpp binds __copy__ and __deepcopy__).
+  struct CopyableOptions : Options {
+    using Options::Options;
+  };
   // torch's _set_pg_timeout; TORCH_MPIGPU_TIMEOUT, when set, still wins (it is the user's
   // override of every group's timeout).
   void setTimeout(std::chrono::milliseconds timeout) override;
@@ -190,6 +208,17 @@ class ProcessGroupMPIGPU : public c10d::Backend {
   std::shared_ptr<std::atomic<uint64_t>> collectives_ = std::make_shared<std::atomic<uint64_t>>(0);
   // Point-to-point ops issued by this rank (numbered apart: they differ from rank to rank).
   std::atomic<uint64_t> p2pSeq_{0};
+
+  // The last split: torch 2.13 asks a backend that serves several device types once per type,
+  // with the same store, and keeps the first child; those calls get it without splitting again
+  // (on every rank alike: the store is the same object for them all, and held here so that a
+  // later split's cannot take its address).
+  struct LastSplit {
+    c10::intrusive_ptr<c10d::Store> store;
+    std::vector<int> ranks;
+    std::optional<c10::weak_intrusive_ptr<c10d::Backend>> child;  // none: not a member
+  };
+  LastSplit lastSplit_;
 
   std::mutex coalesceMutex_;
   bool coalescing_ = false;

@@ -29,21 +29,36 @@ using mpigpu::ProcessGroupMPIGPU;
 namespace {
 
 void bindProcessGroup(py::module_& m) {
-  py::class_<ProcessGroupMPIGPU, c10d::Backend, c10::intrusive_ptr<ProcessGroupMPIGPU>>(
-      m, "ProcessGroupMPIGPU")
-      .def(py::init([](const c10::intrusive_ptr<c10d::Store>& store, int rank, int size,
-                       std::vector<int64_t> globalRanks, double timeoutSeconds,
-                       std::string groupName) {
-             // Communicator creation blocks in MPI; other Python threads may run meanwhile.
-             py::gil_scoped_release noGil;
-             return c10::make_intrusive<ProcessGroupMPIGPU>(
-                 store, rank, size, std::move(globalRanks),
-                 std::chrono::milliseconds(static_cast<int64_t>(timeoutSeconds * 1000)),
-                 std::move(groupName));
-           }),
-           py::arg("store"), py::arg("rank"), py::arg("size"), py::arg("global_ranks"),
-           py::arg("timeout_seconds"), py::arg("group_name"))
-      .def("describe", &ProcessGroupMPIGPU::describe);
+  py::class_<ProcessGroupMPIGPU, c10d::Backend, c10::intrusive_ptr<ProcessGroupMPIGPU>> pg(
+      m, "ProcessGroupMPIGPU");
+  using Options = ProcessGroupMPIGPU::CopyableOptions;
+  py::class_<Options, c10d::Backend::Options, c10::intrusive_ptr<Options>>(pg, "Options")
+      .def("__copy__", [](const Options& o) { return c10::make_intrusive<Options>(o); })
+      .def("__deepcopy__",
+           [](const Options& o, const py::dict&) { return c10::make_intrusive<Options>(o); });
+  pg.def(py::init([](const c10::intrusive_ptr<c10d::Store>& store, int rank, int size,
+                     std::vector<int64_t> globalRanks, double timeoutSeconds,
+                     std::string groupName) {
+           // Communicator creation blocks in MPI; other Python threads may run meanwhile.
+           py::gil_scoped_release noGil;
+           return c10::make_intrusive<ProcessGroupMPIGPU>(
+               store, rank, size, std::move(globalRanks),
+               std::chrono::milliseconds(static_cast<int64_t>(timeoutSeconds * 1000)),
+               std::move(groupName));
+         }),
+         py::arg("store"), py::arg("rank"), py::arg("size"), py::arg("global_ranks"),
+         py::arg("timeout_seconds"), py::arg("group_name"))
+      .def("describe", &ProcessGroupMPIGPU::describe)
+      // torch 2.13's split_group reads the parent's `options` (a property of NCCL's and gloo's
+      // classes there, not of Backend's)
+      .def_property_readonly("options", &ProcessGroupMPIGPU::getBackendOptions)
+      // torch's new_group, where the default group has a device_id and supports splitting,
+      // has the ranks outside the new group call this (NCCL builds members from the parent's
+      // communicator, so all of its ranks must take part); mpigpu makes a new group over its
+      // members alone, so the others have nothing to do.
+      .def(
+          "perform_nocolor_split", [](ProcessGroupMPIGPU&, const py::object&) {},
+          py::arg("device"));
 }
 
 void bindSettings(py::module_& m) {

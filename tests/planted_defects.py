@@ -87,6 +87,16 @@ PLANTS = [
                 output.resize_(output.numel())
             return out
         dist.all_gather_into_tensor = all_gather_into_tensor"""),
+    Plant("split-child-rank-order", "a split group's ranks in another order than torch's record",
+          ["test_multirank.py::test_split_groups_and_device_mesh_with_a_bound_device[3]"],
+          "even/odd: all_gather order on owndev", wrap="""
+        real = dist.all_gather_into_tensor
+        def all_gather_into_tensor(output, input, group=None, async_op=False):
+            out = real(output, input, group, async_op)
+            if group is not None and dist.get_world_size(group) > 1:
+                output.copy_(output.view(dist.get_world_size(group), -1).flip(0).reshape(-1))
+            return out
+        dist.all_gather_into_tensor = all_gather_into_tensor"""),
     Plant("soak-leaks", "every all_reduce keeps 2 KiB alive",
           ["test_multirank.py::test_soak_threads_groups_memory_flat[2]"],
           "RSS flat during the soak's second half", wrap="""

@@ -18,7 +18,7 @@ import torch
 from conftest import run_mpi, skip_or_fail
 from conftest import passed_counts
 from test_multirank import (COLLECTIVES, DDP, FORCED_ALGORITHM, FSDP, fusion_behaviours,
-                            p2p_groups_behaviours)
+                            p2p_groups_behaviours, split_groups_behaviours)
 from test_reliability import check_ending_a_group_with_a_stuck_op
 
 pytestmark = [pytest.mark.gpu,
@@ -231,6 +231,13 @@ def test_own_device_cuda_and_cpu_ranks_in_one_collective(own_device_env):
     assert passed_counts(out, 3, COLLECTIVES) > 1500
     for rank, where in enumerate(("owndev:0", "cuda:", "cpu")):
         assert f"[rank {rank}/3] collectives(np=3, device={where}" in out, out[-3000:]
+
+
+def test_split_groups_and_device_mesh_bound_to_cuda():
+    # init_process_group(device_id=cuda:N), as torch advises for GPUs: DeviceMesh and
+    # split_group then split the default group (CPU CI runs this on the tests' own device)
+    out = run_mpi("split_groups.py", 4, env={"MPIGPU_TEST_DEVICE": "cuda"})
+    assert passed_counts(out, 4, split_groups_behaviours(4)) >= 25
 
 
 # How the ranks of the one GPU wait for each other in the device slots: auto orders from the

@@ -129,6 +129,22 @@ def test_a_device_of_its_own_every_collective(np, device, own_device_env):
         assert passed_counts(out, np, p2p_groups_behaviours(np)) >= 40
 
 
+def split_groups_behaviours(np):
+    """The sections tests/mp/split_groups.py reports at np ranks."""
+    return ({"split into even and odd ranks", "split with ranks listed high to low",
+             "a rank in no child", "a split of a split", "new_group beside splits"}
+            | ({"DeviceMesh 2-D through splits"} if np % 2 == 0 else set())
+            | ({"split_ranks that differ between ranks"} if np >= 3 else set()))
+
+
+@pytest.mark.parametrize("np", [3, 4])
+def test_split_groups_and_device_mesh_with_a_bound_device(np, own_device_env):
+    # torch splits groups (split_group; DeviceMesh, new_group's non-members) only where the
+    # default group is bound to an accelerator: the tests' own device stands in for CUDA
+    out = run_mpi("split_groups.py", np, env={"MPIGPU_TEST_DEVICE": "own", **own_device_env})
+    assert passed_counts(out, np, split_groups_behaviours(np)) >= 25
+
+
 def test_collectives_split_into_small_mpi_calls():
     # Every message above 5 elements is split: exercises the >2^31 element code paths cheaply.
     out = run_mpi("collectives.py", 3, env={"TORCH_MPIGPU_MAX_ELEMENTS_PER_CALL": "5"})

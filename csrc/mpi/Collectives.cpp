@@ -80,6 +80,28 @@ MPI_Comm createGroupComm(const std::vector<int>& jobRanks, int tag, int rankForE
   return comm;
 }
 
+MPI_Comm splitComm(const Comm& parent, const std::vector<int>& ranks, std::vector<int>* made,
+                   const char* op) {
+  const auto mine = std::find(ranks.begin(), ranks.end(), parent.rank);
+  const int color =
+      mine == ranks.end() ? MPI_UNDEFINED : *std::min_element(ranks.begin(), ranks.end());
+  MPI_Comm child = MPI_COMM_NULL;
+  MPIGPU_MPI_CHECK(
+      MPI_Comm_split(parent.handle, color, static_cast<int>(mine - ranks.begin()), &child), op,
+      parent.rank);
+  if (child == MPI_COMM_NULL) return child;
+  int n = 0;
+  MPIGPU_MPI_CHECK(MPI_Comm_size(child, &n), op, parent.rank);
+  made->resize(n);
+  MPIGPU_MPI_CHECK(MPI_Allgather(&parent.rank, 1, MPI_INT, made->data(), 1, MPI_INT, child), op,
+                   parent.rank);
+  // agreed over the child, so that all of its members fail or none does
+  int same = *made == ranks ? 1 : 0;
+  MPIGPU_MPI_CHECK(MPI_Allreduce(MPI_IN_PLACE, &same, 1, MPI_INT, MPI_MIN, child), op, parent.rank);
+  if (!same) freeComm(&child);
+  return child;
+}
+
 void freeComm(MPI_Comm* comm) {
   if (*comm != MPI_COMM_NULL) {
     int finalized = 0;

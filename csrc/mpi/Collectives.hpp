@@ -26,6 +26,13 @@ struct Comm {
 // mpi/Env.hpp): the c10d creator runs on member ranks only, so nothing here may involve
 // non-members. `jobRanks` are torch's global ranks.
 MPI_Comm createGroupComm(const std::vector<int>& jobRanks, int tag, int rankForErrors);
+// A communicator of the ranks `ranks` of `parent`, in that order, split from it: collective over
+// `parent`, each rank passing its own child's ranks, or another child's where it is in none (it
+// gets MPI_COMM_NULL). Children are told apart by their smallest rank, so they must not overlap.
+// Where a child's members passed different lists, each of them gets MPI_COMM_NULL, with the
+// ranks MPI grouped it with in *made (a member's *made is those ranks either way).
+MPI_Comm splitComm(const Comm& parent, const std::vector<int>& ranks, std::vector<int>* made,
+                   const char* op);
 void freeComm(MPI_Comm* comm);
 
 // Number of MPI communication calls made by this process (tests count them to prove fusion).
