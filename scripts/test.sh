@@ -214,11 +214,12 @@ if [[ " $builds " == *" cuda "* ]]; then
     # No GPU: the host paths are the CPU leg's code, run there in full. Here what the CUDA build
     # changes, as a smoke set: the single-process tests (CUDA path choice, settings, hooks), the
     # GPU tests (which must skip cleanly), the collectives and DDP at 2 ranks, and the tests' own
-    # device beside CUDA's registered paths (alone at 2 ranks, mixed with CPU ranks at 3).
+    # device beside CUDA's registered paths (alone at 2 ranks, mixed with CPU ranks at 3), and
+    # splitting on it (this leg's torch, 2.14, keeps split_ranks' order where 2.13 sorts).
     run_suite "$CUDA_VENV" "CUDA build, no GPU: what the build changes" \
       test_single_process.py test_gpu.py test_multirank.py \
       -k "test_single_process or test_gpu or ((test_collectives or test_ddp_matches) and [2] \
-and not algorithm and not split and not shared) or device_of_its_own" "$@"
+and not algorithm and not split and not shared) or device_of_its_own or split_groups" "$@"
   fi
 fi
 echo "=== every leg passed: $((SECONDS / 60)) min $((SECONDS % 60)) s ==="
