@@ -405,7 +405,8 @@ def test_fusion_one_mpi_call_per_bucket(np):
 
 @pytest.mark.parametrize("np", [2, 3, 4])
 def test_fsdp2_and_dtensor(np):
-    assert passed_counts(run_mpi("fsdp.py", np), np, FSDP) >= 8
+    hsdp = {"HSDP on a 2-D mesh matches one process"} if np == 4 else set()
+    assert passed_counts(run_mpi("fsdp.py", np), np, FSDP | hsdp) >= 8
 
 
 @pytest.mark.parametrize("np", [2, 3, 4])
