@@ -178,11 +178,13 @@ if [[ " $builds " == *" hosts "* ]]; then
     at_exit+=('"$ROOT/scripts/two_hosts.sh" down')  # the test fixture removes them too
     setup_cpu
     # (test_hang_prone: 2 hosts x 2 ranks bound to cores, the launch check 15 times, p2p_groups,
-    # a killed and a stalled rank, a waiting rank's threads; IP only: the launch check)
+    # a killed and a stalled rank, a waiting rank's threads; IP only: the launch check; at 4
+    # ranks FSDP2's HSDP shards inside each host and replicates across, and split groups span
+    # both)
     MPIGPU_TEST_LAUNCHER=two-hosts-names run_suite "$CPU_VENV" \
       "two hosts, names resolve (mpirun)" test_multirank.py test_hang_prone.py \
       -k "(launcher or ddp or fsdp or (collectives and not algorithm and not split) or hang_prone or node_across \
-or communicator) and not (shared_mpi_thread and not [3])" "$@"
+or communicator or split_groups) and not (shared_mpi_thread and not [3])" "$@"
     # IP only changes how ranks find the rendezvous (and mpirun its hosts): the launcher, exit and
     # dead-rank tests, and the launch check 5 times; the ops themselves ran by name above (and
     # the stalled rank's report at 2 x 2, by test_hang_prone, there too)
