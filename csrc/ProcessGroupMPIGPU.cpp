@@ -13,6 +13,7 @@
 #include "Errors.hpp"
 #include "Fusion.hpp"
 #include "Profiling.hpp"
+#include "Sparse.hpp"
 #include "mpi/Check.hpp"
 #include "mpi/Env.hpp"
 #include "mpi/Types.hpp"
@@ -190,6 +191,7 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupMPIGPU::allreduce(std::vector<at::Ten
                                                              const c10d::AllreduceOptions& opts) {
   const char* op = "allreduce";
   MPIGPU_CHECK_VALUE(!tensors.empty(), op, rank_, "got an empty tensor list");
+  if (tensors[0].defined() && tensors[0].is_sparse()) return allreduceSparse(tensors, opts);
   for (const auto& t : tensors) checkSameDevice(op, rank_, tensors[0], t, "a tensor");
   struct Bucket {
     size_t slot;
@@ -231,9 +233,21 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupMPIGPU::allreduce_coalesced(
 
 c10::intrusive_ptr<c10d::Work> ProcessGroupMPIGPU::allreduce_sparse(
     std::vector<at::Tensor>& tensors, const c10d::AllreduceOptions& opts) {
-  MPIGPU_CHECK_TYPE(false, "allreduce", rank_,
-                    "sparse tensors are not supported; call "
-                    ".to_dense() first (or all_gather the indices and values)");
+  return allreduceSparse(tensors, opts);
+}
+
+c10::intrusive_ptr<c10d::Work> ProcessGroupMPIGPU::allreduceSparse(
+    std::vector<at::Tensor>& tensors, const c10d::AllreduceOptions& opts) {
+  const char* op = "allreduce";
+  sparse::checkAllreduce(op, rank_, tensors, opts.reduceOp);
+  const bool average = opts.reduceOp == c10d::ReduceOp::AVG;
+  // No slots: the device's buffers only order the op after the caller's stream, run it on the
+  // op's stream and order the caller's stream after it, as for dense tensors.
+  return enqueue(c10d::OpType::ALLREDUCE, op, tensors, tensors, opts.timeout, opts.asyncOp,
+                 paths_->create(tensors[0].device()),
+                 [this, op, tensors, average](OpBuffers&) mutable {
+                   for (auto& t : tensors) sparse::allreduceInPlace(comm_, op, t, average);
+                 });
 }
 
 c10::intrusive_ptr<c10d::Work> ProcessGroupMPIGPU::reduce(std::vector<at::Tensor>& tensors,

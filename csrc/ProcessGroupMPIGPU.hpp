@@ -140,6 +140,9 @@ class ProcessGroupMPIGPU : public c10d::Backend {
   std::shared_ptr<paths::OpBuffers> reduceBuffersFor(const at::Tensor& t, bool ours) {
     return paths_->create(t.device(), ours ? paths::Use::Algorithm : paths::Use::Reduce);
   }
+  // all_reduce of sparse COO tensors (Sparse.hpp): one op, ordered with the group's others.
+  c10::intrusive_ptr<c10d::Work> allreduceSparse(std::vector<at::Tensor>& tensors,
+                                                 const c10d::AllreduceOptions& opts);
   // One Work per op, collectives and point-to-point alike; recorded when a coalescing block is
   // open (the second value says whether one is).
   // Each is recorded in the flight recorder and, while the profiler runs, with its communication

@@ -214,7 +214,10 @@ def run_mpi(script, np, env=None, timeout=300, args=(), repeat=None):
             pytest.fail(f"{which} did not finish within {timeout} s (hang?)\n{out[-4000:]}")
         output = proc.stdout + proc.stderr
         if proc.returncode != 0:
-            pytest.fail(f"{which} failed (exit {proc.returncode}):\n{output[-6000:]}")
+            # the failed checks first: they are printed early, and the tail may not reach them
+            failed = [m.group(0) for m in _FAIL.finditer(output)][:5]
+            first = "first failed checks:\n" + "\n".join(failed) + "\n--- tail ---\n" if failed else ""
+            pytest.fail(f"{which} failed (exit {proc.returncode}):\n{first}{output[-6000:]}")
     return output
 
 

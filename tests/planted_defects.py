@@ -97,6 +97,16 @@ PLANTS = [
                 output.copy_(output.view(dist.get_world_size(group), -1).flip(0).reshape(-1))
             return out
         dist.all_gather_into_tensor = all_gather_into_tensor"""),
+    Plant("sparse-sum-one-rank-off", "a sparse all_reduce whose result differs on one rank",
+          ["test_multirank.py::test_collectives[3]"],
+          "sparse all_reduce sum", wrap="""
+        real = dist.all_reduce
+        def all_reduce(tensor, *a, **k):
+            out = real(tensor, *a, **k)
+            if tensor.is_sparse and out is None and dist.get_rank() == dist.get_world_size() - 1:
+                tensor._values().add_(1)
+            return out
+        dist.all_reduce = all_reduce"""),
     Plant("soak-leaks", "every all_reduce keeps 2 KiB alive",
           ["test_multirank.py::test_soak_threads_groups_memory_flat[2]"],
           "RSS flat during the soak's second half", wrap="""

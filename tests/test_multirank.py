@@ -16,7 +16,7 @@ RANKS = [1, 2, 3, 4]
 # The behaviours (Checker sections) each script must report from every rank; a section that
 # stops running, or runs no check, fails by name.
 COLLECTIVES = {"reductions: every op x dtype x size", "premul_sum with a tensor factor, 2-D tensors",
-               "complex tensors", "many tensors in one call, coalescing manager",
+               "complex tensors", "sparse COO all_reduce", "many tensors in one call, coalescing manager",
                "data movement: every op x dtype x size",
                "coalesced all_gather_into_tensor / reduce_scatter_tensor", "objects and barrier",
                "non-contiguous tensors, every op", "collectives in subgroups"} | (
@@ -26,7 +26,7 @@ FORCED_ALGORITHM = "the forced algorithm ran"
 
 DDP = {"default", "gradient_as_bucket_view", "static_graph", "small buckets",
        "no_sync accumulation", "allreduce_hook", "fp16_compress_hook", "bf16_compress_hook",
-       "powerSGD_hook"}
+       "powerSGD_hook", "sparse embedding gradients"}
 FSDP = {"device mesh on mpigpu", "FSDP2 fp32 matches one process", "FSDP2 mpigpu matches gloo",
         "FSDP2 bf16 mixed precision", "DTensor redistribute and reductions"}
 

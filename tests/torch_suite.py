@@ -49,6 +49,9 @@ TAKEN = [
     (r"^GLOO Batch Send Recv CPU", r".",
      "batch_isend_irecv on CPU tensors, which mpigpu has (the gloo in the name is the backend "
      "torch knew for it)"),
+    (r"^Only Gloo backend supports sparse all reduce", r"^test_sparse_all_reduce_sum",
+     "mpigpu all-reduces sparse COO tensors too (every rank gathers the entries and sums them, "
+     "as gloo does)"),
     (r"^Test requires backend \S+ to be one of \{'gloo'\}",
      r"^test_(all_reduce_coalesced|scatter_object_list|grads_same_across_ranks_with_no_sync)",
      "CPU features gloo has and mpigpu has too: all_reduce_coalesced, scatter of objects, "
@@ -70,7 +73,6 @@ GLOO_ONLY = {
     "test_monitored_barrier_gloo": "torch routes monitored_barrier to gloo only",
     "test_monitored_barrier_gloo_rank_0_timeout": "torch routes monitored_barrier to gloo only",
     "test_monitored_barrier_gloo_subgroup": "torch routes monitored_barrier to gloo only",
-    "test_sparse_all_reduce_sum": "sparse all_reduce: mpigpu supports dense tensors only",
     "test_accumulate_gradients_no_sync": "the test builds its model for mpi, gloo and nccl only "
         "(BACKEND branches in its body)",
     "test_accumulate_gradients_no_sync_allreduce_hook": "as test_accumulate_gradients_no_sync",

@@ -191,6 +191,41 @@ void allgather(const Comm& c, const char* op, const at::Tensor& in, at::Tensor& 
   });
 }
 
+void allgatherv(const Comm& c, const char* op, const at::Tensor& in, at::Tensor& out,
+                const std::vector<int64_t>& counts) {
+  const MPI_Datatype type = transportType(in.scalar_type(), op, c.rank);
+  std::vector<int64_t> displ(c.size, 0);
+  for (int p = 1; p < c.size; ++p) displ[p] = displ[p - 1] + counts[p - 1];
+  const int64_t total = displ.back() + counts.back();
+  if (total == 0) return;
+  // Rounds: in round r every rank sends elements [r * step, (r + 1) * step) of its block, so no
+  // count or offset of one call exceeds maxCount (one round where everything fits). Every rank
+  // knows every count, so all agree on the rounds without asking.
+  const int64_t step = total <= c.maxCount ? total : std::max<int64_t>(1, c.maxCount / c.size);
+  const int64_t largest = *std::max_element(counts.begin(), counts.end());
+  const bool direct = total <= c.maxCount;
+  at::Tensor tmp = direct ? out : at::empty({c.size * step}, out.options());
+  std::vector<int> rc(c.size), rd(c.size);
+  for (int64_t base = 0; base < largest; base += step) {
+    int off = 0;
+    for (int p = 0; p < c.size; ++p) {
+      rc[p] = static_cast<int>(std::clamp<int64_t>(counts[p] - base, 0, step));
+      rd[p] = direct ? static_cast<int>(displ[p]) : off;
+      off += rc[p];
+    }
+    char* mine = rc[c.rank] > 0 ? bytes(in) + base * in.element_size() : bytes(in);
+    ++g_calls;
+    MPIGPU_MPI_CHECK(
+        MPI_Allgatherv(mine, rc[c.rank], type, bytes(tmp), rc.data(), rd.data(), type, c.handle),
+        op, c.rank);
+    if (direct) break;
+    for (int p = 0; p < c.size; ++p) {
+      if (rc[p] > 0) out.narrow(0, displ[p] + base, rc[p]).copy_(tmp.narrow(0, rd[p], rc[p]));
+    }
+    settle(out);
+  }
+}
+
 void gather(const Comm& c, const char* op, const at::Tensor& in, at::Tensor* out, int root) {
   const MPI_Datatype type = transportType(in.scalar_type(), op, c.rank);
   const int64_t count = in.numel();

@@ -49,6 +49,10 @@ void reduce(const Comm& c, const char* op, const at::Tensor& in, at::Tensor& out
 // their runs themselves).
 void allgather(const Comm& c, const char* op, const at::Tensor& in, at::Tensor& out,
                bool counted = true);
+// Blocks of different sizes: rank p contributes counts[p] elements (every rank passes the same
+// counts; `in` holds counts[c.rank]), packed in rank order into `out`.
+void allgatherv(const Comm& c, const char* op, const at::Tensor& in, at::Tensor& out,
+                const std::vector<int64_t>& counts);
 void gather(const Comm& c, const char* op, const at::Tensor& in, at::Tensor* out, int root);
 void scatter(const Comm& c, const char* op, const at::Tensor* in, at::Tensor& out, int root);
 // `in` holds size * out.numel() elements.

@@ -140,6 +140,10 @@ def main():
         dist.broadcast(t, src=0)
         c.close(f"broadcast {dtype}", torch.view_as_real(t), torch.view_as_real(inputs[0]))
 
+    c.section("sparse COO all_reduce")
+    seed += 1
+    sparse_all_reduce(c, rank, world, seed, device)
+
     c.section("many tensors in one call, coalescing manager")
     # many tensors in one call, mixed dtypes (grouped by dtype, one MPI call per dtype)
     seed += 1
@@ -336,6 +340,69 @@ def main():
         runs = torch_mpi_gpu._C.algorithm_runs()
         c.true(f"TORCH_MPIGPU_ALGO={OUR_ALGO} ran", runs.get(OUR_ALGO, 0) > 0, str(runs))
     return c.finish()
+
+
+def sparse_coo(seed, r, size, sparse_dim, dtype, device):
+    """Rank r's sparse tensor: a few entries (none on rank 0), some at the same index twice (not
+    coalesced), small integer values so every sum is exact in every dtype."""
+    g = torch.Generator().manual_seed(seed * 31 + r)
+    nnz = 2 * r + (r > 0)
+    idx = torch.stack([torch.randint(0, size[d], (nnz,), generator=g) for d in range(sparse_dim)])
+    if nnz > 1:
+        idx[:, -1] = idx[:, 0]  # a duplicate entry
+    vals = torch.randint(-3, 4, (nnz, *size[sparse_dim:]), generator=g).to(dtype)
+    return torch.sparse_coo_tensor(idx, vals, size, device="cpu", check_invariants=True).to(device)
+
+
+def sparse_all_reduce(c, rank, world, seed, device):
+    """Sparse COO tensors (DDP's sparse embedding gradients), reduced by SUM and AVG, against the
+    dense sum of every rank's tensor; then the errors."""
+    # torch has no sparse kernels for the tests' own device: its ranks use CPU sparse tensors
+    # (in one group with the other ranks' devices)
+    dev = device if device.type in ("cpu", "cuda") else torch.device("cpu")
+    shapes = [((10,), 1), ((6, 3), 1), ((4, 5), 2), ((3, 2, 2), 2)]
+    for dtype in (torch.float32, torch.float64, torch.bfloat16, torch.int64, torch.int8):
+        for size, sparse_dim in shapes:
+            seed += 1
+            inputs = [sparse_coo(seed, r, size, sparse_dim, dtype, "cpu") for r in range(world)]
+            dense = sum(i.to_dense().to(torch.float64) for i in inputs)
+            case = f"sparse all_reduce sum {dtype} {size} sparse_dim={sparse_dim}"
+            t = inputs[rank].to(dev, copy=True)  # the input stays as it was
+            dist.all_reduce(t)
+            c.true(case + " sparse, coalesced, on its device",
+                   t.is_sparse and t.is_coalesced() and t.device == dev, f"{t.layout} {t.device}")
+            c.close(case, t.to_dense(), dense.to(dtype))
+            if dtype.is_floating_point:
+                t = inputs[rank].to(dev, copy=True)  # the input stays as it was
+                work = dist.all_reduce(t, op=dist.ReduceOp.AVG, async_op=True)
+                got = work.get_future().wait()[0]
+                c.close(case.replace("sum", "avg async"), got.to_dense(), (dense / world).to(dtype),
+                        world=world)
+                c.true(case + " avg: the future holds the caller's tensor", got is t)
+    # two tensors in one call (the process group's list form; torch has no sparse
+    # all_reduce_coalesced): each reduced on its own
+    seed += 1
+    a = [sparse_coo(seed, r, (8,), 1, torch.float32, "cpu") for r in range(world)]
+    b = [sparse_coo(seed + 1, r, (5, 2), 1, torch.float32, "cpu") for r in range(world)]
+    ts = [a[rank].to(dev, copy=True), b[rank].to(dev, copy=True)]
+    dist.group.WORLD.allreduce(ts).wait()
+    c.close("sparse all_reduce of two tensors, first", ts[0].to_dense(), sum(x.to_dense() for x in a))
+    c.close("sparse all_reduce of two tensors, second", ts[1].to_dense(), sum(x.to_dense() for x in b))
+    one = sparse_coo(seed, rank, (8,), 1, torch.float32, dev)
+    c.raises("sparse all_reduce MAX refused", TypeError,
+             lambda: dist.all_reduce(one, op=dist.ReduceOp.MAX), ("allreduce", f"rank {rank}", "SUM or AVG"))
+    c.raises("sparse all_reduce of bool refused", TypeError,
+             lambda: dist.all_reduce(torch.sparse_coo_tensor([[0]], [True], (3,), device=dev)),
+             ("allreduce", "uint8"))
+    if world > 1:
+        # every rank learns of the mismatch (the same table everywhere), none hangs
+        odd = sparse_coo(seed, rank, (8 + (rank == world - 1),), 1, torch.float32, dev)
+        c.raises("sparse all_reduce of differing sizes refused on every rank", ValueError,
+                 lambda: dist.all_reduce(odd), ("allreduce", f"rank {rank}", "differ between ranks", "[9]"))
+    t = sparse_coo(seed, rank, (8,), 1, torch.float32, dev)
+    dist.all_reduce(t)
+    c.close("sparse all_reduce after the errors", t.to_dense(),
+            sum(sparse_coo(seed, r, (8,), 1, torch.float32, "cpu").to_dense() for r in range(world)))
 
 
 def subgroup_collectives(c, rank, world, seed):
