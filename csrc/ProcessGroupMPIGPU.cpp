@@ -77,6 +77,22 @@ void ProcessGroupMPIGPU::broadcastFrom(const OpBuffers& bufs, const char* op,
   if (!moved) mpi::broadcast(comm_, op, buf, root);
 }
 
+std::vector<int64_t> ProcessGroupMPIGPU::blockCounts(const char* op,
+                                                     const std::vector<at::Tensor>& blocks,
+                                                     const at::Tensor& mine, const char* block,
+                                                     const char* own) const {
+  std::vector<int64_t> counts;
+  const std::string what = std::string("an ") + block;
+  for (const auto& t : blocks) {
+    checkSameKind(op, rank_, mine, t, what.c_str());
+    counts.push_back(t.numel());
+  }
+  MPIGPU_CHECK_VALUE(counts[rank_] == mine.numel(), op, rank_, block, " ", rank_,
+                     " (this rank's own block) has ", counts[rank_], " elements but the ", own,
+                     " has ", mine.numel(), "; ", block, " r must have the size of rank r's ", own);
+  return counts;
+}
+
 milliseconds ProcessGroupMPIGPU::effectiveTimeout(milliseconds optTimeout) const {
   return optTimeout == c10d::kUnsetTimeout ? timeout() : optTimeout;
 }
@@ -285,20 +301,22 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupMPIGPU::reduce_scatter(
   MPIGPU_CHECK_VALUE(inputs.size() == 1, op, rank_, "expects one input list, got ", inputs.size());
   MPIGPU_CHECK_VALUE(static_cast<int>(inputs[0].size()) == size_, op, rank_, "input list has ",
                      inputs[0].size(), " tensors, the group has ", size_, " ranks");
-  for (const auto& t : inputs[0]) {
-    checkSameKind(op, rank_, outputs[0], t, "an input");
-    MPIGPU_CHECK_VALUE(t.numel() == outputs[0].numel(), op, rank_,
-                       "every input must have the "
-                       "output's ",
-                       outputs[0].numel(), " elements, one has ", t.numel());
-  }
+  // Input r is reduced into rank r's output. Blocks of different sizes (as NCCL allows) go to
+  // MPI_Reduce_scatter with its counts (our algorithms reduce equal blocks only).
+  const std::vector<int64_t> counts = blockCounts(op, inputs[0], outputs[0], "input", "output");
+  const bool even =
+      std::all_of(counts.begin(), counts.end(), [&](int64_t n) { return n == outputs[0].numel(); });
   auto red = mpi::resolveReduction(opts.reduceOp, outputs[0].scalar_type(), op, rank_);
-  const algo::Algorithm* ours = chooseAlgo(algo::OpKind::ReduceScatter, inputs[0]);
+  const algo::Algorithm* ours = even ? chooseAlgo(algo::OpKind::ReduceScatter, inputs[0]) : nullptr;
   auto bufs = reduceBuffersFor(outputs[0], ours != nullptr);
   const size_t in = bufs->add(inputs[0], Access::Read);
   const size_t out = bufs->add(outputs[0], Access::Write);
   return enqueue(c10d::OpType::REDUCE_SCATTER, op, outputs, inputs[0], opts.timeout, opts.asyncOp,
-                 bufs, [this, op, in, out, red, ours](OpBuffers& b) {
+                 bufs, [this, op, in, out, red, ours, even, counts](OpBuffers& b) {
+                   if (!even) {
+                     mpi::reduceScatterV(comm_, op, b.mpi(in), b.mpi(out), counts, red);
+                     return;
+                   }
                    if (!ours) {
                      mpi::reduceScatter(comm_, op, b.mpi(in), b.mpi(out), red);
                      return;
@@ -393,21 +411,23 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupMPIGPU::allgather(
                      outputs.size());
   MPIGPU_CHECK_VALUE(static_cast<int>(outputs[0].size()) == size_, op, rank_, "output list has ",
                      outputs[0].size(), " tensors, the group has ", size_, " ranks");
-  for (const auto& t : outputs[0]) {
-    checkSameKind(op, rank_, inputs[0], t, "an output");
-    MPIGPU_CHECK_VALUE(t.numel() == inputs[0].numel(), op, rank_,
-                       "every output must have the "
-                       "input's ",
-                       inputs[0].numel(), " elements, one has ", t.numel());
-  }
+  // Output r holds rank r's input. Torch allows the ranks' inputs to differ in size: then the
+  // blocks travel by MPI_Allgatherv (our algorithms move equal blocks only).
+  const std::vector<int64_t> counts = blockCounts(op, outputs[0], inputs[0], "output", "input");
+  const bool even =
+      std::all_of(counts.begin(), counts.end(), [&](int64_t n) { return n == inputs[0].numel(); });
   mpi::transportType(inputs[0].scalar_type(), op, rank_);
-  const algo::Algorithm* mover = chooseAlgo(algo::OpKind::Allgather, outputs[0]);
+  const algo::Algorithm* mover = even ? chooseAlgo(algo::OpKind::Allgather, outputs[0]) : nullptr;
   auto bufs = buffersFor(inputs[0]);
   const size_t in = bufs->add(inputs[0], Access::Read);
   const size_t out = bufs->add(outputs[0], Access::Write);
-  return enqueue(
-      c10d::OpType::ALLGATHER, op, outputs[0], inputs, opts.timeout, opts.asyncOp, bufs,
-      [this, op, in, out, mover](OpBuffers& b) { gatherAll(b, op, mover, b.mpi(in), b.mpi(out)); });
+  return enqueue(c10d::OpType::ALLGATHER, op, outputs[0], inputs, opts.timeout, opts.asyncOp, bufs,
+                 [this, op, in, out, mover, even, counts](OpBuffers& b) {
+                   if (even)
+                     gatherAll(b, op, mover, b.mpi(in), b.mpi(out));
+                   else
+                     mpi::allgatherv(comm_, op, b.mpi(in), b.mpi(out), counts);
+                 });
 }
 
 c10::intrusive_ptr<c10d::Work> ProcessGroupMPIGPU::_allgather_base(

@@ -140,6 +140,11 @@ class ProcessGroupMPIGPU : public c10d::Backend {
   std::shared_ptr<paths::OpBuffers> reduceBuffersFor(const at::Tensor& t, bool ours) {
     return paths_->create(t.device(), ours ? paths::Use::Algorithm : paths::Use::Reduce);
   }
+  // The element counts of a list op's per-rank blocks (all_gather's outputs, reduce_scatter's
+  // inputs), checked against this rank's own tensor (`mine`, the `own` side).
+  std::vector<int64_t> blockCounts(const char* op, const std::vector<at::Tensor>& blocks,
+                                   const at::Tensor& mine, const char* block,
+                                   const char* own) const;
   // all_reduce of sparse COO tensors (Sparse.hpp): one op, ordered with the group's others.
   c10::intrusive_ptr<c10d::Work> allreduceSparse(std::vector<at::Tensor>& tensors,
                                                  const c10d::AllreduceOptions& opts);

@@ -107,6 +107,16 @@ PLANTS = [
                 tensor._values().add_(1)
             return out
         dist.all_reduce = all_reduce"""),
+    Plant("uneven-all-gather-drops-last", "an all_gather of blocks of different sizes that loses the last block",
+          ["test_multirank.py::test_collectives[2]"],
+          "uneven all_gather", wrap="""
+        real = dist.all_gather
+        def all_gather(tensor_list, tensor, *a, **k):
+            out = real(tensor_list, tensor, *a, **k)
+            if len({t.numel() for t in tensor_list}) > 1 and tensor_list[-1].numel():
+                tensor_list[-1].zero_()
+            return out
+        dist.all_gather = all_gather"""),
     Plant("soak-leaks", "every all_reduce keeps 2 KiB alive",
           ["test_multirank.py::test_soak_threads_groups_memory_flat[2]"],
           "RSS flat during the soak's second half", wrap="""

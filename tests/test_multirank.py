@@ -16,7 +16,8 @@ RANKS = [1, 2, 3, 4]
 # The behaviours (Checker sections) each script must report from every rank; a section that
 # stops running, or runs no check, fails by name.
 COLLECTIVES = {"reductions: every op x dtype x size", "premul_sum with a tensor factor, 2-D tensors",
-               "complex tensors", "sparse COO all_reduce", "many tensors in one call, coalescing manager",
+               "complex tensors", "sparse COO all_reduce",
+               "all_gather and reduce_scatter with blocks of different sizes", "many tensors in one call, coalescing manager",
                "data movement: every op x dtype x size",
                "coalesced all_gather_into_tensor / reduce_scatter_tensor", "objects and barrier",
                "non-contiguous tensors, every op", "collectives in subgroups"} | (

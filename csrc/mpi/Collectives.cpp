@@ -191,20 +191,26 @@ void allgather(const Comm& c, const char* op, const at::Tensor& in, at::Tensor& 
   });
 }
 
-void allgatherv(const Comm& c, const char* op, const at::Tensor& in, at::Tensor& out,
-                const std::vector<int64_t>& counts) {
-  const MPI_Datatype type = transportType(in.scalar_type(), op, c.rank);
-  std::vector<int64_t> displ(c.size, 0);
-  for (int p = 1; p < c.size; ++p) displ[p] = displ[p - 1] + counts[p - 1];
+namespace {
+
+std::vector<int64_t> displacements(const std::vector<int64_t>& counts) {
+  std::vector<int64_t> displ(counts.size(), 0);
+  for (size_t p = 1; p < counts.size(); ++p) displ[p] = displ[p - 1] + counts[p - 1];
+  return displ;
+}
+
+// Blocks of different sizes through MPI calls of at most maxCount elements: in round k every
+// rank's block contributes its elements [k * step, (k + 1) * step), so no count or offset of one
+// call exceeds maxCount. One round, on the caller's buffers, where everything fits. Every rank
+// knows every count, so all agree on the rounds without asking. `call(base, rc, rd)`: one round's
+// MPI call, with each rank's count and offset in that round's packed buffer.
+template <typename Round>
+void inRounds(const Comm& c, const std::vector<int64_t>& counts, Round call) {
+  const std::vector<int64_t> displ = displacements(counts);
   const int64_t total = displ.back() + counts.back();
-  if (total == 0) return;
-  // Rounds: in round r every rank sends elements [r * step, (r + 1) * step) of its block, so no
-  // count or offset of one call exceeds maxCount (one round where everything fits). Every rank
-  // knows every count, so all agree on the rounds without asking.
-  const int64_t step = total <= c.maxCount ? total : std::max<int64_t>(1, c.maxCount / c.size);
-  const int64_t largest = *std::max_element(counts.begin(), counts.end());
   const bool direct = total <= c.maxCount;
-  at::Tensor tmp = direct ? out : at::empty({c.size * step}, out.options());
+  const int64_t step = direct ? total : std::max<int64_t>(1, c.maxCount / c.size);
+  const int64_t largest = *std::max_element(counts.begin(), counts.end());
   std::vector<int> rc(c.size), rd(c.size);
   for (int64_t base = 0; base < largest; base += step) {
     int off = 0;
@@ -213,17 +219,69 @@ void allgatherv(const Comm& c, const char* op, const at::Tensor& in, at::Tensor&
       rd[p] = direct ? static_cast<int>(displ[p]) : off;
       off += rc[p];
     }
-    char* mine = rc[c.rank] > 0 ? bytes(in) + base * in.element_size() : bytes(in);
-    ++g_calls;
-    MPIGPU_MPI_CHECK(
-        MPI_Allgatherv(mine, rc[c.rank], type, bytes(tmp), rc.data(), rd.data(), type, c.handle),
-        op, c.rank);
-    if (direct) break;
-    for (int p = 0; p < c.size; ++p) {
-      if (rc[p] > 0) out.narrow(0, displ[p] + base, rc[p]).copy_(tmp.narrow(0, rd[p], rc[p]));
-    }
-    settle(out);
+    call(direct, base, rc, rd);
   }
+}
+
+}  // namespace
+
+void allgatherv(const Comm& c, const char* op, const at::Tensor& in, at::Tensor& out,
+                const std::vector<int64_t>& counts) {
+  const MPI_Datatype type = transportType(in.scalar_type(), op, c.rank);
+  const std::vector<int64_t> displ = displacements(counts);
+  if (displ.back() + counts.back() == 0) return;
+  const int64_t es = in.element_size();
+  // The input already in its own block of the output (views of one buffer): MPI_IN_PLACE, as the
+  // standard asks; any other overlap travels from a copy.
+  const bool ownBlock = bytes(in) == bytes(out) + displ[c.rank] * es;
+  at::Tensor src = in;
+  if (overlaps(in, out) && !ownBlock) {
+    src = in.clone();
+    settle(src);
+  }
+  inRounds(c, counts,
+           [&](bool direct, int64_t base, const std::vector<int>& rc, const std::vector<int>& rd) {
+             at::Tensor tmp = direct ? out : at::empty({rd.back() + rc.back()}, out.options());
+             const void* mine = direct && ownBlock ? MPI_IN_PLACE
+                                : rc[c.rank] > 0   ? bytes(src) + base * es
+                                                   : bytes(src);
+             ++g_calls;
+             MPIGPU_MPI_CHECK(MPI_Allgatherv(mine, rc[c.rank], type, bytes(tmp), rc.data(),
+                                             rd.data(), type, c.handle),
+                              op, c.rank);
+             if (direct) return;
+             for (int p = 0; p < c.size; ++p) {
+               if (rc[p] > 0)
+                 out.narrow(0, displ[p] + base, rc[p]).copy_(tmp.narrow(0, rd[p], rc[p]));
+             }
+             settle(out);
+           });
+}
+
+void reduceScatterV(const Comm& c, const char* op, const at::Tensor& in, at::Tensor& out,
+                    const std::vector<int64_t>& counts, const Reduction& red) {
+  const std::vector<int64_t> displ = displacements(counts);
+  if (displ.back() + counts.back() == 0) return;
+  const at::Tensor send = prescaled(in, red);
+  const bool aliased = overlaps(send, out);
+  at::Tensor result = aliased ? at::empty_like(out) : out;
+  const int64_t es = send.element_size();
+  inRounds(c, counts,
+           [&](bool direct, int64_t base, const std::vector<int>& rc, const std::vector<int>& rd) {
+             at::Tensor piece = direct ? send : at::empty({rd.back() + rc.back()}, send.options());
+             for (int p = 0; !direct && p < c.size; ++p) {
+               if (rc[p] > 0)
+                 piece.narrow(0, rd[p], rc[p]).copy_(send.narrow(0, displ[p] + base, rc[p]));
+             }
+             settle(piece);
+             char* mine = bytes(result) + (rc[c.rank] > 0 ? base * es : 0);
+             ++g_calls;
+             MPIGPU_MPI_CHECK(
+                 MPI_Reduce_scatter(bytes(piece), mine, rc.data(), red.type, red.op, c.handle), op,
+                 c.rank);
+           });
+  if (aliased) out.copy_(result);
+  finishAverage(out, red, c.size);
 }
 
 void gather(const Comm& c, const char* op, const at::Tensor& in, at::Tensor* out, int root) {

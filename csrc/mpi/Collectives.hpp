@@ -55,6 +55,11 @@ void allgatherv(const Comm& c, const char* op, const at::Tensor& in, at::Tensor&
                 const std::vector<int64_t>& counts);
 void gather(const Comm& c, const char* op, const at::Tensor& in, at::Tensor* out, int root);
 void scatter(const Comm& c, const char* op, const at::Tensor* in, at::Tensor& out, int root);
+// Blocks of different sizes: rank p gets the reduction of every rank's counts[p] elements at
+// offset counts[0] + ... + counts[p-1] of `in` (every rank passes the same counts; `out` holds
+// counts[c.rank]).
+void reduceScatterV(const Comm& c, const char* op, const at::Tensor& in, at::Tensor& out,
+                    const std::vector<int64_t>& counts, const Reduction& red);
 // `in` holds size * out.numel() elements.
 void reduceScatter(const Comm& c, const char* op, const at::Tensor& in, at::Tensor& out,
                    const Reduction& red, bool counted = true);

@@ -144,6 +144,10 @@ def main():
     seed += 1
     sparse_all_reduce(c, rank, world, seed, device)
 
+    c.section("all_gather and reduce_scatter with blocks of different sizes")
+    seed += 1
+    uneven_blocks(c, rank, world, seed)
+
     c.section("many tensors in one call, coalescing manager")
     # many tensors in one call, mixed dtypes (grouped by dtype, one MPI call per dtype)
     seed += 1
@@ -340,6 +344,47 @@ def main():
         runs = torch_mpi_gpu._C.algorithm_runs()
         c.true(f"TORCH_MPIGPU_ALGO={OUR_ALGO} ran", runs.get(OUR_ALGO, 0) > 0, str(runs))
     return c.finish()
+
+
+def uneven_blocks(c, rank, world, seed):
+    """all_gather whose ranks' inputs differ in size (torch allows it) and reduce_scatter whose
+    blocks do (NCCL allows it), against references built from every rank's input; a rank's
+    block may be empty."""
+    def count(r, n):  # rank r's block: some empty, some above MAX_ELEMENTS_PER_CALL=5
+        return (n * (r + 1) + 3 * r) % (4 * n + 1) if n else r % 2
+    for dtype in (torch.float32, torch.bfloat16, torch.int64, torch.uint8, torch.float64):
+        for n in (0, 1, 7):
+            seed += 1
+            tag = f"{dtype} n={n}"
+            inputs = [make_input(seed, r, count(r, n), dtype) for r in range(world)]
+            outs = [torch.full((count(r, n),), 7, dtype=dtype) for r in range(world)]
+            dist.all_gather(outs, inputs[rank])
+            for r in range(world):
+                c.close(f"uneven all_gather {tag} from {r}", outs[r], inputs[r])
+            # views of one buffer, this rank's input its own block (MPI_IN_PLACE), async
+            flat = torch.zeros(sum(count(r, n) for r in range(world)), dtype=dtype)
+            views = list(flat.split([count(r, n) for r in range(world)]))
+            views[rank].copy_(inputs[rank])
+            dist.all_gather(views, views[rank], async_op=True).wait()
+            c.close(f"uneven all_gather {tag} in place, async", flat, torch.cat(inputs))
+            ops = ("sum", "max") + (("avg", "premul_sum") if dtype.is_floating_point else ())
+            for op in ops:
+                factor = 0.5 if op == "premul_sum" else None
+                blocks = [[make_input(seed + 50 + q, r, count(q, n), dtype) for q in range(world)]
+                          for r in range(world)]  # blocks[r][q]: rank r's input block for rank q
+                mine = [blocks[r][rank] for r in range(world)]
+                out = torch.full((count(rank, n),), 3, dtype=dtype)
+                dist.reduce_scatter(out, [b.clone() for b in blocks[rank]], op=reduce_op(op, factor))
+                c.close(f"uneven reduce_scatter {op} {tag}", out,
+                        reference_reduce(op, mine, dtype, factor), dtype,
+                        bound=reduction_bound(op, mine, dtype, factor))
+    # a rank's own block must have its tensor's size: refused at the call (here on every rank)
+    c.raises("all_gather: own output block of another size than the input refused", ValueError,
+             lambda: dist.all_gather([torch.empty(2) for _ in range(world)], torch.empty(3)),
+             ("allgather", f"rank {rank}", f"output {rank} (this rank's own block) has 2"))
+    c.raises("reduce_scatter: own input block of another size than the output refused", ValueError,
+             lambda: dist.reduce_scatter(torch.empty(3), [torch.empty(2) for _ in range(world)]),
+             ("reduce_scatter", f"rank {rank}", f"input {rank} (this rank's own block) has 2"))
 
 
 def sparse_coo(seed, r, size, sparse_dim, dtype, device):
