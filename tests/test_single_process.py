@@ -207,6 +207,23 @@ def test_single_rank_group_works_without_launcher():
     assert rc == 0 and "sum [0.0, 1.0, 2.0, 3.0, 4.0]" in out, out
 
 
+def test_plain_python_is_a_world_of_one():
+    # no launcher, no RANK/WORLD_SIZE: an MPI singleton, rank and size from MPI itself
+    rc, out = python(
+        "import os, torch, torch.distributed as dist, torch_mpi_gpu\n"
+        "dist.init_process_group('mpigpu')\n"
+        "t = torch.arange(5.); dist.all_reduce(t)\n"
+        "print('world', dist.get_rank(), dist.get_world_size(), os.environ['RANK'],"
+        " os.environ['WORLD_SIZE'], os.environ['LOCAL_RANK'], t.tolist())\n"
+        "dist.destroy_process_group()")
+    assert rc == 0 and "world 0 1 0 1 0 [0.0, 1.0, 2.0, 3.0, 4.0]" in out, out
+    # rank= and world_size= given: left to torch (which wants MASTER_ADDR for them), no MPI world
+    rc, out = python(
+        "import torch.distributed as dist, torch_mpi_gpu\n"
+        "dist.init_process_group('mpigpu', rank=0, world_size=1)")
+    assert rc != 0 and "MASTER_ADDR" in out, out
+
+
 def test_collectives_never_wait_for_the_store():
     # The watchdog publishes progress through the store about once a second. A store that hangs
     # (its host gone) must not stall collectives: before the fix the watchdog held the lock every

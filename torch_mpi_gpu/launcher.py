@@ -316,8 +316,12 @@ def store_address(port, comm=None):
     return ("127.0.0.1" if single_host else host), port, rank, size, host_rank, host_size
 
 
-def setup_env(force=False):
+def setup_env(force=False, unlaunched=False):
     """Fill torch's rendezvous variables from the MPI launcher; returns what was set (or None).
+
+    `unlaunched`: also where no launcher we know started this process and nobody set RANK or
+    WORLD_SIZE: MPI's own world then says them (plain `python train.py` is an MPI singleton, a
+    world of 1, as the MPI standard has it; a launcher we do not know starts an MPI world too).
 
     Collective over MPI_COMM_WORLD when it has to agree on an address: call it on every rank.
     """
@@ -327,6 +331,9 @@ def setup_env(force=False):
     for key, value in _set_by_us.items():
         if os.environ.get(key) == value:
             del os.environ[key]
+    if found is None and unlaunched and "RANK" not in os.environ and "WORLD_SIZE" not in os.environ:
+        found = {"launcher": "none known (MPI's own world)", "rank": None, "size": None,
+                 "local_rank": None, "local_size": None}
     if found is None or (all(v in os.environ for v in TORCH_VARS) and not force):
         return None
     select_cuda_device()
@@ -362,10 +369,12 @@ def install_env_rendezvous_hook():
     original = handlers["env"]
 
     def env_handler(url, **kwargs):
-        if setup_env():
+        parts = urlparse(url)
+        query = dict(parse_qsl(parts.query))
+        # neither rank= nor world_size= given: MPI may say them even without a launcher
+        unranked = query.get("rank", "-1") == "-1" and query.get("world_size", "-1") == "-1"
+        if setup_env(unlaunched=unranked):
             # torch put rank/world_size=-1 into the URL before we could fill the environment.
-            parts = urlparse(url)
-            query = dict(parse_qsl(parts.query))
             for key, var in (("rank", "RANK"), ("world_size", "WORLD_SIZE")):
                 if query.get(key, "-1") == "-1":
                     query[key] = os.environ[var]
