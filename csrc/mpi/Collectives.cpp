@@ -202,8 +202,9 @@ std::vector<int64_t> displacements(const std::vector<int64_t>& counts) {
 // Blocks of different sizes through MPI calls of at most maxCount elements: in round k every
 // rank's block contributes its elements [k * step, (k + 1) * step), so no count or offset of one
 // call exceeds maxCount. One round, on the caller's buffers, where everything fits. Every rank
-// knows every count, so all agree on the rounds without asking. `call(base, rc, rd)`: one round's
-// MPI call, with each rank's count and offset in that round's packed buffer.
+// knows every count, so all agree on the rounds without asking. `call(direct, base, rc, rd)`: one
+// round's MPI call, with each rank's count and offset in that round's buffer (the caller's own
+// where `direct`, else one packed for the round).
 template <typename Round>
 void inRounds(const Comm& c, const std::vector<int64_t>& counts, Round call) {
   const std::vector<int64_t> displ = displacements(counts);
