@@ -11,7 +11,11 @@ namespace mpigpu {
 Fingerprint fingerprintOf(c10d::OpType type, const std::vector<at::Tensor>& inputs,
                           const std::vector<at::Tensor>& outputs, int root) {
   Fingerprint fp{static_cast<int64_t>(type), -1, -1, root};
-  const auto& described = type == c10d::OpType::SCATTER || inputs.empty() ? outputs : inputs;
+  // What every rank holds alike: a scatter's and an all_gather's outputs (all_gather inputs may
+  // differ in size between ranks), the inputs otherwise.
+  const bool byOutputs =
+      type == c10d::OpType::SCATTER || type == c10d::OpType::ALLGATHER || inputs.empty();
+  const auto& described = byOutputs ? outputs : inputs;
   if (!described.empty()) fp.dtype = static_cast<int64_t>(described[0].scalar_type());
   if (type != c10d::OpType::ALLTOALL && type != c10d::OpType::ALLTOALL_BASE) {
     fp.numel = 0;

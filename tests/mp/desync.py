@@ -40,6 +40,19 @@ def main():
                            [r + 1 for r in range(world)], [rank + 1] * world)
     c.close("uneven all_to_all passes the check", out,
             torch.cat([torch.full((r + 1,), float(r)) for r in range(world)]))
+    # all_gather inputs of different sizes, reduce_scatter blocks of different sizes, and sparse
+    # tensors whose nonzeros differ are matching calls too
+    outs = [torch.empty(r + 1) for r in range(world)]
+    dist.all_gather(outs, torch.full((rank + 1,), float(rank)))
+    c.close("uneven all_gather passes the check", torch.cat(outs),
+            torch.cat([torch.full((r + 1,), float(r)) for r in range(world)]))
+    out = torch.empty(rank + 1)
+    dist.reduce_scatter(out, [torch.ones(r + 1) for r in range(world)])
+    c.close("uneven reduce_scatter passes the check", out, torch.full((rank + 1,), float(world)))
+    s = torch.sparse_coo_tensor([[rank] * (rank + 1)], [1.0] * (rank + 1), (world,))
+    dist.all_reduce(s)
+    c.close("sparse all_reduce passes the check", s.to_dense(),
+            torch.arange(1, world + 1, dtype=torch.float32))
     return c.finish()
 
 
