@@ -207,7 +207,7 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupMPIGPU::allreduce(std::vector<at::Ten
                                                              const c10d::AllreduceOptions& opts) {
   const char* op = "allreduce";
   MPIGPU_CHECK_VALUE(!tensors.empty(), op, rank_, "got an empty tensor list");
-  if (tensors[0].defined() && tensors[0].is_sparse()) return allreduceSparse(tensors, opts);
+  if (tensors[0].defined() && tensors[0].is_sparse()) return allreduce_sparse(tensors, opts);
   for (const auto& t : tensors) checkSameDevice(op, rank_, tensors[0], t, "a tensor");
   struct Bucket {
     size_t slot;
@@ -248,11 +248,6 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupMPIGPU::allreduce_coalesced(
 }
 
 c10::intrusive_ptr<c10d::Work> ProcessGroupMPIGPU::allreduce_sparse(
-    std::vector<at::Tensor>& tensors, const c10d::AllreduceOptions& opts) {
-  return allreduceSparse(tensors, opts);
-}
-
-c10::intrusive_ptr<c10d::Work> ProcessGroupMPIGPU::allreduceSparse(
     std::vector<at::Tensor>& tensors, const c10d::AllreduceOptions& opts) {
   const char* op = "allreduce";
   sparse::checkAllreduce(op, rank_, tensors, opts.reduceOp);

@@ -72,6 +72,8 @@ class ProcessGroupMPIGPU : public c10d::Backend {
                                            const c10d::BroadcastOptions& opts) override;
   c10::intrusive_ptr<c10d::Work> allreduce(std::vector<at::Tensor>& tensors,
                                            const c10d::AllreduceOptions& opts) override;
+  // Sparse COO tensors (Sparse.hpp; torch sends CUDA ones here, CPU ones to allreduce, which
+  // forwards them): one op, ordered with the group's others.
   c10::intrusive_ptr<c10d::Work> allreduce_sparse(std::vector<at::Tensor>& tensors,
                                                   const c10d::AllreduceOptions& opts) override;
   c10::intrusive_ptr<c10d::Work> allreduce_coalesced(
@@ -145,9 +147,6 @@ class ProcessGroupMPIGPU : public c10d::Backend {
   std::vector<int64_t> blockCounts(const char* op, const std::vector<at::Tensor>& blocks,
                                    const at::Tensor& mine, const char* block,
                                    const char* own) const;
-  // all_reduce of sparse COO tensors (Sparse.hpp): one op, ordered with the group's others.
-  c10::intrusive_ptr<c10d::Work> allreduceSparse(std::vector<at::Tensor>& tensors,
-                                                 const c10d::AllreduceOptions& opts);
   // One Work per op, collectives and point-to-point alike; recorded when a coalescing block is
   // open (the second value says whether one is).
   // Each is recorded in the flight recorder and, while the profiler runs, with its communication
