@@ -169,9 +169,15 @@ for run in $(seq 1 "$TEST_RUNS"); do
   # the tests in TEST_WORKERS processes at once (pytest-xdist, on the lent image): each is its
   # own mpirun, and the 16 cores and one GPU hold four at a time
   if [ "$TEST_WORKERS" -gt 1 ] && python -c "import xdist" 2>/dev/null; then test_args+=(-n "$TEST_WORKERS"); fi
-  (cd "$ROOT/tests" && timeout -s INT -k 30 "$TEST_BUDGET_S" python -m pytest -v -rs --durations=0 -p no:cacheprovider "${test_args[@]}") \
-    > "$OUT/test_gpu_run$run.log" 2>&1
+  # each test's time as it ends, and each job's seconds by section (tests/conftest.py): a run cut
+  # off at the budget prints no --durations, yet says where its time went
+  timings="/tmp/test_gpu_run$run.timings"
+  rm -f "$timings"
+  (cd "$ROOT/tests" && MPIGPU_TEST_TIMINGS="$timings" timeout -s INT -k 30 "$TEST_BUDGET_S" \
+    python -m pytest -v -rs --durations=0 -p no:cacheprovider "${test_args[@]}") > "$OUT/test_gpu_run$run.log" 2>&1
   rc=$?
+  { echo "=== run $run: each test as it ended (seconds, outcome), and its jobs' seconds by section"
+    cat "$timings" 2>/dev/null; } >> "$OUT/test_gpu_run$run.log"
   tail -25 "$OUT/test_gpu_run$run.log"
   [ "$rc" = 0 ] || status=$rc
 done

@@ -74,6 +74,29 @@ def pytest_collection_modifyitems(config, items):
         items[:] = [i for i in items if i not in one_rank]
 
 
+# MPIGPU_TEST_TIMINGS=FILE: each test's time and outcome, appended as it ends (by the controller
+# under pytest-xdist), and each tests/mp job's seconds by section: a run cut off at its budget
+# still says where its time went (scripts/gpu_check.sh, on a machine held for minutes).
+TIMINGS = os.environ.get("MPIGPU_TEST_TIMINGS")
+_IS_XDIST_WORKER = False
+
+
+def pytest_configure(config):
+    global _IS_XDIST_WORKER
+    _IS_XDIST_WORKER = hasattr(config, "workerinput")
+
+
+def pytest_runtest_logreport(report):
+    if TIMINGS and not _IS_XDIST_WORKER and (report.when == "call" or report.failed):
+        _append_timing(f"{report.duration:7.1f} s  {report.outcome:7}  {report.nodeid}"
+                       + ("" if report.when == "call" else f" ({report.when})"))
+
+
+def _append_timing(line):
+    with open(TIMINGS, "a") as f:
+        f.write(line + "\n")
+
+
 @pytest.fixture(scope="session", autouse=True)
 def launcher_ready():
     """The two simulated hosts exist for the session (removed afterwards, also on failure); a
@@ -213,6 +236,10 @@ def run_mpi(script, np, env=None, timeout=300, args=(), repeat=None):
             out = (e.stdout or b"").decode(errors="replace") if isinstance(e.stdout, bytes) else (e.stdout or "")
             pytest.fail(f"{which} did not finish within {timeout} s (hang?)\n{out[-4000:]}")
         output = proc.stdout + proc.stderr
+        if TIMINGS:
+            test = os.environ.get("PYTEST_CURRENT_TEST", "?").split(" ")[0]
+            for spent in _SECTION_SECONDS.findall(output):
+                _append_timing(f"          sections of {test} ({script}, {np} ranks): {spent}")
         if proc.returncode != 0:
             # the failed checks first: they are printed early, and the tail may not reach them
             failed = [m.group(0) for m in _FAIL.finditer(output)][:5]
@@ -225,6 +252,7 @@ def run_mpi(script, np, env=None, timeout=300, args=(), repeat=None):
 # without "[": some launchers (Open MPI 4.1) run two ranks' lines together.
 _SUMMARY = re.compile(r"\[rank (\d+)/(\d+)\] [^\[\n]*?: (\d+) checks passed, (\d+) failed")
 _BEHAVIOUR = re.compile(r'\[rank (\d+)/\d+\] behaviour "(.*?)": (\d+) passed, (\d+) failed')
+_SECTION_SECONDS = re.compile(r"\[rank 0/\d+\] seconds by section: ([^\n]*)")
 _FAIL = re.compile(r"\[rank (\d+)\] FAIL [^\n]*?: \[(.*?)\] ([^\n]*)")
 
 
