@@ -4,7 +4,7 @@
 // integers wrap, bool is logical, NaN propagates through MIN/MAX).
 #pragma once
 
-#include <ATen/ATen.h>
+#include <ATen/core/Tensor.h>
 #include <torch/csrc/distributed/c10d/Types.hpp>
 
 #include <memory>

@@ -18,7 +18,7 @@
 #include <unordered_map>
 
 #include "cuda/IpcSlots.hpp"
-#include "cuda/ReduceKernels.hpp"
+#include "cuda/CudaReducer.hpp"
 #include "mpi/Check.hpp"
 #include "mpi/Collectives.hpp"
 #include "mpi/DirectProbe.hpp"

@@ -1,10 +1,10 @@
-// The CUDA reducer: our first kernels. dst = (a op b) * scale for every reduce op and dtype,
-// fp16/bf16 computed in fp32 and rounded once, integers wrapping, bool logical, 16-byte
-// vectorized loads where the pointers allow; queued on the current stream (the group's comm
-// stream when an algorithm runs).
+// The CUDA reducer (its kernels: cuda/ReduceKernels.cu). dst = (a op b) * scale for every
+// reduce op and dtype, fp16/bf16 computed in fp32 and rounded once, integers wrapping, bool
+// logical, 16-byte vectorized loads where the pointers allow; queued on the current stream (the
+// group's comm stream when an algorithm runs).
 #pragma once
 
-#include <ATen/ATen.h>
+#include <ATen/core/Tensor.h>
 #include <torch/csrc/distributed/c10d/Types.hpp>
 
 #include <memory>

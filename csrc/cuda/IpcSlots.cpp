@@ -14,7 +14,7 @@
 #include "Errors.hpp"
 #include "algorithms/Reducer.hpp"
 #include "cuda/NodeBarrier.hpp"
-#include "cuda/ReduceKernels.hpp"
+#include "cuda/CudaReducer.hpp"
 #include "mpi/Check.hpp"
 
 namespace mpigpu::cuda {

@@ -1,19 +1,25 @@
+// Our CUDA reduction kernels (see CombineKernels.hpp). Only ATen's Tensor and c10's CUDA headers
+// here: nvcc parses every header twice (device and host), and ATen.h or c10d's Types.hpp cost it
+// more than the kernels themselves; the c10d side is cuda/CudaReducer.cpp.
 #include "cuda/ReduceKernels.hpp"
 
 #include <c10/cuda/CUDAException.h>
 #include <c10/cuda/CUDAStream.h>
 #include <cuda_runtime.h>
-#include <c10/cuda/CUDAGuard.h>
 #include <c10/util/BFloat16.h>
 #include <c10/util/Half.h>
 
+#include <algorithm>
 #include <cstdint>
 #include <type_traits>
 
 namespace mpigpu::cuda {
 namespace {
 
-enum Arith { kSum, kProd, kMin, kMax, kAnd, kOr, kXor };
+constexpr int kSum = static_cast<int>(Arith::kSum), kProd = static_cast<int>(Arith::kProd),
+              kMin = static_cast<int>(Arith::kMin), kMax = static_cast<int>(Arith::kMax),
+              kAnd = static_cast<int>(Arith::kAnd), kOr = static_cast<int>(Arith::kOr),
+              kXor = static_cast<int>(Arith::kXor);
 
 template <typename T>
 using Acc = std::conditional_t<std::is_same_v<T, double>, double, float>;
@@ -153,47 +159,11 @@ void byArithmetic(int arith, const at::Tensor& dst, const at::Tensor& a, const a
   TORCH_CHECK(false, "mpigpu: no CUDA reduction ", arith, " for dtype ", dst.scalar_type());
 }
 
-int arithmeticIndex(c10d::ReduceOp::RedOpType kind) {
-  switch (algo::arithmeticOf(kind)) {
-    case c10d::ReduceOp::SUM: return kSum;
-    case c10d::ReduceOp::PRODUCT: return kProd;
-    case c10d::ReduceOp::MIN: return kMin;
-    case c10d::ReduceOp::MAX: return kMax;
-    case c10d::ReduceOp::BAND: return kAnd;
-    case c10d::ReduceOp::BOR: return kOr;
-    case c10d::ReduceOp::BXOR: return kXor;
-    default: TORCH_CHECK(false, "mpigpu: no CUDA reduction for reduce op ", static_cast<int>(kind));
-  }
-}
-
-class CudaReducer final : public algo::Reducer {
- public:
-  explicit CudaReducer(c10d::ReduceOp::RedOpType kind) : kind_(kind) {}
-  void combine(const at::Tensor& dst, const at::Tensor& a, const at::Tensor& b,
-               double scale) override {
-    cuda::combine(dst, a, b, kind_, scale);
-  }
-
- private:
-  const c10d::ReduceOp::RedOpType kind_;
-};
-
 }  // namespace
 
-void combine(const at::Tensor& dst, const at::Tensor& a, const at::Tensor& b,
-             c10d::ReduceOp::RedOpType kind, double scale) {
-  TORCH_CHECK(dst.is_cuda() && a.device() == dst.device() && b.device() == dst.device(),
-              "mpigpu: CUDA reduction needs three tensors on one CUDA device");
-  TORCH_CHECK(dst.is_contiguous() && a.is_contiguous() && b.is_contiguous() &&
-                  a.numel() == dst.numel() && b.numel() == dst.numel() &&
-                  a.scalar_type() == dst.scalar_type() && b.scalar_type() == dst.scalar_type(),
-              "mpigpu: CUDA reduction needs contiguous tensors of one dtype and size");
-  if (dst.is_complex()) {  // SUM (AVG, PREMUL_SUM) only: pairs of reals
-    return combine(at::view_as_real(dst).view({-1}), at::view_as_real(a).view({-1}),
-                   at::view_as_real(b).view({-1}), kind, scale);
-  }
-  c10::cuda::CUDAGuard guard(dst.device());
-  const int arith = arithmeticIndex(kind);
+void launchCombine(const at::Tensor& dst, const at::Tensor& a, const at::Tensor& b, Arith which,
+                   double scale) {
+  const int arith = static_cast<int>(which);
   switch (dst.scalar_type()) {
     case at::kFloat: return byArithmetic<float>(arith, dst, a, b, scale);
     case at::kDouble: return byArithmetic<double>(arith, dst, a, b, scale);
@@ -210,10 +180,6 @@ void combine(const at::Tensor& dst, const at::Tensor& a, const at::Tensor& b,
     case at::kBool: return byArithmetic<bool>(arith, dst, a, b, scale);
     default: TORCH_CHECK(false, "mpigpu: no CUDA reduction for dtype ", dst.scalar_type());
   }
-}
-
-std::unique_ptr<algo::Reducer> makeCudaReducer(c10d::ReduceOp::RedOpType kind) {
-  return std::make_unique<CudaReducer>(kind);
 }
 
 }  // namespace mpigpu::cuda
