@@ -209,7 +209,11 @@ def extension():
     sources = sorted(glob.glob("csrc/*.cpp") + glob.glob("csrc/engine/*.cpp") +
                      glob.glob("csrc/mpi/*.cpp") + glob.glob("csrc/paths/*.cpp") +
                      glob.glob("csrc/algorithms/*.cpp") + glob.glob("csrc/node/*.cpp"))
-    macros = [("MPIGPU_WITH_CUDA", "1" if with_cuda else "0")]
+    # Only MPI's C API: an Open MPI 4.x or MPICH built with its deprecated C++ bindings (Debian's
+    # Open MPI 4.1 is) declares them in mpi.h for C++ code, and they need libmpi_cxx, which the C
+    # wrapper does not link (an undefined MPI::Datatype::Free at import).
+    macros = [("MPIGPU_WITH_CUDA", "1" if with_cuda else "0"), ("OMPI_SKIP_MPICXX", "1"),
+              ("MPICH_SKIP_MPICXX", "1")]
     # The C++ standard is left to torch.utils.cpp_extension: torch 2.13 wants C++17, 2.14 C++20.
     cxx = ["-O3", debug_info_flag(), "-Wall", "-Wno-unused-parameter"]
     # Embed the MPI library location so `import torch_mpi_gpu` finds the same libmpi it was built with.

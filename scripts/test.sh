@@ -6,15 +6,18 @@
 # tests, the GPU tests skipping, the core collectives).
 # The CPU leg starts with scripts/lint.sh (clang-format, function length, ruff).
 # Extra arguments go to pytest. Settings:
-#   MPIGPU_TEST_BUILDS          "cpu mpich slurm hosts cuda" (default), or any of them
+#   MPIGPU_TEST_BUILDS          "cpu mpich slurm hosts ompi41 cuda" (default), or any of them
 #                               (mpich: the CPU build against PyPI's MPICH, multi-rank suite and
 #                               exit tests under Hydra's mpiexec; slurm: a one-node Slurm cluster,
 #                               the launcher suite under srun --mpi=pmix (Open MPI build) and
 #                               --mpi=pmi2 (MPICH build); hosts: two network-namespace hosts,
 #                               Open MPI's mpirun across them, names resolving and IP only, and
-#                               MPICH's Hydra mpiexec by name)
+#                               MPICH's Hydra mpiexec by name; ompi41: the CPU build against
+#                               Open MPI 4.1.4, the version of the CUDA-aware build the GPU runs
+#                               use (Debian's packages unpacked by scripts/openmpi41.sh, not
+#                               installed): the core ops, DDP, FSDP2, launcher and exit tests)
 #   MPIGPU_REQUIRE_CUDA_BUILD   1: no nvcc is an error, not a skip (CI sets it)
-#   MPIGPU_ALLOW_SKIPS          what may skip instead of failing: slurm, hosts (legs that cannot
+#   MPIGPU_ALLOW_SKIPS          what may skip instead of failing: slurm, hosts, ompi41 (legs that cannot
 #                               start), libraries, torch-version, not-cuda-aware (tests/conftest.py)
 #   CUDA_HOME                   default /usr/local/cuda; TORCH_CUDA_ARCH_LIST default 9.0
 #   CUDA_TORCH_SPEC             torch for the CUDA build (default torch==2.14.1, CUDA 13.0)
@@ -32,6 +35,8 @@ run_suite() {  # venv, label, pytest args...
 CPU_VENV="${MPIGPU_VENV:-$ROOT/.venv}"
 MPICH_VENV="$ROOT/.venv-mpich"
 CUDA_VENV="$ROOT/.venv-cuda"
+OMPI41_VENV="$ROOT/.venv-ompi41"
+OMPI41_DIR="$ROOT/.deps/openmpi-4.1"
 at_exit=()  # commands run when the script ends, however it ends
 trap 'for command in "${at_exit[@]}"; do eval "$command" || true; done' EXIT
 
@@ -49,6 +54,16 @@ setup_mpich() {
       TORCH_MPIGPU_WITH_CUDA=0 "$ROOT/scripts/setup_env.sh" || return
   fi
   ready="$ready mpich"
+}
+setup_ompi41() {  # in a subshell: Open MPI 4.1's variables stay out of the other legs
+  if [[ "$ready" != *ompi41* ]] && ! wait_for_background_setup ompi41; then
+    (
+      eval "$("$ROOT/scripts/openmpi41.sh" "$OMPI41_DIR")"
+      MPIGPU_VENV="$OMPI41_VENV" MPI_HOME="$OPAL_PREFIX" MPIGPU_MPI_PACKAGE=none TORCH_MPIGPU_WITH_CUDA=0 \
+        "$ROOT/scripts/setup_env.sh"
+    ) || return
+  fi
+  ready="$ready ompi41"
 }
 setup_cuda() {
   if [[ "$ready" != *cuda* ]] && ! wait_for_background_setup cuda; then
@@ -114,7 +129,7 @@ leg_cannot_run() {  # kind, why
   fi
 }
 
-builds="${MPIGPU_TEST_BUILDS:-cpu mpich slurm hosts cuda}"
+builds="${MPIGPU_TEST_BUILDS:-cpu mpich slurm hosts ompi41 cuda}"
 # What every launcher runs: its variables at 1-4 ranks, the job ending on a failed rank, exits,
 # and the core ops, DDP and FSDP2 at 3 ranks (odd, more than the cores): a launcher changes how
 # ranks start and find each other, not the ops, which the default launcher runs at 1-4 above.
@@ -123,6 +138,14 @@ or (collectives and not algorithm and not split)) and [3])) and not shared_mpi_t
 later_setups=""
 if [[ " $builds " == *" mpich "* || " $builds " == *" slurm "* || " $builds " == *" hosts "* ]]; then
   later_setups="mpich"
+fi
+if [[ " $builds " == *" ompi41 "* ]]; then
+  if command -v apt-get >/dev/null; then
+    later_setups="$later_setups ompi41"
+  else
+    leg_cannot_run ompi41 "no apt-get: Open MPI 4.1 comes from Debian's packages (scripts/openmpi41.sh)"
+    builds="${builds/ompi41/}"
+  fi
 fi
 if [[ " $builds " == *" cuda "* ]]; then
   export CUDA_HOME="${CUDA_HOME:-/usr/local/cuda}" TORCH_CUDA_ARCH_LIST="${TORCH_CUDA_ARCH_LIST:-9.0}"
@@ -206,6 +229,20 @@ or p2p_async or hang_prone or killed or (uncaught and collective)) and not share
   else
     leg_cannot_run hosts "the two simulated hosts cannot be made here: $why"
   fi
+fi
+if [[ " $builds " == *" ompi41 "* ]]; then
+  # Open MPI 4.1 (ORTE's mpirun and error handling, MPI 3.1, its own collectives), a minute: the
+  # launcher's variables, the core ops, DDP and FSDP2 at 3 ranks, groups over a program's
+  # communicator (mpi4py on the same library), and a stalled, a killed and a failing rank ending
+  # the job, a clean exit
+  setup_ompi41
+  (
+    eval "$("$ROOT/scripts/openmpi41.sh" "$OMPI41_DIR")"
+    run_suite "$OMPI41_VENV" "Open MPI 4.1.4 (CPU build, ORTE's mpirun)" test_multirank.py test_reliability.py \
+      -k "((launcher or collectives or ddp or fsdp) and [3] and not algorithm and not split and not shared \
+and not debug) or (communicator and 4-multiple) or (uncaught and 3-raise-in-collective) or killed \
+or clean_exit or (stalled and [abort])" "$@"
+  )
 fi
 if [[ " $builds " == *" cuda "* ]]; then
   setup_cuda
