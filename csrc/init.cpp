@@ -206,7 +206,7 @@ void bindLifecycle(py::module_& m) {
               "an aborted process group left an op inside MPI that its "
               "peers never joined; ending the job with MPI_Abort instead "
               "of hanging in MPI_Finalize");
-          MPI_Abort(MPI_COMM_WORLD, 1);
+          mpigpu::mpi::abortJob(1);
         }
         mpigpu::mpi::finalizeIfOwned();
       },
@@ -231,13 +231,13 @@ void bindLifecycle(py::module_& m) {
   m.def(
       "abort_job",
       [](int code) {
-        int initialized = 0, finalized = 0;
+        int initialized = 0;
         MPI_Initialized(&initialized);
-        MPI_Finalized(&finalized);
-        if (initialized && !finalized) MPI_Abort(MPI_COMM_WORLD, code);
+        if (initialized && !mpigpu::mpi::isFinalized()) mpigpu::mpi::abortJob(code);
       },
       py::call_guard<py::gil_scoped_release>(),
-      "MPI_Abort(MPI_COMM_WORLD, code) when MPI is running: the launcher ends every rank.");
+      "MPI_Abort(MPI_COMM_WORLD, code) when MPI is running: the launcher ends every rank (this "
+      "process exits by itself if MPI_Abort has not ended it within 10 s).");
 }
 
 // A ReduceOp's name (SUM, AVG, ...) as the test hooks take it: the names messages use.

@@ -215,11 +215,12 @@ if [[ " $builds " == *" hosts "* ]]; then
 or communicator or split_groups) and not (shared_mpi_thread and not [3])" "$@"
     # IP only changes how ranks find the rendezvous (and mpirun its hosts): the launcher, exit and
     # dead-rank tests, and the launch check 5 times; the ops themselves ran by name above (and
-    # the stalled rank's report at 2 x 2, by test_hang_prone, there too)
+    # the stalled rank's report at 2 x 2, by test_hang_prone, there too; the stuck-MPI_Abort
+    # backstop only by name: names change no part of it)
     MPIGPU_TEST_LAUNCHER=two-hosts-ip-only run_suite "$CPU_VENV" \
       "two hosts, IP only (mpirun)" test_multirank.py test_reliability.py test_flight_recorder.py \
       test_hang_prone.py -k "(launcher or uncaught or clean or killed or (stalled and not \
-test_reliability) or p2p_async or (subgroup_sequence and slot)) and not shared_mpi_thread" "$@"
+test_reliability and not stuck) or p2p_async or (subgroup_sequence and slot)) and not shared_mpi_thread" "$@"
     # MPICH's Hydra across the same hosts (its rsh launcher through the same agent; the MPICH
     # leg above runs its suite on one host): the launcher, a killed rank and an uncaught
     # exception ending the job, the core ops, DDP, point-to-point (receives from any source:

@@ -4,12 +4,17 @@ CPU time. Under the two-host launchers they run at 2 hosts x 2 ranks, with Open 
 ranks to cores as a plain hostfile does (both simulated hosts share this machine's cores, so two
 ranks share each core), filled by slot (ranks 0-1 on h0) and round-robin (ranks 0, 2 on h0)."""
 
+import functools
 import os
+from pathlib import Path
 import re
+import shutil
+import subprocess
+import tempfile
 
 import pytest
 
-from conftest import LAUNCHER, is_hydra, mpirun_path, passed_counts, run_mpi
+from conftest import LAUNCHER, MP_DIR, is_hydra, mpirun_path, passed_counts, run_mpi
 from test_multirank import p2p_groups_behaviours
 from test_reliability import launch
 
@@ -65,13 +70,39 @@ def test_killed_rank_ends_the_job_within_the_timeout(mapping):
     assert took < 20 + 10 + 15, f"the job took {took:.0f} s to end after rank 1 was killed"
 
 
-def test_stalled_rank_is_reported_and_ends_the_job():
-    rc, out, took = launch("abort", NP, {"TORCH_MPIGPU_TIMEOUT": "3", **mapping_env("slot")},
-                           timeout=120)
+@pytest.mark.parametrize("mpi_abort", ["works", "stuck"])
+def test_stalled_rank_is_reported_and_ends_the_job(mpi_abort):
+    # stuck: MPI_Abort is a stand-in that never returns (tests/mp/stuck_mpi_abort.c); Open MPI 5
+    # across two hosts once left the job running after the watchdog's MPI_Abort (CI,
+    # 2026-11-29), so each waiting rank's backstop must exit it and the launcher end the job
+    env = {"TORCH_MPIGPU_TIMEOUT": "3", **mapping_env("slot")}
+    if mpi_abort == "stuck":
+        env["LD_PRELOAD"] = str(stuck_mpi_abort_library())
+    rc, out, took = launch("abort", NP, env, timeout=120)
     assert rc != 0, out[-3000:]
     assert re.search(r"WATCHDOG \[rank [023]\]: allreduce \(collective #2", out), out[-3000:]
     assert "Ending the job (MPI_Abort)" in out, out[-3000:]
+    backstop = re.findall(r"mpigpu \[rank ([023])\]: MPI_Abort did not end this process within "
+                          r"10 s; exiting with code 3", out)
+    if mpi_abort == "stuck":
+        assert "stand-in MPI_Abort(code 3)" in out, out[-3000:]  # the preload took
+        assert backstop, out[-3000:]
+    else:
+        assert not backstop, out[-3000:]
     assert took < 60, f"the job took {took:.0f} s to end"
+
+
+@functools.cache
+def stuck_mpi_abort_library():
+    """tests/mp/stuck_mpi_abort.c built into a preloadable library (in a fresh temporary folder:
+    every simulated host and srun task sees this machine's /tmp)."""
+    cc = os.environ.get("CC") or shutil.which("cc") or shutil.which("gcc")
+    if not cc:
+        pytest.fail("no C compiler (cc, gcc or $CC): needed to build tests/mp/stuck_mpi_abort.c")
+    library = Path(tempfile.mkdtemp(prefix="mpigpu-stuck-abort-")) / "libstuck_mpi_abort.so"
+    subprocess.run([cc, "-shared", "-fPIC", "-o", str(library), str(MP_DIR / "stuck_mpi_abort.c")],
+                   check=True)
+    return library
 
 
 def test_a_waiting_rank_polls_on_one_thread():

@@ -22,9 +22,10 @@ def launch(mode, np, env, script="stall.py", timeout=120, args=()):
         proc = subprocess.run(cmd, env=full_env, cwd=MP_DIR, capture_output=True, text=True,
                               timeout=timeout)
     except subprocess.TimeoutExpired as e:
-        out = e.stdout.decode(errors="replace") if isinstance(e.stdout, bytes) else (e.stdout or "")
+        out, err = ((s.decode(errors="replace") if isinstance(s, bytes) else (s or ""))
+                    for s in (e.stdout, e.stderr))
         pytest.fail(f"{script} {mode} at {np} ranks still running after {timeout} s (hang):\n"
-                    f"{out[-3000:]}")
+                    f"{out[-3000:]}\nstderr:\n{err[-3000:]}")
     return proc.returncode, proc.stdout + proc.stderr, time.monotonic() - start
 
 

@@ -116,7 +116,7 @@ void Engine::shutdownAll() {
                               "early); ending the job with MPI_Abort instead of hanging in "
                               "MPI_Finalize. Wait for async ops (work.wait()) and call "
                               "dist.destroy_process_group() before exiting.");
-      MPI_Abort(MPI_COMM_WORLD, 1);
+      mpi::abortJob(1);
     }
   }
   for (auto& e : alive) e->shutdown();

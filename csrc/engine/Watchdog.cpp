@@ -214,11 +214,7 @@ void loop() {
     for (const auto& e : due) {
       LOG(ERROR) << report(groups, e, now);
       dumpJob(groups, e.op);
-      if (e.op.abortOnTimeout) {
-        int finalized = 1;
-        MPI_Finalized(&finalized);
-        if (!finalized) MPI_Abort(MPI_COMM_WORLD, 3);
-      }
+      if (e.op.abortOnTimeout && !mpi::isFinalized()) mpi::abortJob(3);
     }
   }
 }

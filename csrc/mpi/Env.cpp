@@ -1,8 +1,15 @@
 #include "mpi/Env.hpp"
 
+#include <pthread.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <chrono>
+#include <cstdio>
 #include <cstdlib>
 #include <cstring>
 #include <optional>
+#include <thread>
 
 #include "Errors.hpp"
 #include "mpi/Check.hpp"
@@ -121,6 +128,29 @@ void finalizeIfOwned() {
   if (!g_ready || !g_info.initializedByUs || isFinalized()) return;
   releaseCustomTypes();
   MPI_Finalize();
+}
+
+void abortJob(int code) {
+  int initialized = 0;
+  MPI_Initialized(&initialized);
+  const bool running = initialized && !isFinalized();
+  if (!running) std::_Exit(code);
+  int rank = -1;
+  MPI_Comm_rank(MPI_COMM_WORLD, &rank);
+  std::thread([code, rank] {
+    pthread_setname_np(pthread_self(), "mpigpu-abort");
+    std::this_thread::sleep_for(std::chrono::seconds(kAbortGraceSeconds));
+    // no MPI, logging or stdio lock here: MPI_Abort may be stuck holding any of them
+    char line[200];
+    const int n = std::snprintf(line, sizeof line,
+                                "mpigpu [rank %d]: MPI_Abort did not end this process within %d s; "
+                                "exiting with code %d so that the launcher ends the job\n",
+                                rank, kAbortGraceSeconds, code);
+    if (n > 0) (void)!write(STDERR_FILENO, line, std::min<size_t>(n, sizeof line - 1));
+    std::_Exit(code);
+  }).detach();
+  MPI_Abort(MPI_COMM_WORLD, code);
+  std::_Exit(code);  // MPI_Abort returned: the standard does not forbid it
 }
 
 std::string threadLevelName(int level) {
