@@ -30,10 +30,12 @@ bool isFinalized();
 // Finalises MPI if we initialised it; called once at interpreter exit after engines stopped.
 void finalizeIfOwned();
 // Ends the whole job: MPI_Abort(MPI_COMM_WORLD, code) when MPI is running, else _exit(code).
-// The standard promises MPI_Abort only a "best attempt", and Open MPI 5 across two hosts once
-// left the job running 120 s after a watchdog's MPI_Abort (CI, 2026-11-29). So a backstop thread
-// exits this process after kAbortGraceSeconds if it is still here; the launcher then sees a rank
-// die and ends the job.
+// The standard promises MPI_Abort only a "best attempt"; Open MPI's PMIx_Abort has deadlocked
+// before (open-mpi/ompi#3225, several ranks aborting at once: ompi-release#101), and Open MPI 5
+// across two hosts once left the job running 120 s after the watchdogs' MPI_Abort (CI,
+// 2026-11-29; the waiting ranks' watchdogs fire together). So a backstop thread exits this
+// process after kAbortGraceSeconds if it is still here; the launcher then sees a rank die and
+// ends the job.
 constexpr int kAbortGraceSeconds = 10;
 [[noreturn]] void abortJob(int code);
 
