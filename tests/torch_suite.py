@@ -175,10 +175,11 @@ def rank_side(args):
     return 0
 
 
-def mpirun_cmd(np):
+def mpirun_cmd(np, env):
+    """The launch line passing every rank the variables of `env` (with their values)."""
     sys.path.insert(0, str(HERE.parent))
     from conftest import launch_command
-    return launch_command(np, {"TEMP_DIR": "", "WORLD_SIZE": ""})
+    return launch_command(np, env)
 
 
 def driver(args):
@@ -192,10 +193,10 @@ def driver(args):
         with tempfile.TemporaryDirectory() as tmp:
             for sub in ("barrier", "test_dir", "init_dir"):  # as initialize_temp_directories
                 os.mkdir(os.path.join(tmp, sub))
-            env = launch_env({"TEMP_DIR": tmp, "WORLD_SIZE": str(args.np),
-                              "TORCH_MPIGPU_TIMEOUT": str(args.timeout),
+            passed = {"TEMP_DIR": tmp, "WORLD_SIZE": str(args.np)}
+            env = launch_env({**passed, "TORCH_MPIGPU_TIMEOUT": str(args.timeout),
                               "PYTORCH_PRINT_REPRO_ON_FAILURE": "0"})
-            cmd = mpirun_cmd(args.np) + [sys.executable, str(HERE), "--rank-side",
+            cmd = mpirun_cmd(args.np, passed) + [sys.executable, str(HERE), "--rank-side",
                                           "--backend", args.backend, "--timeout",
                                           str(args.timeout), "--start", str(start)]
             if args.k:
