@@ -75,6 +75,8 @@ def test_stalled_rank_is_reported_and_ends_the_job(mpi_abort):
     # stuck: MPI_Abort is a stand-in that never returns (tests/mp/stuck_mpi_abort.c); Open MPI 5
     # across two hosts once left the job running after the watchdog's MPI_Abort (CI,
     # 2026-11-29), so each waiting rank's backstop must exit it and the launcher end the job
+    if not TWO_HOSTS and mpi_abort == "works":
+        pytest.skip("one host: test_reliability's stalled-rank tests are this, run 3 times")
     env = {"TORCH_MPIGPU_TIMEOUT": "3", **mapping_env("slot")}
     if mpi_abort == "stuck":
         env["LD_PRELOAD"] = str(stuck_mpi_abort_library())
