@@ -136,13 +136,19 @@ namespace {
 
 int64_t nbytes(const at::Tensor& t) { return t.numel() * static_cast<int64_t>(t.element_size()); }
 
+// An empty tensor's data pointer may be null, and memcpy from or to null is undefined even for
+// 0 bytes (UBSan reports it).
+void copyBytes(void* dst, const void* src, int64_t bytes) {
+  if (bytes > 0) std::memcpy(dst, src, static_cast<size_t>(bytes));
+}
+
 // memcpy for contiguous host tensors: no per-tensor op dispatch when a bucket holds thousands.
 void packHost(const std::vector<at::Tensor>& users, const at::Tensor& flat) {
   auto* dst = static_cast<char*>(flat.data_ptr());
   int64_t off = 0;
   for (const auto& u : users) {
     if (u.is_contiguous())
-      std::memcpy(dst, u.const_data_ptr(), nbytes(u));
+      copyBytes(dst, u.const_data_ptr(), nbytes(u));
     else
       flat.narrow(0, off, u.numel()).view(u.sizes()).copy_(u);
     dst += nbytes(u);
@@ -155,7 +161,7 @@ void unpackHost(const at::Tensor& flat, const std::vector<at::Tensor>& users) {
   int64_t off = 0;
   for (const auto& u : users) {
     if (u.is_contiguous())
-      std::memcpy(u.data_ptr(), src, nbytes(u));
+      copyBytes(u.data_ptr(), src, nbytes(u));
     else
       u.copy_(flat.narrow(0, off, u.numel()).view(u.sizes()));
     src += nbytes(u);
