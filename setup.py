@@ -101,7 +101,7 @@ def find_mpi():
         candidates.append(("MPI_HOME", mpi_home))
     # MPI_HOME= (empty) asks for the MPI on PATH or in this environment (a venv's PyPI mpich):
     # a prefix found here instead would be a second libmpi, not the one its mpirun launches
-    if mpi_home is None or mpi_home:
+    if mpi_home != "":
         candidates.append(("default prefix", DEFAULT_MPI_PREFIX))
     for source, prefix in candidates:
         if Path(prefix).is_dir():
