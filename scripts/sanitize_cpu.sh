@@ -38,7 +38,8 @@ run() {  # expected exit status, ranks, "script args", settings...
   local want=$1 np=$2 script=$3
   shift 3
   local log="$BUILD/run.log"
-  (cd "$ROOT/tests/mp" && env "$@" timeout 600 mpirun --oversubscribe -np "$np" \
+  # the built-against MPI's launcher and its flags (torch_mpi_gpu.mpirun), Open MPI or Hydra
+  (cd "$ROOT/tests/mp" && env "$@" timeout 600 "$PY" -I -m torch_mpi_gpu.mpirun -np "$np" \
     -x LD_PRELOAD="$runtimes" -x PYTHONPATH="$BUILD/pkg" \
     -x ASAN_OPTIONS=detect_leaks=0:halt_on_error=1:exitcode=23 \
     -x UBSAN_OPTIONS=print_stacktrace=1:halt_on_error=0 \
