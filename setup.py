@@ -21,6 +21,7 @@ import subprocess
 import sys
 from pathlib import Path
 
+import setuptools
 from setuptools import setup
 
 ROOT = Path(__file__).resolve().parent
@@ -297,7 +298,27 @@ def build_ext_class():
     return BuildExtensionChecked.with_options(use_ninja=True)
 
 
+# pyproject.toml's SPDX `license` string needs setuptools >= 77; older ones fail on it with a
+# schema error that does not say what to do. `pip install --no-build-isolation` uses the
+# environment's setuptools, so check it before setup() reads pyproject.toml.
+MIN_SETUPTOOLS = (77, 0)
+
+
+def check_setuptools(version=None):
+    version = version or setuptools.__version__
+    try:
+        found = tuple(int(part) for part in version.split(".")[:2])
+    except ValueError:
+        return  # a development version: let setuptools judge
+    if found < MIN_SETUPTOOLS:
+        sys.exit(f"torch_mpi_gpu: setuptools {version} is too old to build this package (it needs "
+                 f">= {MIN_SETUPTOOLS[0]} for pyproject.toml's SPDX license). Upgrade it in this "
+                 f"environment, which `pip install --no-build-isolation` builds with: "
+                 f"python -m pip install -U 'setuptools>={MIN_SETUPTOOLS[0]}', then build again.")
+
+
 def main():
+    check_setuptools()
     setup(
         ext_modules=[extension()],
         cmdclass={"build_ext": build_ext_class()},

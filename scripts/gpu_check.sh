@@ -9,6 +9,8 @@
 #
 #   OMPI_TARBALL=.carry/openmpi-cuda-4.1.4.tar.gz NCCL_TARBALL=.carry/nccl-2.30.7-sm90.tar.xz \
 #     scripts/gpu_check.sh
+#
+# (.carry/ may also hold a setuptools >= 77 wheel, used only where the image's setuptools is older.)
 set -uo pipefail
 ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 OUT="${OUT:-$ROOT/gpu-results}"
@@ -62,6 +64,13 @@ if tar xJf "$NCCL_TARBALL" -C /tmp/nccl 2>/dev/null; then NCCL_DIR=$(ls -d /tmp/
 
 step build
 if [ "$BUILD" = 1 ]; then
+  # The build needs setuptools >= 77 (pyproject's SPDX license) and the lent machine has no
+  # network: a carried wheel (pip download 'setuptools>=77' --no-deps -d .carry) stands in.
+  if ! python -c "import setuptools, sys; sys.exit(int(setuptools.__version__.split('.')[0]) < 77)"; then
+    python -m pip install -q --no-deps --no-index "$(ls "$ROOT"/.carry/setuptools-*.whl | tail -1)" \
+      || echo "setuptools is older than 77 and no .carry/setuptools-*.whl: the build will say so"
+  fi
+  python -c "import setuptools; print('setuptools', setuptools.__version__)"
   python -m pip install --no-build-isolation --no-deps -q "$ROOT" || { echo "BUILD FAILED"; exit 1; }
 fi
 (cd / && python -m torch_mpi_gpu.info)

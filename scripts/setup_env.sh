@@ -39,7 +39,7 @@ fi
 extras="rich matplotlib scikit-learn expecttest accelerate lightning"
 [ "${MPIGPU_SETUP_EXTRAS:-1}" != 0 ] || extras=""
 # shellcheck disable=SC2086  # none: no word
-"$PY" -m pip install -q $mpi_package ninja pybind11 numpy pytest mpi4py setuptools wheel $extras
+"$PY" -m pip install -q $mpi_package ninja pybind11 numpy pytest mpi4py 'setuptools>=77' wheel $extras
 echo "setup: MPI, build and test packages installed (at ${SECONDS} s)"
 export PATH="$VENV/bin:$PATH"
 "$PY" -m pip install -q --no-build-isolation "$ROOT"

@@ -661,6 +661,36 @@ def test_empty_mpi_home_skips_the_default_prefix(monkeypatch, tmp_path, mpi_home
         assert info["prefix"] != str(default)
 
 
+def test_package_metadata_reads_without_deprecations():
+    # setuptools stops building a `license = {text = ...}` table after 2027-02-18: the metadata
+    # must read cleanly with every setuptools deprecation an error, and carry the license file
+    from setuptools.config.pyprojecttoml import apply_configuration
+    from setuptools.dist import Distribution
+    from setuptools.warnings import SetuptoolsDeprecationWarning
+    import warnings
+
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", SetuptoolsDeprecationWarning)
+        dist = apply_configuration(Distribution({"src_root": str(ROOT)}), ROOT / "pyproject.toml")
+    assert dist.metadata.license_expression == "BSD-3-Clause", dist.metadata.license_expression
+    assert dist.metadata.license_files == ["LICENSE"], dist.metadata.license_files
+    assert "BSD 3-Clause License" in (ROOT / "LICENSE").read_text()
+
+
+@pytest.mark.parametrize("version, refused", [("76.1.0", True), ("77.0.0", False),
+                                              ("84.2.1", False), ("80.0.0.dev0", False)])
+def test_build_names_a_too_old_setuptools_and_the_fix(version, refused):
+    build = import_setup()
+    if not refused:
+        build.check_setuptools(version)
+        return
+    with pytest.raises(SystemExit) as err:
+        build.check_setuptools(version)
+    msg = str(err.value)
+    for part in (f"setuptools {version}", ">= 77", "pip install -U 'setuptools>=77'"):
+        assert part in msg, msg
+
+
 def test_mpi_initialised_by_someone_else_is_left_to_them():
     # mpi4py initialises MPI first (MPI_THREAD_MULTIPLE); mpigpu uses it and does not finalise it.
     rc, out = python(
