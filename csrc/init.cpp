@@ -300,11 +300,13 @@ void bindAlgorithmTable(py::module_& m) {
         py::dict d;
         d["host"] = w.host;
         d["device"] = w.device;
+        d["host_peer_on_this_cpu"] = w.hostPeerOnThisCpu;
         return d;
       },
       "How often this process's node-algorithm ops waited for their node's peers: barriers in "
       "host shared memory (each a cross-process hand-off where the slots are device memory) and "
-      "barriers queued on the device.");
+      "barriers queued on the device; host_peer_on_this_cpu: peers waited for that had last run "
+      "on this rank's CPU (it yielded to them at once instead of spinning).");
   m.def(
       "algorithms",
       [] {

@@ -431,7 +431,7 @@ node::DeviceSlotsMaker hostDeviceSlotsForTests() {
 
 NodeWaits nodeWaits() {
   return {g_hostWaits.load(std::memory_order_relaxed),
-          g_deviceWaits.load(std::memory_order_relaxed)};
+          g_deviceWaits.load(std::memory_order_relaxed), SharedSegment::yieldsToPeerOnThisCpu()};
 }
 
 bool nodeAllreduce(Context& c, const at::Tensor& buf) {

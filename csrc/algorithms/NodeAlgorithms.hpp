@@ -20,6 +20,7 @@ bool nodeBroadcast(Context& c, const at::Tensor& buf, int root);
 struct NodeWaits {
   uint64_t host;
   uint64_t device;
+  uint64_t hostPeerOnThisCpu;  // host waits for a peer last seen on this CPU: yielded, no spin
 };
 NodeWaits nodeWaits();
 

@@ -25,7 +25,8 @@ namespace mpigpu::node {
 struct SharedSegment::Peer {
   uint64_t arrived;  // syncs this rank has reached (atomic access only)
   int64_t pid;
-  uint8_t pad[112];
+  int32_t cpu;  // the CPU this rank ran on at its last arrival (atomic access only; -1: unknown)
+  uint8_t pad[108];
 };
 static_assert(sizeof(SharedSegment::Peer) == 128, "one Peer per 128 bytes");
 
@@ -118,6 +119,7 @@ std::unique_ptr<SharedSegment> SharedSegment::create(const mpi::Comm& nodeComm, 
       seg->base_ = static_cast<uint8_t*>(p);
       seg->mappedBytes_ = bytes;
       seg->peer(nodeComm.rank)->pid = getpid();
+      __atomic_store_n(&seg->peer(nodeComm.rank)->cpu, -1, __ATOMIC_RELAXED);
     }
   }
   if (fd >= 0) close(fd);
@@ -153,7 +155,18 @@ void SharedSegment::checkAlive(int rank, const char* op, int rankForErrors) cons
   }
 }
 
+namespace {
+std::atomic<uint64_t> g_yieldsToPeerOnThisCpu{0};
+}  // namespace
+
+uint64_t SharedSegment::yieldsToPeerOnThisCpu() {
+  return g_yieldsToPeerOnThisCpu.load(std::memory_order_relaxed);
+}
+
 void SharedSegment::sync(const char* op, int rankForErrors, const std::atomic<bool>& cancelled) {
+  // sched_getcpu reads the kernel's rseq area (glibc >= 2.35) or the vDSO: no system call.
+  const int cpu = sched_getcpu();
+  __atomic_store_n(&peer(localRank_)->cpu, cpu, __ATOMIC_RELAXED);
   ++epoch_;
   __atomic_store_n(&peer(localRank_)->arrived, epoch_, __ATOMIC_RELEASE);
   using Clock = std::chrono::steady_clock;
@@ -161,10 +174,19 @@ void SharedSegment::sync(const char* op, int rankForErrors, const std::atomic<bo
     if (r == localRank_) continue;
     uint64_t* arrived = &peer(r)->arrived;
     if (__atomic_load_n(arrived, __ATOMIC_ACQUIRE) >= epoch_) continue;
+    // A peer last seen on this CPU cannot arrive while this rank spins on it: yield at once.
+    // Unbound ranks (mpirun --oversubscribe, srun without --cpu-bind, a busy node) land on one
+    // CPU now and then; spinning there cost every barrier the whole spin (130-190 us an op on
+    // the 2-core VM, docs/performance.md) where a yield hands over in a few microseconds.
+    uint64_t spinLimit = spinLimit_;
+    if (cpu >= 0 && __atomic_load_n(&peer(r)->cpu, __ATOMIC_RELAXED) == cpu) {
+      spinLimit = 0;
+      g_yieldsToPeerOnThisCpu.fetch_add(1, std::memory_order_relaxed);
+    }
     const auto start = Clock::now();
     auto nextCheck = start + std::chrono::milliseconds(200);
     for (uint64_t spins = 0; __atomic_load_n(arrived, __ATOMIC_ACQUIRE) < epoch_; ++spins) {
-      if (spins < spinLimit_) {  // the peer is usually microseconds behind
+      if (spins < spinLimit) {  // the peer is usually microseconds behind
         cpuRelax();
         continue;
       }
