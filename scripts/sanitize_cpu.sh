@@ -62,6 +62,7 @@ run 0 3 random_ops.py
 run 0 3 device_soak.py MPIGPU_RANDOM_CASES=600 "${SMALL[@]}" TORCH_MPIGPU_ALGO=node
 run 0 4 device_soak.py MPIGPU_RANDOM_CASES=400 "${SMALL[@]}" TORCH_MPIGPU_PRETEND_NODES=2
 run 0 5 device_soak.py MPIGPU_RANDOM_CASES=300 "${SMALL[@]}" TORCH_MPIGPU_ALGO=node TORCH_MPIGPU_PRETEND_NODES=2
+run 0 3 "shared_cpu.py same"  # the node barrier with every rank on one CPU
 for algo in ring rhd allgather; do run 0 3 random_ops.py "${SMALL[@]}" TORCH_MPIGPU_ALGO=$algo; done
 run 0 3 p2p_stress.py
 run 0 3 p2p_groups.py
