@@ -42,8 +42,7 @@ class SharedSegment {
   }
   // Barrier over the node's ranks: this rank's arrival, then every peer's. Spins briefly (not
   // at all for a peer last seen on this CPU), then yields, then sleeps, so oversubscribed ranks
-  // make progress. A peer whose process has gone
-  // is an error naming `op`, not a hang.
+  // make progress. A peer whose process has gone is an error naming `op`, not a hang.
   // `cancelled` (checked with the peers' liveness): the group was aborted, give up waiting.
   void sync(const char* op, int rankForErrors, const std::atomic<bool>& cancelled);
   // Waits (in this process) that yielded at once because the peer had last run on this CPU.
