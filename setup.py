@@ -317,8 +317,25 @@ def check_setuptools(version=None):
                  f"python -m pip install -U 'setuptools>={MIN_SETUPTOOLS[0]}', then build again.")
 
 
+NO_TORCH_HELP = f"""
+torch_mpi_gpu: torch cannot be imported by the Python that runs this build ({sys.executable}).
+The extension is built against the torch of the environment it is installed into:
+  - torch is installed there: pip's build isolation hid it; build with
+      pip install --no-build-isolation .
+  - torch is not installed: install it first (e.g. pip install torch), then the same command.
+"""
+
+
+def check_torch():
+    try:
+        import torch  # noqa: F401
+    except ImportError:
+        sys.exit(NO_TORCH_HELP)
+
+
 def main():
     check_setuptools()
+    check_torch()
     setup(
         ext_modules=[extension()],
         cmdclass={"build_ext": build_ext_class()},

@@ -677,6 +677,18 @@ def test_package_metadata_reads_without_deprecations():
     assert "BSD 3-Clause License" in (ROOT / "LICENSE").read_text()
 
 
+def test_build_without_torch_says_to_turn_off_build_isolation(monkeypatch):
+    # `pip install .` builds in an isolated environment without the user's torch: the build must
+    # say what to run instead of ending on "No module named 'torch'"
+    build = import_setup()
+    monkeypatch.setitem(sys.modules, "torch", None)  # import torch now raises ImportError
+    with pytest.raises(SystemExit) as err:
+        build.check_torch()
+    msg = str(err.value)
+    for part in (sys.executable, "pip install --no-build-isolation .", "pip install torch"):
+        assert part in msg, msg
+
+
 @pytest.mark.parametrize("version, refused", [("76.1.0", True), ("77.0.0", False),
                                               ("84.2.1", False), ("80.0.0.dev0", False)])
 def test_build_names_a_too_old_setuptools_and_the_fix(version, refused):
