@@ -106,6 +106,8 @@ Config Config::fromEnv() {
   c.cudaDirectBytes = parseInt("TORCH_MPIGPU_CUDA_DIRECT_BYTES", 0, kHuge);
   c.nodeBufferBytes = parseInt("TORCH_MPIGPU_NODE_BUFFER_BYTES", 0, kTiB);
   c.nodeOneShotBytes = parseInt("TORCH_MPIGPU_NODE_ONE_SHOT_BYTES", 0, kHuge);
+  c.nodeSingleCopyBytes = parseInt("TORCH_MPIGPU_NODE_SINGLE_COPY_BYTES", 0, kHuge);
+  c.testNoSingleCopy = parseFlag("TORCH_MPIGPU_TEST_NO_SINGLE_COPY");
   c.nodeDeviceBufferBytes = parseInt("TORCH_MPIGPU_NODE_DEVICE_BUFFER_BYTES", 1, kTiB);
   c.nodeDeviceBufferMaxBytes = parseInt("TORCH_MPIGPU_NODE_DEVICE_BUFFER_MAX_BYTES", 1, kTiB);
   c.nodeTestDeviceSlots = parseFlag("TORCH_MPIGPU_NODE_TEST_DEVICE_SLOTS");

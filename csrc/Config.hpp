@@ -87,6 +87,11 @@ struct Config {
   // reduces everything), larger two-shot (two barriers, each rank reduces 1/p).
   int64_t nodeBufferBytes = 0;
   int64_t nodeOneShotBytes = 0;
+  // Host all_gather from this size per rank reads the peers' buffers in place (one copy,
+  // process_vm_readv) where the kernel lets every rank do so; below, through the slots.
+  int64_t nodeSingleCopyBytes = 0;
+  // Tests only: this rank's single-copy probe fails (the group must fall back as one).
+  bool testNoSingleCopy = false;
   // Groups whose every member has a GPU: the node algorithm's slots in device memory (CUDA IPC),
   // per rank and half; ops are cut into pieces of this size, each piece two host round trips.
   int64_t nodeDeviceBufferBytes = 0;

@@ -206,7 +206,9 @@ void ProcessGroupMPIGPU::readNodes(int hasGpu) {
   const bool testSlots = config_.nodeTestDeviceSlots && !groupHasGpu_;
   node_ = std::make_unique<node::Node>(
       node::Topology::build(algoComm_, config_.pretendNodes, "new_group"), algoComm_,
-      config_.nodeBufferBytes, config_.nodeOneShotBytes, allGpu != 0 || testSlots,
+      node::HostSpec{config_.nodeBufferBytes, config_.nodeOneShotBytes, config_.nodeSingleCopyBytes,
+                     config_.testNoSingleCopy},
+      allGpu != 0 || testSlots,
       testSlots ? algo::hostDeviceSlotsForTests() : paths_->nodeSlots(c10::DeviceType::CUDA),
       node::SlotsSpec{config_.nodeDeviceBufferBytes, config_.nodeDeviceOrder, timeoutMs_.load(),
                       std::max(config_.nodeDeviceBufferBytes, config_.nodeDeviceBufferMaxBytes)});

@@ -85,6 +85,14 @@ const SettingSpec kSettings[] = {
     {"TORCH_MPIGPU_NODE_ONE_SHOT_BYTES", "65536", "", ReadAt::GroupCreation,
      "node algorithm on one node: all_reduce up to this size is one-shot (every rank reduces every "
      "input), above two-shot (each reduces 1/p, then all copy)"},
+    {"TORCH_MPIGPU_NODE_SINGLE_COPY_BYTES", "8192", "", ReadAt::GroupCreation,
+     "node algorithm on host tensors: all_gather of at least this many bytes per rank reads the "
+     "peers' buffers in place (Linux cross-memory attach, `process_vm_readv`: one "
+     "copy instead of two through the shared slots) where the kernel lets every rank of the "
+     "group do so (`info` says why not); `1099511627776`: never"},
+    {"TORCH_MPIGPU_TEST_NO_SINGLE_COPY", "0", "", ReadAt::GroupCreation,
+     "tests only: `1` fails this rank's single-copy probe, as where the kernel forbids it; the "
+     "group then copies through the slots as one"},
     {"TORCH_MPIGPU_NODE_ACROSS_MIN_BYTES", "262144", "", ReadAt::GroupCreation,
      "auto, groups that span nodes: reductions, all_gather and broadcast from this size take the "
      "node algorithm (hierarchical), smaller ones MPI's own"},

@@ -301,12 +301,14 @@ void bindAlgorithmTable(py::module_& m) {
         d["host"] = w.host;
         d["device"] = w.device;
         d["host_peer_on_this_cpu"] = w.hostPeerOnThisCpu;
+        d["single_copy_reads"] = w.singleCopyReads;
         return d;
       },
       "How often this process's node-algorithm ops waited for their node's peers: barriers in "
       "host shared memory (each a cross-process hand-off where the slots are device memory) and "
       "barriers queued on the device; host_peer_on_this_cpu: peers waited for that had last run "
-      "on this rank's CPU (it yielded to them at once instead of spinning).");
+      "on this rank's CPU (it yielded to them at once instead of spinning); single_copy_reads: "
+      "peers' buffers read in place (process_vm_readv) by all_gather.");
   m.def(
       "algorithms",
       [] {

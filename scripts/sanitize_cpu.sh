@@ -30,6 +30,7 @@ runtimes="$(gcc -print-file-name=libasan.so):$(gcc -print-file-name=libubsan.so)
 
 # the thresholds lowered so that small messages take every algorithm's pieces and chunks
 SMALL=(TORCH_MPIGPU_NODE_BUFFER_BYTES=4096 TORCH_MPIGPU_NODE_ONE_SHOT_BYTES=512
+       TORCH_MPIGPU_NODE_SINGLE_COPY_BYTES=1024
        TORCH_MPIGPU_ALGO_MIN_BYTES=2048 TORCH_MPIGPU_ALGO_PIECE_BYTES=1024
        TORCH_MPIGPU_NODE_ACROSS_MIN_BYTES=1024 TORCH_MPIGPU_FUSE_BELOW_BYTES=256
        MPIGPU_SOAK_MAX_ELEMENTS=20000)
@@ -63,6 +64,7 @@ run 0 3 device_soak.py MPIGPU_RANDOM_CASES=600 "${SMALL[@]}" TORCH_MPIGPU_ALGO=n
 run 0 4 device_soak.py MPIGPU_RANDOM_CASES=400 "${SMALL[@]}" TORCH_MPIGPU_PRETEND_NODES=2
 run 0 5 device_soak.py MPIGPU_RANDOM_CASES=300 "${SMALL[@]}" TORCH_MPIGPU_ALGO=node TORCH_MPIGPU_PRETEND_NODES=2
 run 0 3 "shared_cpu.py same"  # the node barrier with every rank on one CPU
+run 0 4 collectives.py TORCH_MPIGPU_ALGO=node TORCH_MPIGPU_NODE_SINGLE_COPY_BYTES=0 TORCH_MPIGPU_PRETEND_NODES=2  # all_gather reading peers in place
 for algo in ring rhd allgather; do run 0 3 random_ops.py "${SMALL[@]}" TORCH_MPIGPU_ALGO=$algo; done
 run 0 3 p2p_stress.py
 run 0 3 p2p_groups.py

@@ -205,15 +205,26 @@ def test_collectives_with_mpis_own_algorithm(np, env):
 # The node algorithm in its shapes: pieces much smaller than the ops (4 KiB per rank and half:
 # every size above 1024 floats is chunked; one-shot off or always), and nodes pretended on this
 # host so the hierarchical path runs (uniform 2 x 2 and 2 x 3; 3 + 2 ranks is not uniform: the
-# group falls back, and says so). id: nodes x ranks per node; (np, settings, the description)
+# group falls back, and says so). all_gather through the slots (single copy never)
+# or by reading the peers in place (single copy at every size: the cases here are small), and
+# the group falling back as one where one rank's probe fails.
+# id: nodes x ranks per node; (np, settings, the description)
+SLOTS_ONLY = {"TORCH_MPIGPU_NODE_SINGLE_COPY_BYTES": str(1 << 40), "MPIGPU_EXPECT_SINGLE_COPY_READS": "none"}
+SINGLE_COPY = {"TORCH_MPIGPU_NODE_SINGLE_COPY_BYTES": "0", "MPIGPU_EXPECT_SINGLE_COPY_READS": "some",
+               "MPIGPU_EXPECT_SINGLE_COPY": "single copy (process_vm_readv) for all_gather from 0 bytes"}
 NODE_SHAPES = {
     "1x3-4KiB-pieces-two-shot": (3, {"TORCH_MPIGPU_NODE_BUFFER_BYTES": "4096",
-                                     "TORCH_MPIGPU_NODE_ONE_SHOT_BYTES": "0"}, "1 node x 3 ranks"),
-    "1x4-one-shot-at-any-size": (4, {"TORCH_MPIGPU_NODE_ONE_SHOT_BYTES": str(1 << 40)},
-                                 "1 node x 4 ranks"),
+                                     "TORCH_MPIGPU_NODE_ONE_SHOT_BYTES": "0", **SLOTS_ONLY},
+                                 "1 node x 3 ranks"),
+    "1x4-one-shot-at-any-size-single-copy": (4, {"TORCH_MPIGPU_NODE_ONE_SHOT_BYTES": str(1 << 40),
+                                                 **SINGLE_COPY}, "1 node x 4 ranks"),
+    "1x3-single-copy-refused-on-rank-0": (3, {**SINGLE_COPY, "MPIGPU_TEST_NO_SINGLE_COPY_ON_RANK0": "1",
+                                              "MPIGPU_EXPECT_SINGLE_COPY_READS": "none",
+                                              "MPIGPU_EXPECT_SINGLE_COPY": "single copy unavailable: "},
+                                          "1 node x 3 ranks"),
     "2x2-4KiB-pieces": (4, {"TORCH_MPIGPU_PRETEND_NODES": "2",
-                            "TORCH_MPIGPU_NODE_BUFFER_BYTES": "4096"}, "2 nodes x 2 ranks"),
-    "2x3": (6, {"TORCH_MPIGPU_PRETEND_NODES": "2"}, "2 nodes x 3 ranks"),
+                            "TORCH_MPIGPU_NODE_BUFFER_BYTES": "4096", **SLOTS_ONLY}, "2 nodes x 2 ranks"),
+    "2x3-single-copy": (6, {"TORCH_MPIGPU_PRETEND_NODES": "2", **SINGLE_COPY}, "2 nodes x 3 ranks"),
     "3+2-falls-back": (5, {"TORCH_MPIGPU_PRETEND_NODES": "2"}, "nodes of 2 to 3 ranks (not uniform)"),
     # the device-slot code (what the CUDA IPC slots run) on host memory, hierarchical, 4 KiB
     # slots grown once to 8 KiB (larger ops still in pieces), ordered by the slots' own barrier
@@ -255,11 +266,14 @@ def test_node_barrier_yields_to_a_peer_on_its_cpu(np, placement):
     assert passed_counts(run_mpi("shared_cpu.py", np, args=(placement,)), np, behaviours) >= 200
 
 
-def test_collectives_node_across_the_hosts_as_placed():
+@pytest.mark.parametrize("all_gather", ["slots", "single-copy"])
+def test_collectives_node_across_the_hosts_as_placed(all_gather):
     # 4 ranks as the launcher places them: one host (1 x 4), or the two simulated hosts (2 x 2,
-    # ranks 0 and 2 on one host: hierarchical with non-consecutive members), 4 KiB pieces
+    # ranks 0 and 2 on one host: hierarchical with non-consecutive members), 4 KiB pieces;
+    # all_gather inside each host through the slots or by reading the peers in place
     two_hosts = LAUNCHER.startswith("two-hosts")
-    node_collectives(4, {"TORCH_MPIGPU_NODE_BUFFER_BYTES": "4096"},
+    node_collectives(4, {"TORCH_MPIGPU_NODE_BUFFER_BYTES": "4096",
+                         **(SLOTS_ONLY if all_gather == "slots" else SINGLE_COPY)},
                      "2 nodes x 2 ranks" if two_hosts else "1 node x 4 ranks")
 
 
@@ -278,6 +292,7 @@ def test_cuda_awareness_probe_exchanges_and_agreement_on_host():
 def test_device_soak_generator_and_reference_on_cpu(np, algo):
     env = {"MPIGPU_RANDOM_CASES": "300", "TORCH_MPIGPU_ALGO": algo,
            "TORCH_MPIGPU_NODE_BUFFER_BYTES": "8192", "TORCH_MPIGPU_NODE_ONE_SHOT_BYTES": "2048",
+           "TORCH_MPIGPU_NODE_SINGLE_COPY_BYTES": "4096",
            "TORCH_MPIGPU_ALGO_PIECE_BYTES": "4096"}
     out = run_mpi("device_soak.py", np, env=env)
     assert passed_counts(out, np, {"random cases against the CPU reference"}) >= 300

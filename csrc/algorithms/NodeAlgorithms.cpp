@@ -283,6 +283,33 @@ ByteSpan slotSpan(const NodeOp& o, int r, int64_t bytes) {
   return {nullptr, o.slot(r, at::kByte, bytes)};
 }
 
+// Host all_gather in one copy: each rank publishes the N rows it holds (`mine`) and reads every
+// peer's straight into `out` (process_vm_readv), where the slots cost two copies of each row
+// (into the writer's slot, out of it). The second barrier keeps each `mine` unchanged until
+// every peer has read it. Rows are read from the next local rank round, so peers do not all
+// read one rank first.
+void allgatherSingleCopy(NodeOp& o, const at::Tensor& mine, const at::Tensor& out) {
+  const Topology& t = o.topo;
+  const int L = t.localSize, me = t.localRank, N = t.nodes;
+  const int64_t rowBytes = mine.numel() / N * mine.element_size();
+  auto* dst = static_cast<uint8_t*>(out.data_ptr());
+  const auto* src = static_cast<const uint8_t*>(mine.const_data_ptr());
+  o.seg.publish(src);
+  o.sync();
+  for (int k = 0; k < L; ++k) {
+    const int j = (me + k) % L;
+    for (int i = 0; i < N; ++i) {
+      uint8_t* to = dst + t.placement[static_cast<size_t>(j) * N + i] * rowBytes;
+      if (j != me) {
+        o.seg.readPublished(j, to, i * rowBytes, rowBytes, o.op, o.rank);
+      } else if (to != src + i * rowBytes) {  // in place (input a view of its own row): done
+        std::memcpy(to, src + i * rowBytes, rowBytes);
+      }
+    }
+  }
+  o.sync();
+}
+
 // `out` (contiguous, size x in.numel() elements, group rank order) gets every rank's `in`.
 // Across nodes, the blocks of this rank's cross-node peers first (one MPI_Allgather among the
 // same local index: each node's data crosses the network once per peer, not once per hop of a
@@ -301,6 +328,7 @@ void allgatherOnHost(NodeOp& o, const at::Tensor& in, const at::Tensor& out) {
     mpi::allgather(t.crossComm, o.op, send, gathered, /*counted=*/false);
     mine = gathered.to(in.device());
   }
+  if (o.onHost() && o.node.singleCopy(rowBytes)) return allgatherSingleCopy(o, mine, out);
   const ByteSpan src = spanOf(o, mine), dst = spanOf(o, out);
   // each piece: the same byte range of the N rows this rank holds
   const int64_t width = std::max<int64_t>(eb, o.slotBytes() / N / eb * eb);
@@ -328,6 +356,11 @@ void broadcastOnHost(NodeOp& o, const at::Tensor& buf, int root) {
   if (t.nodes > 1 && source) {
     acrossNodes(o, buf, [&](at::Tensor h) { mpi::broadcast(t.crossComm, o.op, h, rootCross); });
   }
+  // Through the slots, not single copy (as all_gather): here the root's copy of one piece into
+  // its slot overlaps the readers' copies of the last, where reading the root's buffer in place
+  // leaves all the copying to the readers, and the kernel's copy is slower than memcpy. Measured
+  // with 2 ranks: single copy 1.2x faster to 512 KiB, 1.2-1.7x slower from 2 MiB
+  // (benchmarks/results/node_single_copy_2026-11-29.txt).
   const ByteSpan data = spanOf(o, buf);
   forPieces(buf.numel() * buf.element_size(), o.slotBytes(), [&](int64_t off, int64_t m) {
     const ByteSpan slot = slotSpan(o, rootLocal, m);
@@ -431,7 +464,8 @@ node::DeviceSlotsMaker hostDeviceSlotsForTests() {
 
 NodeWaits nodeWaits() {
   return {g_hostWaits.load(std::memory_order_relaxed),
-          g_deviceWaits.load(std::memory_order_relaxed), SharedSegment::yieldsToPeerOnThisCpu()};
+          g_deviceWaits.load(std::memory_order_relaxed), SharedSegment::yieldsToPeerOnThisCpu(),
+          SharedSegment::singleCopyReads()};
 }
 
 bool nodeAllreduce(Context& c, const at::Tensor& buf) {

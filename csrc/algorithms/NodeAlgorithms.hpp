@@ -21,6 +21,7 @@ struct NodeWaits {
   uint64_t host;
   uint64_t device;
   uint64_t hostPeerOnThisCpu;  // host waits for a peer last seen on this CPU: yielded, no spin
+  uint64_t singleCopyReads;    // peers' buffers read in place (SharedSegment::readPublished)
 };
 NodeWaits nodeWaits();
 

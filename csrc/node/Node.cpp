@@ -10,12 +10,11 @@
 
 namespace mpigpu::node {
 
-Node::Node(Topology topology, const mpi::Comm& group, int64_t slotBytes, int64_t oneShotBytes,
-           bool allGpu, DeviceSlotsMaker makeDeviceSlots, SlotsSpec deviceSpec)
+Node::Node(Topology topology, const mpi::Comm& group, HostSpec hostSpec, bool allGpu,
+           DeviceSlotsMaker makeDeviceSlots, SlotsSpec deviceSpec)
     : topology_(std::move(topology)),
       group_(group),
-      slotBytes_(slotBytes),
-      oneShotBytes_(oneShotBytes),
+      host_(hostSpec),
       allGpu_(allGpu),
       makeDeviceSlots_(std::move(makeDeviceSlots)),
       deviceSpec_(deviceSpec),
@@ -24,16 +23,22 @@ Node::Node(Topology topology, const mpi::Comm& group, int64_t slotBytes, int64_t
 Node::~Node() = default;
 
 // Whether every rank of the group made its part (one MPI_MIN). Where not: the reason (this
-// rank's, or `othersFailed`) in *unavailable and one warning naming what takes over.
+// rank's, or `othersFailed`) in *unavailable and one line naming what takes over: a warning, or
+// (`warn` false: an optimisation whose absence changes no result) at INFO level.
 bool Node::agreeMade(bool made, const std::string& why, const char* othersFailed, const char* what,
-                     const char* instead, const char* op, std::string* unavailable) {
+                     const char* instead, const char* op, std::string* unavailable, bool warn) {
   int ok = made ? 1 : 0;
   MPIGPU_MPI_CHECK(MPI_Allreduce(MPI_IN_PLACE, &ok, 1, MPI_INT, MPI_MIN, group_.handle), op,
                    group_.rank);
   if (ok) return true;
   *unavailable = why.empty() ? othersFailed : why;
-  LOG(WARNING) << "mpigpu " << op << " [rank " << group_.rank << "]: no " << what << " ("
-               << *unavailable << "); " << instead;
+  const std::string line = c10::str("mpigpu ", op, " [rank ", group_.rank, "]: no ", what, " (",
+                                    *unavailable, "); ", instead);
+  if (warn) {
+    LOG(WARNING) << line;
+  } else {
+    LOG(INFO) << line;
+  }
   return false;
 }
 
@@ -41,13 +46,23 @@ SharedSegment* Node::segment(const char* op) {
   if (tried_) return segment_.get();
   tried_ = true;
   std::string why;
-  segment_ = SharedSegment::create(topology_.nodeComm, slotBytes_, op, group_.rank, &why);
+  segment_ = SharedSegment::create(topology_.nodeComm, host_.slotBytes, op, group_.rank, &why);
   if (!agreeMade(segment_ != nullptr, why, "another rank could not map its node's segment",
                  "shared-memory segment for the node-aware algorithms",
                  "this group's reductions use the ring instead, all_gather and broadcast MPI's own",
                  op, &unavailable_)) {
     segment_.reset();
+    return nullptr;
   }
+  // Single copy is tried once, before any op publishes; where any rank cannot read its peers
+  // the whole group copies through the slots (one way for every rank: the barriers must match).
+  why = host_.refuseSingleCopy
+            ? "refused on this rank for a test (TORCH_MPIGPU_TEST_NO_SINGLE_COPY)"
+            : segment_->probeSingleCopy();
+  singleCopy_ = agreeMade(why.empty(), why, "another rank cannot read its node's peers' memory",
+                          "single copy between the node's ranks",
+                          "all_gather copies through the shared slots", op, &noSingleCopy_,
+                          /*warn=*/false);  // Ubuntu's default ptrace_scope forbids it: not news
   return segment_.get();
 }
 
@@ -126,8 +141,13 @@ std::string Node::describe() const {
   std::string s = topology_.describe();
   if (!suits()) return s;
   if (!unavailable_.empty()) return c10::str(s, ", shared memory unavailable: ", unavailable_);
-  s = c10::str(s, ", shared memory ", slotBytes_, " bytes per rank and half",
+  s = c10::str(s, ", shared memory ", host_.slotBytes, " bytes per rank and half",
                tried_ ? "" : " (made at the first node-aware op)");
+  if (singleCopy_)
+    s = c10::str(s, ", single copy (process_vm_readv) for all_gather from ", host_.singleCopyBytes,
+                 " bytes");
+  else if (!noSingleCopy_.empty())
+    s = c10::str(s, ", single copy unavailable: ", noSingleCopy_);
   if (!allGpu_) return s;
   if (!deviceUnavailable_.empty())
     return c10::str(s, ", device slots unavailable: ", deviceUnavailable_);

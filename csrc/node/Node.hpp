@@ -13,20 +13,31 @@
 
 namespace mpigpu::node {
 
+// What the node asks of its host shared memory.
+struct HostSpec {
+  int64_t slotBytes;        // per rank and half
+  int64_t oneShotBytes;     // all_reduce up to this is one-shot
+  int64_t singleCopyBytes;  // all_gather from this (per rank) reads the peers' buffers in place
+  bool refuseSingleCopy;    // tests: this rank's probe fails, as where the kernel forbids reads
+};
+
 class Node {
  public:
   // `group`: the communicator the ranks agree over when the segment is made. `allGpu`: every
   // member has a GPU (agreed), so the node's ops run in device slots made by `makeDeviceSlots`
   // (null: this build has none) as `deviceSpec` asks.
-  Node(Topology topology, const mpi::Comm& group, int64_t slotBytes, int64_t oneShotBytes,
-       bool allGpu = false, DeviceSlotsMaker makeDeviceSlots = nullptr,
+  Node(Topology topology, const mpi::Comm& group, HostSpec hostSpec, bool allGpu = false,
+       DeviceSlotsMaker makeDeviceSlots = nullptr,
        SlotsSpec deviceSpec = {0, Ordering::Host, 0, 0});
   ~Node();
   Node(const Node&) = delete;
   Node& operator=(const Node&) = delete;
 
   const Topology& topology() const { return topology_; }
-  int64_t oneShotBytes() const { return oneShotBytes_; }
+  int64_t oneShotBytes() const { return host_.oneShotBytes; }
+  // Whether a host all_gather of `bytes` per rank reads the peers' buffers in place
+  // (SharedSegment::readPublished). After segment(); the same on every rank.
+  bool singleCopy(int64_t bytes) const { return singleCopy_ && bytes >= host_.singleCopyBytes; }
   // Whether the node-aware algorithms suit this group's shape: more than one rank on a node, the
   // same number on every node. The same answer on every rank.
   bool suits() const { return topology_.uniform && topology_.localSize > 1; }
@@ -51,15 +62,16 @@ class Node {
 
  private:
   bool agreeMade(bool made, const std::string& why, const char* othersFailed, const char* what,
-                 const char* instead, const char* op, std::string* unavailable);
+                 const char* instead, const char* op, std::string* unavailable, bool warn = true);
   void growDeviceSlots(const char* op, int64_t wantBytes);
   void retire(std::unique_ptr<DeviceSlots> slots, const char* op);
 
   Topology topology_;
   mpi::Comm group_;
-  int64_t slotBytes_;
-  int64_t oneShotBytes_;
+  HostSpec host_;
   std::unique_ptr<SharedSegment> segment_;
+  bool singleCopy_ = false;  // every rank of the group can read its node's peers
+  std::string noSingleCopy_;
   bool tried_ = false;
   const bool allGpu_;
   DeviceSlotsMaker makeDeviceSlots_;

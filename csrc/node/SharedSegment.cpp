@@ -5,6 +5,7 @@
 #include <signal.h>
 #include <sys/mman.h>
 #include <sys/stat.h>
+#include <sys/uio.h>
 #include <unistd.h>
 
 #include <c10/util/StringUtil.h>
@@ -25,14 +26,17 @@ namespace mpigpu::node {
 struct SharedSegment::Peer {
   uint64_t arrived;  // syncs this rank has reached (atomic access only)
   int64_t pid;
+  uint64_t published;  // the address this rank's peers may read (publish; ordered by sync)
   int32_t cpu;  // the CPU this rank ran on at its last arrival (atomic access only; -1: unknown)
-  uint8_t pad[108];
+  uint8_t pad[100];
 };
 static_assert(sizeof(SharedSegment::Peer) == 128, "one Peer per 128 bytes");
 
 namespace {
 
 constexpr size_t kPage = 4096;
+// probeSingleCopy: each rank's token is this XOR its pid, so a read from the wrong place shows.
+constexpr uint64_t kProbeMagic = 0x6d70696770752d31ULL;
 
 // A spin-wait hint: the waiting thread leaves the core's resources to its sibling hyperthread,
 // which may be the very peer it waits for.
@@ -120,6 +124,9 @@ std::unique_ptr<SharedSegment> SharedSegment::create(const mpi::Comm& nodeComm, 
       seg->mappedBytes_ = bytes;
       seg->peer(nodeComm.rank)->pid = getpid();
       __atomic_store_n(&seg->peer(nodeComm.rank)->cpu, -1, __ATOMIC_RELAXED);
+      // what probeSingleCopy reads, readable before the barrier below
+      seg->probeToken_ = kProbeMagic ^ static_cast<uint64_t>(getpid());
+      seg->publish(&seg->probeToken_);
     }
   }
   if (fd >= 0) close(fd);
@@ -157,7 +164,75 @@ void SharedSegment::checkAlive(int rank, const char* op, int rankForErrors) cons
 
 namespace {
 std::atomic<uint64_t> g_yieldsToPeerOnThisCpu{0};
+std::atomic<uint64_t> g_singleCopyReads{0};
+
+// Copies n bytes of process `pid` at `from` to `to` in this process; 0 or an errno.
+int readProcess(pid_t pid, void* to, const void* from, size_t n) {
+  auto* dst = static_cast<uint8_t*>(to);
+  auto* src = static_cast<const uint8_t*>(from);
+  while (n > 0) {
+    iovec local{dst, n}, remote{const_cast<uint8_t*>(src), n};
+    const ssize_t got = process_vm_readv(pid, &local, 1, &remote, 1, 0);
+    if (got < 0 && errno == EINTR) continue;
+    if (got < 0) return errno;
+    if (got == 0) return EFAULT;  // nothing read, no error: the range is not all mapped there
+    dst += got;
+    src += got;
+    n -= static_cast<size_t>(got);
+  }
+  return 0;
+}
+
+std::string whyNoReads(int e) {
+  if (e == EPERM)
+    return c10::str(errnoText(e),
+                    " (the kernel's ptrace rules forbid it: kernel.yama.ptrace_scope "
+                    "above 0, or a container without CAP_SYS_PTRACE)");
+  if (e == ENOSYS)
+    return c10::str(errnoText(e),
+                    " (a kernel without cross-memory attach, or a seccomp filter that blocks it)");
+  return errnoText(e);
+}
 }  // namespace
+
+uint64_t SharedSegment::singleCopyReads() {
+  return g_singleCopyReads.load(std::memory_order_relaxed);
+}
+
+void SharedSegment::publish(const void* data) {
+  peer(localRank_)->published = reinterpret_cast<uintptr_t>(data);
+}
+
+std::string SharedSegment::probeSingleCopy() const {
+  for (int r = 0; r < localSize_; ++r) {
+    if (r == localRank_) continue;
+    const Peer* p = peer(r);
+    uint64_t token = 0;
+    const int e = readProcess(static_cast<pid_t>(p->pid), &token,
+                              reinterpret_cast<const void*>(p->published), sizeof token);
+    if (e != 0)
+      return c10::str("process_vm_readv of local rank ", r, " (pid ", p->pid, "): ", whyNoReads(e));
+    if (token != (kProbeMagic ^ static_cast<uint64_t>(p->pid)))
+      return c10::str("process_vm_readv of local rank ", r, " (pid ", p->pid,
+                      ") read other bytes than that rank wrote");
+  }
+  return "";
+}
+
+void SharedSegment::readPublished(int rank, void* dst, int64_t offset, int64_t bytes,
+                                  const char* op, int rankForErrors) const {
+  const Peer* p = peer(rank);
+  const auto* src = reinterpret_cast<const uint8_t*>(p->published) + offset;
+  const int e = readProcess(static_cast<pid_t>(p->pid), dst, src, static_cast<size_t>(bytes));
+  if (e == ESRCH) checkAlive(rank, op, rankForErrors);
+  if (e != 0) {
+    MPIGPU_THROW_BACKEND(op, rankForErrors, "reading local rank ", rank, "'s ", bytes,
+                         " bytes directly (process_vm_readv) failed: ", whyNoReads(e),
+                         "; TORCH_MPIGPU_NODE_SINGLE_COPY_BYTES=1099511627776 copies through "
+                         "shared memory instead");
+  }
+  g_singleCopyReads.fetch_add(1, std::memory_order_relaxed);
+}
 
 uint64_t SharedSegment::yieldsToPeerOnThisCpu() {
   return g_yieldsToPeerOnThisCpu.load(std::memory_order_relaxed);

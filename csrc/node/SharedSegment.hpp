@@ -2,6 +2,8 @@
 // barrier per step is enough: a slot is rewritten two steps later, after every peer has passed
 // the barrier in between) and an arrival counter. Ranks reach each other's slots by plain loads
 // and stores; `sync` is the only ordering between them.
+// A rank may also publish a buffer of its own that its peers then read in place, by the kernel
+// (readPublished: Linux cross-memory attach), where the ptrace rules allow it (probeSingleCopy).
 //
 // POSIX shared memory, not an MPI-3 shared window: the name is unlinked as soon as every rank has
 // mapped it, so nothing is left in /dev/shm whatever happens to the job later (a killed rank,
@@ -50,6 +52,20 @@ class SharedSegment {
   // The other half: the next step's slots.
   void flip() { half_ ^= 1; }
 
+  // ---- single copy: ranks read each other's buffers in place (Linux cross-memory attach) ----
+  // "" where this rank can read every peer's memory (process_vm_readv, tried on the token each
+  // rank published at creation), else why not. Call before any op publishes; agree on it.
+  std::string probeSingleCopy() const;
+  // `data` becomes what the peers read: publish it before a sync, keep it unchanged until the
+  // next sync (after which the peers have finished reading).
+  void publish(const void* data);
+  // Copies `bytes` from `offset` past what local rank `rank` published into `dst`: one copy, by
+  // the kernel, no slot in between. An error names `op`, and says what to set.
+  void readPublished(int rank, void* dst, int64_t offset, int64_t bytes, const char* op,
+                     int rankForErrors) const;
+  // readPublished calls so far in this process.
+  static uint64_t singleCopyReads();
+
   struct Peer;  // a rank's entry in the header
 
  private:
@@ -66,7 +82,8 @@ class SharedSegment {
   // Spins before yielding: none where the node's ranks outnumber its cores (a spinning rank
   // would hold the core its peer needs until the scheduler's tick).
   uint64_t spinLimit_ = 2000;
-  uint64_t epoch_ = 0;  // syncs so far: the same on every rank of the node
+  uint64_t epoch_ = 0;       // syncs so far: the same on every rank of the node
+  uint64_t probeToken_ = 0;  // what probeSingleCopy's peers read
 };
 
 }  // namespace mpigpu::node

@@ -22,6 +22,11 @@ OUR_ALGO = os.environ.get("TORCH_MPIGPU_ALGO") if os.environ.get("TORCH_MPIGPU_A
 HOST_PIECES = os.environ.get("MPIGPU_TEST_HOST_PIECES_ON_RANK0")
 if HOST_PIECES and (torch_mpi_gpu.detect_launcher() or {}).get("rank") == 0:
     os.environ["TORCH_MPIGPU_TEST_HOST_PIECE_BYTES"] = HOST_PIECES
+# MPIGPU_TEST_NO_SINGLE_COPY_ON_RANK0=1: rank 0 alone fails the single-copy probe, as a rank the
+# kernel forbids to read its peers; the whole group must then copy through the slots.
+if os.environ.get("MPIGPU_TEST_NO_SINGLE_COPY_ON_RANK0") and \
+        (torch_mpi_gpu.detect_launcher() or {}).get("rank") == 0:
+    os.environ["TORCH_MPIGPU_TEST_NO_SINGLE_COPY"] = "1"
 
 RED_OPS = {
     "sum": dist.ReduceOp.SUM, "avg": dist.ReduceOp.AVG, "product": dist.ReduceOp.PRODUCT,
@@ -322,6 +327,14 @@ def main():
         if os.environ.get("MPIGPU_EXPECT_ORDER"):  # how the device slots' ranks wait
             c.true("the device slots' ordering", os.environ["MPIGPU_EXPECT_ORDER"] in described,
                    described)
+        if os.environ.get("MPIGPU_EXPECT_SINGLE_COPY"):
+            c.true("single copy as the group agreed", os.environ["MPIGPU_EXPECT_SINGLE_COPY"] in described,
+                   described)
+        if os.environ.get("MPIGPU_EXPECT_SINGLE_COPY_READS"):  # some / none
+            reads = torch_mpi_gpu._C.node_waits()["single_copy_reads"]
+            some = os.environ["MPIGPU_EXPECT_SINGLE_COPY_READS"] == "some"
+            c.true("all_gather read the peers in place" if some else "all_gather copied through the slots", (reads > 0) == some,
+                   f"{reads} single-copy reads: {described}")
     if HOST_PIECES:
         c.section("one rank's pieces, cut by every rank")
         described = dist.group.WORLD._get_backend(torch.device("cpu")).describe()

@@ -2,7 +2,7 @@
 in place or not, sync or async with waits in shuffled order) plus what the device paths add:
 sizes 0, 1, odd and one element either side of every size threshold in effect (ALGO_MIN_BYTES,
 CUDA_DIRECT_BYTES, STAGING_CHUNK_BYTES, ALGO_PIECE_BYTES, NODE_ONE_SHOT_BYTES,
-NODE_BUFFER_BYTES: the tests lower them so those sizes stay small), tensors that are views at an
+NODE_BUFFER_BYTES, NODE_SINGLE_COPY_BYTES: the tests lower them so those sizes stay small), tensors that are views at an
 offset into a larger buffer (whose other elements must stay untouched), point-to-point rings, and
 on a GPU inputs produced on a side stream that is still busy when the op is issued. Expected
 values are computed on the CPU from inputs every rank rebuilds (common.make_input), never on the
@@ -22,7 +22,8 @@ from random_ops import OPS, RED, CaseRun, run_batches
 
 THRESHOLDS = ["TORCH_MPIGPU_ALGO_MIN_BYTES", "TORCH_MPIGPU_CUDA_DIRECT_BYTES",
               "TORCH_MPIGPU_STAGING_CHUNK_BYTES", "TORCH_MPIGPU_ALGO_PIECE_BYTES",
-              "TORCH_MPIGPU_NODE_ONE_SHOT_BYTES", "TORCH_MPIGPU_NODE_BUFFER_BYTES"]
+              "TORCH_MPIGPU_NODE_ONE_SHOT_BYTES", "TORCH_MPIGPU_NODE_BUFFER_BYTES",
+              "TORCH_MPIGPU_NODE_SINGLE_COPY_BYTES"]
 MAX_ELEMENTS = int(os.environ.get("MPIGPU_SOAK_MAX_ELEMENTS", str(1 << 18)))
 SOAK_OPS = OPS + ["send_recv_ring"]
 SENTINEL = 3  # the value around a view, which no op may change
