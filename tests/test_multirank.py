@@ -3,6 +3,7 @@ references computed independently on each rank (see tests/mp/)."""
 
 import os
 import re
+import subprocess
 from pathlib import Path
 
 import pytest
@@ -264,6 +265,18 @@ def test_node_barrier_yields_to_a_peer_on_its_cpu(np, placement):
         pytest.skip(f"'apart' needs {np} CPUs")
     behaviours = {"node collectives on the placement", f"waits for a peer on this CPU ({placement})"}
     assert passed_counts(run_mpi("shared_cpu.py", np, args=(placement,)), np, behaviours) >= 200
+
+
+def test_node_with_a_rank_in_a_pid_namespace_of_its_own():
+    # a container of its own on the node (same host name and /dev/shm, its own process table):
+    # peers' pids mean nothing there, so no false "exited" report and no single copy by pid
+    if LAUNCHER.startswith("two-hosts"):
+        pytest.skip("one node's layout; the hosts' legs run the node algorithm elsewhere")
+    probe = subprocess.run(["unshare", "--pid", "--fork", "true"], capture_output=True, text=True)
+    if probe.returncode != 0:
+        pytest.skip(f"this user cannot make a PID namespace here: {probe.stderr.strip()}")
+    out = run_mpi("pid_namespace.py", 3, env={"TORCH_MPIGPU_ALGO": "node"})
+    assert passed_counts(out, 3, {"a rank in a PID namespace of its own"}) >= 6
 
 
 @pytest.mark.parametrize("all_gather", ["slots", "single-copy"])

@@ -26,9 +26,10 @@ namespace mpigpu::node {
 struct SharedSegment::Peer {
   uint64_t arrived;  // syncs this rank has reached (atomic access only)
   int64_t pid;
-  uint64_t published;  // the address this rank's peers may read (publish; ordered by sync)
+  uint64_t published;     // the address this rank's peers may read (publish; ordered by sync)
+  uint64_t pidNamespace;  // its PID namespace (0: unknown): where `pid` means that process
   int32_t cpu;  // the CPU this rank ran on at its last arrival (atomic access only; -1: unknown)
-  uint8_t pad[100];
+  uint8_t pad[92];
 };
 static_assert(sizeof(SharedSegment::Peer) == 128, "one Peer per 128 bytes");
 
@@ -50,6 +51,12 @@ inline void cpuRelax() {
 size_t roundUp(size_t n, size_t to) { return (n + to - 1) / to * to; }
 
 std::string errnoText(int e) { return std::strerror(e); }
+
+// This process's PID namespace (the inode of /proc/self/ns/pid); 0 where that cannot be read.
+uint64_t pidNamespaceId() {
+  struct stat st;
+  return stat("/proc/self/ns/pid", &st) == 0 ? static_cast<uint64_t>(st.st_ino) : 0;
+}
 
 // Rank 0's part, once its segment exists: the file sized and its pages reserved. "" on success.
 std::string sizeSegment(int fd, size_t bytes) {
@@ -123,6 +130,8 @@ std::unique_ptr<SharedSegment> SharedSegment::create(const mpi::Comm& nodeComm, 
       seg->base_ = static_cast<uint8_t*>(p);
       seg->mappedBytes_ = bytes;
       seg->peer(nodeComm.rank)->pid = getpid();
+      seg->pidNamespace_ = pidNamespaceId();
+      seg->peer(nodeComm.rank)->pidNamespace = seg->pidNamespace_;
       __atomic_store_n(&seg->peer(nodeComm.rank)->cpu, -1, __ATOMIC_RELAXED);
       // what probeSingleCopy reads, readable before the barrier below
       seg->probeToken_ = kProbeMagic ^ static_cast<uint64_t>(getpid());
@@ -153,7 +162,12 @@ at::Tensor SharedSegment::slot(int rank, at::ScalarType dtype, int64_t elems) co
   return at::from_blob(slotData(rank), {elems}, at::TensorOptions().dtype(dtype));
 }
 
+bool SharedSegment::seesPid(int rank) const { return peer(rank)->pidNamespace == pidNamespace_; }
+
 void SharedSegment::checkAlive(int rank, const char* op, int rankForErrors) const {
+  // A peer in another PID namespace (a container of its own that shares this host's name and
+  // /dev/shm): its pid names no process here, or another one. Its death is the launcher's to see.
+  if (!seesPid(rank)) return;
   const auto pid = static_cast<pid_t>(peer(rank)->pid);
   if (pid > 0 && kill(pid, 0) != 0 && errno == ESRCH) {
     MPIGPU_THROW_BACKEND(op, rankForErrors, "local rank ", rank, " of this node (pid ", pid,
@@ -207,6 +221,8 @@ std::string SharedSegment::probeSingleCopy() const {
   for (int r = 0; r < localSize_; ++r) {
     if (r == localRank_) continue;
     const Peer* p = peer(r);
+    if (!seesPid(r))
+      return c10::str("local rank ", r, " runs in another PID namespace (a container of its own)");
     uint64_t token = 0;
     const int e = readProcess(static_cast<pid_t>(p->pid), &token,
                               reinterpret_cast<const void*>(p->published), sizeof token);

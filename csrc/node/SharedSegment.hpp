@@ -71,6 +71,8 @@ class SharedSegment {
  private:
   SharedSegment() = default;
   Peer* peer(int rank) const;
+  // Whether `rank`'s pid names that process here (the same PID namespace as this rank's).
+  bool seesPid(int rank) const;
   void checkAlive(int rank, const char* op, int rankForErrors) const;
 
   uint8_t* base_ = nullptr;
@@ -82,8 +84,9 @@ class SharedSegment {
   // Spins before yielding: none where the node's ranks outnumber its cores (a spinning rank
   // would hold the core its peer needs until the scheduler's tick).
   uint64_t spinLimit_ = 2000;
-  uint64_t epoch_ = 0;       // syncs so far: the same on every rank of the node
-  uint64_t probeToken_ = 0;  // what probeSingleCopy's peers read
+  uint64_t epoch_ = 0;         // syncs so far: the same on every rank of the node
+  uint64_t probeToken_ = 0;    // what probeSingleCopy's peers read
+  uint64_t pidNamespace_ = 0;  // this process's (Peer::pidNamespace)
 };
 
 }  // namespace mpigpu::node
