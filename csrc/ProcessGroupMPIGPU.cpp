@@ -577,6 +577,15 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupMPIGPU::scatter(
       root);
 }
 
+// What a rank sends itself it receives from itself: the one pair of an all_to_all a rank can check
+// alone (the own block is copied locally, not through MPI, which would have caught it).
+void ProcessGroupMPIGPU::checkOwnBlock(const char* op, const std::vector<int64_t>& sendCounts,
+                                       const std::vector<int64_t>& recvCounts) const {
+  MPIGPU_CHECK_VALUE(sendCounts[rank_] == recvCounts[rank_], op, rank_, "sends itself ",
+                     sendCounts[rank_], " elements but receives ", recvCounts[rank_],
+                     " from itself; input and output split sizes must agree at index ", rank_);
+}
+
 c10::intrusive_ptr<c10d::Work> ProcessGroupMPIGPU::alltoall_base(
     at::Tensor& output, at::Tensor& input, std::vector<int64_t>& outputSplitSizes,
     std::vector<int64_t>& inputSplitSizes, const c10d::AllToAllOptions& opts) {
@@ -612,6 +621,7 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupMPIGPU::alltoall_base(
   };
   auto sendCounts = counts(input, inputSplitSizes, "input");
   auto recvCounts = counts(output, outputSplitSizes, "output");
+  checkOwnBlock(op, sendCounts, recvCounts);
   // Without split sizes every rank sends the same counts (torch requires equal sizes then).
   const bool uniform =
       inputSplitSizes.empty() && outputSplitSizes.empty() && input.numel() == output.numel();
@@ -620,8 +630,8 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupMPIGPU::alltoall_base(
   const size_t out = bufs->add(output, Access::Write);
   return enqueue(c10d::OpType::ALLTOALL_BASE, op, {output}, {input}, opts.timeout, opts.asyncOp,
                  bufs, [this, op, in, out, sendCounts, recvCounts, uniform](OpBuffers& b) {
-                   mpi::alltoallv(comm_, op, b.mpi(in), sendCounts, b.mpi(out), recvCounts,
-                                  uniform);
+                   mpi::alltoallv(comm_, op, b.mpi(in), sendCounts, b.mpi(out), recvCounts, uniform,
+                                  !groupHasGpu_);
                  });
 }
 
@@ -640,6 +650,7 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupMPIGPU::alltoall(std::vector<at::Tens
     sendCounts.push_back(inputs[p].numel());
     recvCounts.push_back(outputs[p].numel());
   }
+  checkOwnBlock(op, sendCounts, recvCounts);
   mpi::transportType(inputs[0].scalar_type(), op, rank_);
   auto bufs = buffersFor(inputs[0]);
   const size_t in = bufs->add(inputs, Access::Read);

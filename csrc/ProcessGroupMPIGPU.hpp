@@ -158,6 +158,8 @@ class ProcessGroupMPIGPU : public c10d::Backend {
   // The arguments of a send or receive: a tensor MPI can carry, a peer of the group (not this
   // rank), a tag in MPI's range; errors name `op` and this rank.
   void checkP2P(const char* op, const at::Tensor& tensor, int peer, int tag) const;
+  void checkOwnBlock(const char* op, const std::vector<int64_t>& sendCounts,
+                     const std::vector<int64_t>& recvCounts) const;
   c10::intrusive_ptr<c10d::Work> enqueueP2P(c10d::OpType type, const char* op, at::Tensor tensor,
                                             int peer, int tag);
   // Our algorithms (algorithms/): the choice for an op, and one run of it on the engine.

@@ -16,6 +16,7 @@ import re
 import shutil
 import subprocess
 import sys
+import tempfile
 from pathlib import Path
 
 import pytest
@@ -141,35 +142,40 @@ def no_shared_segment_left():
     assert not left, f"shared-memory segments left in /dev/shm by this test's jobs: {sorted(left)}"
 
 
-# The MPI libraries' own shared-memory files (Open MPI's sm/vader segments, MPICH's): a job that
-# ends by kill or MPI_Abort leaves them in /dev/shm, and this suite ends many jobs so on purpose
-# (a day of runs here left 1.2 GB). Not ours to assert on, but ours to clean up.
+# The MPI libraries' own files (Open MPI's sm/vader segments and MPICH's in /dev/shm; the topology
+# file Hydra's mpiexec hands its proxies, in the temporary folder): a job that ends by kill or
+# MPI_Abort leaves them, and this suite ends many jobs so on purpose (a day of runs here left
+# 1.2 GB in /dev/shm, and ten topology files per CI run). Not ours to assert on, but ours to clean.
 MPI_LIBRARY_SEGMENTS = ("sm_segment.*", "vader_segment.*", "mpich_shm_*")
+MPI_LIBRARY_TEMP_FILES = ("hydra_hwloc_xmlfile_*",)
 
 
 def mpi_library_segments():
-    return {p for pattern in MPI_LIBRARY_SEGMENTS for p in Path("/dev/shm").glob(pattern)}
+    return ({p for pattern in MPI_LIBRARY_SEGMENTS for p in Path("/dev/shm").glob(pattern)}
+            | {p for pattern in MPI_LIBRARY_TEMP_FILES
+               for p in Path(tempfile.gettempdir()).glob(pattern)})
 
 
 def mapped_or_open_shm():
-    """The /dev/shm paths some process still maps or holds open (a running job's)."""
+    """The /dev/shm and temporary paths some process still maps or holds open (a running job's)."""
+    folders = ("/dev/shm/", tempfile.gettempdir() + "/")
     used = set()
     for proc in Path("/proc").iterdir():
         if not proc.name.isdigit():
             continue
         try:
             used |= {line.split(None, 5)[5].strip() for line in (proc / "maps").read_text().splitlines()
-                     if "/dev/shm/" in line and len(line.split(None, 5)) == 6}
+                     if any(f in line for f in folders) and len(line.split(None, 5)) == 6}
             used |= {os.readlink(fd) for fd in (proc / "fd").iterdir()}
         except OSError:  # the process ended meanwhile, or is not ours to read
             continue
-    return {u.removesuffix(" (deleted)") for u in used if u.startswith("/dev/shm/")}
+    return {u.removesuffix(" (deleted)") for u in used if u.startswith(folders)}
 
 
 @pytest.fixture(scope="session", autouse=True)
 def remove_mpi_library_segments_left_by_the_suite():
-    """At the end of the session: the MPI libraries' files that appeared in /dev/shm during it and
-    that no process maps or holds open any more (their jobs ended without removing them)."""
+    """At the end of the session: the MPI libraries' files that appeared during it and that no
+    process maps or holds open any more (their jobs ended without removing them)."""
     before = mpi_library_segments()
     yield
     left = mpi_library_segments() - before
@@ -178,7 +184,8 @@ def remove_mpi_library_segments_left_by_the_suite():
     gone = left - {Path(p) for p in mapped_or_open_shm()}
     for path in gone:
         path.unlink(missing_ok=True)
-    print(f"\nconftest: removed {len(gone)} file(s) the MPI libraries left in /dev/shm "
+    print(f"\nconftest: removed {len(gone)} file(s) the MPI libraries left in /dev/shm or "
+          f"{tempfile.gettempdir()} "
           f"(jobs that ended by kill or abort); {len(left) - len(gone)} still in use kept")
 
 

@@ -4,6 +4,7 @@ CPU time. Under the two-host launchers they run at 2 hosts x 2 ranks, with Open 
 ranks to cores as a plain hostfile does (both simulated hosts share this machine's cores, so two
 ranks share each core), filled by slot (ranks 0-1 on h0) and round-robin (ranks 0, 2 on h0)."""
 
+import atexit
 import functools
 import os
 from pathlib import Path
@@ -101,7 +102,9 @@ def stuck_mpi_abort_library():
     cc = os.environ.get("CC") or shutil.which("cc") or shutil.which("gcc")
     if not cc:
         pytest.fail("no C compiler (cc, gcc or $CC): needed to build tests/mp/stuck_mpi_abort.c")
-    library = Path(tempfile.mkdtemp(prefix="mpigpu-stuck-abort-")) / "libstuck_mpi_abort.so"
+    folder = tempfile.mkdtemp(prefix="mpigpu-stuck-abort-")
+    atexit.register(shutil.rmtree, folder, ignore_errors=True)  # when pytest ends
+    library = Path(folder) / "libstuck_mpi_abort.so"
     subprocess.run([cc, "-shared", "-fPIC", "-o", str(library), str(MP_DIR / "stuck_mpi_abort.c")],
                    check=True)
     return library

@@ -63,11 +63,14 @@ void reduceScatterV(const Comm& c, const char* op, const at::Tensor& in, at::Ten
 // `in` holds size * out.numel() elements.
 void reduceScatter(const Comm& c, const char* op, const at::Tensor& in, at::Tensor& out,
                    const Reduction& red, bool counted = true);
-// Counts in elements, one per peer; data packed in peer order. `uniform`: every rank passes the
-// same counts (all_to_all_single without splits), so whether to split needs no agreement round.
+// Counts in elements, one per peer; data packed in peer order; a rank sends itself as many as it
+// receives from itself. `uniform`: every count is the same, on every rank (all_to_all_single
+// without splits), so whether to split needs no agreement round. `hostEverywhere`: no rank of the
+// group holds device memory (agreed when it was made), so MPI_Alltoall may serve uniform counts.
 void alltoallv(const Comm& c, const char* op, const at::Tensor& in,
                const std::vector<int64_t>& sendCounts, at::Tensor& out,
-               const std::vector<int64_t>& recvCounts, bool uniform = false);
+               const std::vector<int64_t>& recvCounts, bool uniform = false,
+               bool hostEverywhere = false);
 void barrier(const Comm& c, const char* op);
 
 // Non-blocking point-to-point; one request per chunk, all with the same tag (MPI keeps order).

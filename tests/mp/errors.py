@@ -52,6 +52,15 @@ def main():
              lambda: dist.all_to_all_single(torch.empty(world), torch.ones(world),
                                             [1] * world, [2] + [1] * (world - 1)),
              ("all_to_all_single", who, "split sizes sum"))
+    own = [1] * world  # what a rank sends itself it must receive from itself
+    c.raises("all_to_all_single own block sizes differ", ValueError,
+             lambda: dist.all_to_all_single(torch.empty(world + 1), torch.ones(world),
+                                            [2 if r == rank else 1 for r in range(world)], own),
+             ("all_to_all_single", who, "sends itself 1 elements but receives 2"))
+    c.raises("all_to_all own block sizes differ", ValueError,
+             lambda: dist.all_to_all([torch.empty(2 if r == rank else 1) for r in range(world)],
+                                     [torch.ones(1) for _ in range(world)]),
+             ("all_to_all", who, "sends itself 1 elements but receives 2"))
     c.raises("all_to_all_single uneven without splits", ValueError,
              lambda: dist.all_to_all_single(torch.empty(world + 1), torch.ones(world + 1)),
              ("all_to_all_single", who, "divide evenly")) if world > 1 else None
