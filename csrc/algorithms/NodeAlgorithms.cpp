@@ -288,11 +288,17 @@ ByteSpan slotSpan(const NodeOp& o, int r, int64_t bytes) {
 // (into the writer's slot, out of it). The second barrier keeps each `mine` unchanged until
 // every peer has read it. Rows are read from the next local rank round, so peers do not all
 // read one rank first.
-void allgatherSingleCopy(NodeOp& o, const at::Tensor& mine, const at::Tensor& out) {
+void allgatherSingleCopy(NodeOp& o, const at::Tensor& held, const at::Tensor& out) {
   const Topology& t = o.topo;
   const int L = t.localSize, me = t.localRank, N = t.nodes;
-  const int64_t rowBytes = mine.numel() / N * mine.element_size();
+  const int64_t rowBytes = held.numel() / N * held.element_size();
   auto* dst = static_cast<uint8_t*>(out.data_ptr());
+  // Rows inside `out` anywhere but this rank's own row (all_gather_into_tensor(out, out[k]), k
+  // another rank): the reads into `out` would overwrite them before the peers have read them.
+  const auto* start = static_cast<const uint8_t*>(held.const_data_ptr());
+  const bool inside = start < dst + out.nbytes() && dst < start + held.nbytes();
+  const bool ownRow = N == 1 && start == dst + t.placement[me] * rowBytes;
+  const at::Tensor mine = inside && !ownRow ? held.clone() : held;
   const auto* src = static_cast<const uint8_t*>(mine.const_data_ptr());
   o.seg.publish(src);
   o.sync();

@@ -308,6 +308,18 @@ def main():
         c.close(f"reduce_scatter_tensor {op}, output inside the input", inside[mine],
                 reference_reduce(op, big, torch.float32)[mine], torch.float32,
                 bound=reduction_bound(op, big, torch.float32)[mine])
+    # the input inside the output, at the rank's own row (in place) and at another rank's (the
+    # node path's single copy read peers' rows into the output over that input until it copied
+    # it first), 1 MiB per rank: above the single copy threshold, and long enough to read that a
+    # peer reads this rank's input while it is overwritten
+    m = 1 << 18
+    rows = [make_input(seed + 2, r, m, torch.float32) for r in range(world)]
+    for k, where in {rank: "its own row", (rank + 1) % world: "another rank's row"}.items():
+        gathered = torch.zeros(world * m)
+        gathered[k * m:(k + 1) * m] = rows[rank]
+        dist.all_gather_into_tensor(gathered, gathered[k * m:(k + 1) * m])
+        c.close(f"all_gather_into_tensor, input inside the output at {where}", gathered,
+                torch.cat(rows))
 
     if NEW_SPELLINGS:
         c.section(NEW_SPELLINGS)
