@@ -447,6 +447,19 @@ void allreduce(Context& c, const Algorithm& a, const at::Tensor& buf) {
 }
 
 void reduceScatter(Context& c, const Algorithm& a, const at::Tensor& in, const at::Tensor& out) {
+  // An output inside the input elsewhere than at this rank's own block: the algorithms still send
+  // blocks of `in` while they write `out` (the ring's first send at 2 ranks is that very block).
+  // Its own block is safe: no algorithm sends it from `in`, and it is reduced element by element.
+  const auto* outStart = static_cast<const char*>(out.const_data_ptr());
+  const auto* inStart = static_cast<const char*>(in.const_data_ptr());
+  const bool inside =
+      out.numel() > 0 && outStart < inStart + in.nbytes() && inStart < outStart + out.nbytes();
+  if (inside && outStart != inStart + c.link.comm().rank * out.nbytes()) {
+    const at::Tensor fresh = at::empty_like(out);
+    reduceScatter(c, a, in, fresh);
+    out.copy_(fresh);
+    return;
+  }
   const Algorithm& run = a.reduceScatter != nullptr ? a : kRing;
   if (out.numel() == 0 || run.reduceScatter(c, in, out)) return counted(run);
   counted(kRing);

@@ -320,6 +320,29 @@ def main():
         dist.all_gather_into_tensor(gathered, gathered[k * m:(k + 1) * m])
         c.close(f"all_gather_into_tensor, input inside the output at {where}", gathered,
                 torch.cat(rows))
+        # and the reverse: reduce_scatter_tensor's output inside its input at another block
+        if k != rank:
+            inside = torch.cat([rows[q] + rank for q in range(world)])
+            dist.reduce_scatter_tensor(inside[k * m:(k + 1) * m], inside)
+            blocks = [rows[rank] + q for q in range(world)]  # every rank's block `rank`
+            c.close("reduce_scatter_tensor, output inside the input at another rank's block",
+                    inside[k * m:(k + 1) * m], reference_reduce("sum", blocks, torch.float32),
+                    torch.float32, bound=reduction_bound("sum", blocks, torch.float32))
+    # a rank's own tensor inside the list of gather, scatter and all_gather
+    own = rows[rank][:1000].clone()
+    listed = [own if q == rank else torch.zeros(1000) for q in range(world)]
+    dist.gather(own, listed if rank == 0 else None, dst=0)
+    if rank == 0:
+        c.close("gather, the root's input in its list", torch.cat(listed),
+                torch.cat([rows[q][:1000] for q in range(world)]))
+    listed = [own if q == rank else torch.zeros(1000) for q in range(world)]
+    dist.all_gather(listed, own)
+    c.close("all_gather, the input in the output list", torch.cat(listed),
+            torch.cat([rows[q][:1000] for q in range(world)]))
+    scattered = [rows[q][:1000].clone() for q in range(world)]
+    mine_out = scattered[0] if rank == 0 else torch.zeros(1000)
+    dist.scatter(mine_out, scattered if rank == 0 else None, src=0)
+    c.close("scatter, the root's output in its list", mine_out, rows[rank][:1000])
 
     if NEW_SPELLINGS:
         c.section(NEW_SPELLINGS)
