@@ -10,6 +10,8 @@
 #include <atomic>
 #include <vector>
 
+#include "Overlap.hpp"
+
 namespace mpigpu::algo {
 // ---------------------------------------------------------------------------------------------
 // Algorithms
@@ -450,11 +452,9 @@ void reduceScatter(Context& c, const Algorithm& a, const at::Tensor& in, const a
   // An output inside the input elsewhere than at this rank's own block: the algorithms still send
   // blocks of `in` while they write `out` (the ring's first send at 2 ranks is that very block).
   // Its own block is safe: no algorithm sends it from `in`, and it is reduced element by element.
-  const auto* outStart = static_cast<const char*>(out.const_data_ptr());
-  const auto* inStart = static_cast<const char*>(in.const_data_ptr());
-  const bool inside =
-      out.numel() > 0 && outStart < inStart + in.nbytes() && inStart < outStart + out.nbytes();
-  if (inside && outStart != inStart + c.link.comm().rank * out.nbytes()) {
+  const auto* ownBlock =
+      static_cast<const char*>(in.const_data_ptr()) + c.link.comm().rank * out.nbytes();
+  if (overlaps(in, out) && out.const_data_ptr() != ownBlock) {
     const at::Tensor fresh = at::empty_like(out);
     reduceScatter(c, a, in, fresh);
     out.copy_(fresh);

@@ -8,6 +8,7 @@
 #include <vector>
 
 #include "Errors.hpp"
+#include "Overlap.hpp"
 #include "algorithms/Steps.hpp"
 #include "mpi/Collectives.hpp"
 #include "node/Node.hpp"
@@ -295,10 +296,8 @@ void allgatherSingleCopy(NodeOp& o, const at::Tensor& held, const at::Tensor& ou
   auto* dst = static_cast<uint8_t*>(out.data_ptr());
   // Rows inside `out` anywhere but this rank's own row (all_gather_into_tensor(out, out[k]), k
   // another rank): the reads into `out` would overwrite them before the peers have read them.
-  const auto* start = static_cast<const uint8_t*>(held.const_data_ptr());
-  const bool inside = start < dst + out.nbytes() && dst < start + held.nbytes();
-  const bool ownRow = N == 1 && start == dst + t.placement[me] * rowBytes;
-  const at::Tensor mine = inside && !ownRow ? held.clone() : held;
+  const bool ownRow = N == 1 && held.const_data_ptr() == dst + t.placement[me] * rowBytes;
+  const at::Tensor mine = overlaps(held, out) && !ownRow ? held.clone() : held;
   const auto* src = static_cast<const uint8_t*>(mine.const_data_ptr());
   o.seg.publish(src);
   o.sync();

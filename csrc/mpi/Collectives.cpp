@@ -11,6 +11,7 @@
 
 #include "Errors.hpp"
 #include "KeepUntilExit.hpp"
+#include "Overlap.hpp"
 #include "mpi/Check.hpp"
 #include "mpi/Env.hpp"
 
@@ -48,16 +49,6 @@ at::Tensor prescaled(const at::Tensor& in, const Reduction& red) {
 
 void finishAverage(at::Tensor& out, const Reduction& red, int size) {
   if (red.divideBySize) out.div_(size);
-}
-
-// The MPI standard forbids a send buffer that overlaps the receive buffer (MPICH rejects it:
-// "Buffers must not be aliased"; Open MPI happens to tolerate it). In-place torch calls (FSDP's
-// all_gather_into_tensor / reduce_scatter_tensor on views of one buffer) produce exactly that.
-bool overlaps(const at::Tensor& a, const at::Tensor& b) {
-  if (a.numel() == 0 || b.numel() == 0) return false;
-  const char* a0 = static_cast<const char*>(a.const_data_ptr());
-  const char* b0 = static_cast<const char*>(b.const_data_ptr());
-  return a0 < b0 + b.nbytes() && b0 < a0 + a.nbytes();
 }
 
 }  // namespace
