@@ -197,6 +197,9 @@ void bindLifecycle(py::module_& m) {
       "shutdown",
       [] {
         mpigpu::Engine::shutdownAll();
+        // Peers still waiting for this rank in a collective it never issued learn it now (they
+        // end the job), instead of at their timeout.
+        mpigpu::Watchdog::announceExit();
         mpigpu::Watchdog::stop();
         mpigpu::stopFutureCompleter();
         if (mpigpu::Engine::anyStuckInMpi() && !mpigpu::mpi::isFinalized()) {

@@ -133,8 +133,9 @@ builds="${MPIGPU_TEST_BUILDS:-cpu mpich slurm hosts ompi41 cuda}"
 # What every launcher runs: its variables at 1-4 ranks, the job ending on a failed rank, exits,
 # and the core ops, DDP and FSDP2 at 3 ranks (odd, more than the cores): a launcher changes how
 # ranks start and find each other, not the ops, which the default launcher runs at 1-4 above.
-LAUNCHER_TESTS="(launcher or uncaught or clean or killed or stalled or ((ddp or fsdp or p2p_async \
-or (collectives and not algorithm and not split)) and [3])) and not shared_mpi_thread"
+LAUNCHER_TESTS="(launcher or uncaught or clean or killed or stalled or (leaving and exit-in-collective-3) \
+or ((ddp or fsdp or p2p_async or (collectives and not algorithm and not split)) and [3])) \
+and not shared_mpi_thread"
 later_setups=""
 if [[ " $builds " == *" mpich "* || " $builds " == *" slurm "* || " $builds " == *" hosts "* ]]; then
   later_setups="mpich"
@@ -182,7 +183,8 @@ if [[ " $builds " == *" mpich "* ]]; then
   setup_mpich
   run_suite "$MPICH_VENV" "MPICH build (Hydra mpiexec)" test_multirank.py test_reliability.py \
     test_flight_recorder.py -k "not soak and not count_above and not device_of_its_own and not prterun \
-and not (node_algorithm and not 2x2) and (not test_reliability or uncaught or async or clean or shared_mpi_thread) \
+and not (node_algorithm and not 2x2) and (not test_reliability or uncaught or async or clean or shared_mpi_thread \
+or leaving or made_again) \
 and not (with_algorithm and (ring-5 or rhd-2 or allgather-2 or 4-ring or 4-rhd or 4-allgather or 2-rhd or 2-allgather))" "$@"
 fi
 if [[ " $builds " == *" slurm "* ]]; then
@@ -220,7 +222,8 @@ or communicator or split_groups) and not (shared_mpi_thread and not [3])" "$@"
     MPIGPU_TEST_LAUNCHER=two-hosts-ip-only run_suite "$CPU_VENV" \
       "two hosts, IP only (mpirun)" test_multirank.py test_reliability.py test_flight_recorder.py \
       test_hang_prone.py -k "(launcher or uncaught or clean or killed or (stalled and not \
-test_reliability and not stuck) or p2p_async or (subgroup_sequence and slot)) and not shared_mpi_thread" "$@"
+test_reliability and not stuck) or p2p_async or (subgroup_sequence and slot) or (leaving and subgroup)) \
+and not shared_mpi_thread" "$@"
     # MPICH's Hydra across the same hosts (its rsh launcher through the same agent; the MPICH
     # leg above runs its suite on one host): the launcher, a killed rank and an uncaught
     # exception ending the job, the core ops, DDP, point-to-point (receives from any source:
@@ -232,7 +235,8 @@ test_reliability and not stuck) or p2p_async or (subgroup_sequence and slot)) an
     UCX_TLS=self,tcp MPIGPU_TEST_LAUNCHER=two-hosts-names run_suite "$MPICH_VENV" \
       "two hosts, MPICH Hydra (mpiexec)" test_multirank.py test_hang_prone.py test_reliability.py \
       -k "(launcher or (collectives and not algorithm and not split) or node_across or ddp \
-or p2p_async or hang_prone or killed or (uncaught and collective)) and not shared and not debug_detail \
+or p2p_async or hang_prone or killed or (uncaught and collective) or (leaving and subgroup)) and not shared \
+and not debug_detail \
 and not stuck" "$@"
   else
     leg_cannot_run hosts "the two simulated hosts cannot be made here: $why"
@@ -249,7 +253,7 @@ if [[ " $builds " == *" ompi41 "* ]]; then
     run_suite "$OMPI41_VENV" "Open MPI 4.1.4 (CPU build, ORTE's mpirun)" test_multirank.py test_reliability.py \
       -k "((launcher or collectives or ddp or fsdp) and [3] and not algorithm and not split and not shared \
 and not debug) or (communicator and 4-multiple) or (uncaught and 3-raise-in-collective) or killed \
-or clean_exit or (stalled and [abort])" "$@"
+or clean_exit or (stalled and [abort]) or (leaving and exit-in-collective-3)" "$@"
   )
 fi
 if [[ " $builds " == *" cuda "* ]]; then

@@ -114,6 +114,32 @@ def test_uncaught_exception_ends_the_job(mode, np):
     assert took < 30, f"the job took {took:.0f} s to end"
 
 
+@pytest.mark.parametrize("mode, np", [("exit-in-collective", 2), ("exit-in-collective", 3),
+                                      ("return-in-collective", 3), ("destroy-in-collective", 3),
+                                      ("exit-in-subgroup", 4)])
+def test_a_rank_leaving_early_ends_the_job(mode, np):
+    # One rank leaves (sys.exit, the end of its script, destroy_process_group) while the others
+    # wait for it in a collective it never issued. Before the departure notice the job hung
+    # until the group's timeout (30 minutes by default; the launch's limit here is 60 s).
+    rc, out, took = launch(mode, np, {}, script="exits.py", timeout=60)
+    leaver, how = (np - 2, "exited") if mode == "exit-in-subgroup" else (1, "exited")
+    if mode == "destroy-in-collective":
+        how = "destroyed the group (destroy_process_group)"
+    want = f"rank {leaver} left the group after issuing 1 collective(s) in it: it {how}"
+    assert rc != 0, out[-3000:]
+    assert "can never finish" in out and want in out, f"wanted: {want}\n{out[-3000:]}"
+    assert "MPI_Abort" in out and "UNREACHABLE" not in out, out[-3000:]
+    assert took < 30, f"the job took {took:.0f} s to end"
+
+
+def test_a_group_made_again_under_an_old_name_reads_no_old_departures(tmp_path):
+    # The same store kept across destroy and init: the second group (same name) must not take
+    # the first group's departures ("issued 1") for its own and end a healthy job.
+    rc, out, _ = launch("reinit-same-store", 2, {}, script="exits.py", timeout=60,
+                        args=(str(tmp_path / "store"),))
+    assert rc == 0 and out.count("made twice, no false departure") == 2, out[-3000:]
+
+
 def test_abort_on_exception_off_leaves_the_job_to_the_watchdog():
     # TORCH_MPIGPU_ABORT_ON_EXCEPTION=0: no hook of ours, so the raising rank goes on to finalise
     # MPI, which waits for rank 0 inside its barrier (as the README warns); the watchdog's

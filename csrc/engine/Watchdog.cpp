@@ -27,14 +27,27 @@ struct Entry {
   bool reported = false;
 };
 
-struct Published {
-  Watchdog::Progress progress;
-  uint64_t lastPublished = ~uint64_t{0};
+// A rank that left a group: how many collectives it had issued there, and how it left.
+struct Departure {
+  uint64_t issued = 0;
+  std::string how;
 };
 
-std::string key(const std::string& group, int rank) {
-  return "mpigpu_watchdog/" + group + "/" + std::to_string(rank);
-}
+struct Published {
+  Watchdog::Progress progress;
+  // The group's keys: its name and how many groups of that name this process has made before
+  // (the same on every member), so a group made again under an old name never reads the old
+  // group's keys from a store that outlived it.
+  std::string keys;
+  uint64_t lastPublished = ~uint64_t{0};
+  // What the loop thread last read of the departures (only it touches these).
+  int64_t departuresSeen = 0;
+  std::map<int, Departure> departed;
+  std::chrono::steady_clock::time_point lastDepartureCheck{};
+};
+
+std::string progressKey(const Published& p, int rank) { return p.keys + std::to_string(rank); }
+std::string departuresKey(const Published& p) { return p.keys + "departures"; }
 
 // Every collective's watch scope takes State::mutex, so nothing slow runs under it: the loop takes
 // a snapshot under the lock and does store I/O and stderr writes outside it (a store round-trip,
@@ -45,6 +58,7 @@ struct State {
   std::mutex mutex;
   std::condition_variable cv;
   std::map<uint64_t, Entry> running;
+  std::map<std::string, uint64_t> groupsMade;  // by name, for Published::keys
   uint64_t nextId = 1;
   bool stop = false;
   std::thread thread;
@@ -60,7 +74,7 @@ void publish(Published& p) {
   if (issued == p.lastPublished) return;
   try {
     const std::string v = std::to_string(issued);
-    p.progress.store->set(key(p.progress.group, p.progress.rank),
+    p.progress.store->set(progressKey(p, p.progress.rank),
                           std::vector<uint8_t>(v.begin(), v.end()));
     p.lastPublished = issued;
   } catch (...) {
@@ -69,6 +83,38 @@ void publish(Published& p) {
 }
 
 using Groups = std::vector<std::shared_ptr<Published>>;
+
+// Tells the group's other ranks that this one left it, and how many collectives it had issued:
+// the departure's number from one counter, then its record under that number (each reader reads
+// only the departures it has not seen).
+void announceDeparture(const Published& p, const char* how) {
+  try {
+    const int64_t n = p.progress.store->add(departuresKey(p), 1);
+    const std::string v = std::to_string(p.progress.rank) + " " +
+                          std::to_string(p.progress.issued->load()) + " " + how;
+    p.progress.store->set(departuresKey(p) + "/" + std::to_string(n),
+                          std::vector<uint8_t>(v.begin(), v.end()));
+  } catch (...) {
+    // The store may be gone (its rank left first): then nobody is left to read it either.
+  }
+}
+
+// Reads the departures not read yet: one store request when there are none.
+void readDepartures(Published& p) {
+  const int64_t count = p.progress.store->add(departuresKey(p), 0);
+  while (p.departuresSeen < count) {
+    const std::string k = departuresKey(p) + "/" + std::to_string(p.departuresSeen + 1);
+    if (!p.progress.store->check({k})) return;  // counted, not written yet: read it next time
+    const auto raw = p.progress.store->get(k);
+    std::istringstream v(std::string(raw.begin(), raw.end()));
+    int rank = -1;
+    Departure d;
+    v >> rank >> d.issued;
+    std::getline(v >> std::ws, d.how);
+    p.departed[rank] = d;
+    ++p.departuresSeen;
+  }
+}
 
 // Which ranks of the stuck op's group have not issued it yet, from what they published.
 std::string laggards(const Groups& groups, const Watchdog::Op& op) {
@@ -81,7 +127,7 @@ std::string laggards(const Groups& groups, const Watchdog::Op& op) {
     try {
       for (int r = 0; r < p.progress.size; ++r) {
         if (r == op.rank) continue;
-        const std::string k = key(op.group, r);
+        const std::string k = progressKey(p, r);
         if (!p.progress.store->check({k})) {
           s << (behind++ ? ", " : "") << r << " (published nothing: no collective yet, or gone)";
           continue;
@@ -163,8 +209,10 @@ void dumpIfAsked(const Groups& groups) {
 }
 
 // Writes this rank's record, asks the others for theirs and, when the job is about to end, waits
-// (up to 10 s) until every rank of the stuck op's group has written its own.
-void dumpJob(const Groups& groups, const Watchdog::Op& op) {
+// (up to 10 s) until every rank of the stuck op's group has written its own (but `ranksGone`,
+// those that left it).
+void dumpJob(const Groups& groups, const Watchdog::Op& op, const std::string& why,
+             int ranksGone = 0) {
   if (!fr::Recorder::get().enabled()) return;
   for (const auto& g : groups) {
     try {
@@ -172,16 +220,81 @@ void dumpJob(const Groups& groups, const Watchdog::Op& op) {
     } catch (...) {
     }
   }
-  dumpOnce(groups, "timeout in group '" + op.group + "'");
+  dumpOnce(groups, why + " in group '" + op.group + "'");
   if (!op.abortOnTimeout) return;
   for (const auto& g : groups) {
     if (g->progress.group != op.group || g->progress.rank != op.rank) continue;
     const auto until = Clock::now() + std::chrono::seconds(10);
     try {
-      while (g->progress.store->add(kDumped, 0) < g->progress.size && Clock::now() < until) {
+      while (g->progress.store->add(kDumped, 0) < g->progress.size - ranksGone &&
+             Clock::now() < until) {
         std::this_thread::sleep_for(std::chrono::milliseconds(100));
       }
     } catch (...) {
+    }
+  }
+}
+
+// A collective that has waited this long looks for ranks that left its group before issuing it.
+constexpr auto kDepartureGrace = std::chrono::seconds(1);
+
+struct Waiting {
+  uint64_t id;
+  Entry entry;
+};
+
+// Which ranks left `p`'s group before issuing collective #seq (from departures already read).
+std::string leftBefore(const Published& p, uint64_t seq, int* count) {
+  std::ostringstream s;
+  for (const auto& [rank, d] : p.departed) {
+    if (d.issued >= seq || rank == p.progress.rank) continue;
+    s << ((*count)++ ? "; " : "") << "rank " << rank << " left the group after issuing " << d.issued
+      << " collective(s) in it: it " << d.how;
+  }
+  return s.str();
+}
+
+std::string departureReport(const Entry& e, const std::string& who) {
+  std::ostringstream s;
+  s << "mpigpu WATCHDOG [rank " << e.op.rank << "]: " << e.op.name << " (collective #" << e.op.seq
+    << " of group '" << e.op.group << "', " << e.op.bytes << " bytes on this rank) can never "
+    << "finish: " << who << ". Every rank of a group must issue the same collectives before any "
+    << "of them exits or destroys the group (an early sys.exit or return on some ranks). "
+    << (e.op.abortOnTimeout ? "Ending the job (MPI_Abort) now rather than at the op's timeout; "
+                              "TORCH_MPIGPU_TIMEOUT_ACTION=report only reports."
+                            : "TORCH_MPIGPU_TIMEOUT_ACTION=report: the op keeps waiting.");
+  return s.str();
+}
+
+// Reads each waiting op's group's departures (at most once a second per group) and reports, then
+// ends the job for, an op that waits for a rank that left before issuing it.
+void judgeDepartures(const Groups& groups, const std::vector<Waiting>& waiting,
+                     Clock::time_point now) {
+  State& st = state();
+  for (const auto& w : waiting) {
+    for (const auto& g : groups) {
+      Published& p = *g;
+      if (p.progress.group != w.entry.op.group || p.progress.rank != w.entry.op.rank) continue;
+      if (now - p.lastDepartureCheck >= kDepartureGrace) {
+        p.lastDepartureCheck = now;
+        try {
+          readDepartures(p);
+        } catch (...) {
+          // The store may be gone: the timeout still reports the op.
+        }
+      }
+      int gone = 0;
+      const std::string who = leftBefore(p, w.entry.op.seq, &gone);
+      if (gone == 0) continue;
+      {
+        std::lock_guard<std::mutex> lock(st.mutex);
+        const auto it = st.running.find(w.id);
+        if (it == st.running.end() || it->second.reported) continue;  // finished meanwhile
+        it->second.reported = true;
+      }
+      LOG(ERROR) << departureReport(w.entry, who);
+      dumpJob(groups, w.entry.op, "a rank left before issuing a collective", gone);
+      if (w.entry.op.abortOnTimeout && !mpi::isFinalized()) mpi::abortJob(3);
     }
   }
 }
@@ -192,6 +305,7 @@ void loop() {
   while (true) {
     Groups groups, toPublish;
     std::vector<Entry> due;
+    std::vector<Waiting> waiting;
     Clock::time_point now;
     {
       std::unique_lock<std::mutex> lock(st.mutex);
@@ -204,16 +318,21 @@ void loop() {
         st.lastPublish = now;
       }
       for (auto& [id, e] : st.running) {
-        if (e.reported || now - e.start < e.op.timeout) continue;
+        if (e.reported || now - e.start < kDepartureGrace) continue;
+        if (now - e.start < e.op.timeout) {
+          waiting.push_back({id, e});
+          continue;
+        }
         e.reported = true;
         due.push_back(e);
       }
     }
+    judgeDepartures(groups, waiting, now);
     for (const auto& p : toPublish) publish(*p);
     if (!toPublish.empty()) dumpIfAsked(toPublish);
     for (const auto& e : due) {
       LOG(ERROR) << report(groups, e, now);
-      dumpJob(groups, e.op);
+      dumpJob(groups, e.op, "timeout");
       if (e.op.abortOnTimeout && !mpi::isFinalized()) mpi::abortJob(3);
     }
   }
@@ -225,17 +344,38 @@ void Watchdog::addGroup(Progress p) {
   State& st = state();
   std::lock_guard<std::mutex> lock(st.mutex);
   if (!st.thread.joinable() && !st.stop) st.thread = std::thread(loop);
-  st.groups.push_back(std::make_shared<Published>(Published{std::move(p)}));
+  auto published = std::make_shared<Published>();
+  published->keys =
+      "mpigpu_watchdog/" + p.group + "/" + std::to_string(st.groupsMade[p.group]++) + "/";
+  published->progress = std::move(p);
+  st.groups.push_back(std::move(published));
 }
 
-void Watchdog::removeGroup(const std::string& group, int rank) {
+void Watchdog::removeGroup(const std::string& group, int rank, const char* why) {
   State& st = state();
-  std::lock_guard<std::mutex> lock(st.mutex);
-  st.groups.erase(std::remove_if(st.groups.begin(), st.groups.end(),
-                                 [&](const std::shared_ptr<Published>& p) {
-                                   return p->progress.group == group && p->progress.rank == rank;
-                                 }),
-                  st.groups.end());
+  std::shared_ptr<Published> left;
+  {
+    std::lock_guard<std::mutex> lock(st.mutex);
+    const auto it = std::find_if(st.groups.begin(), st.groups.end(), [&](const auto& p) {
+      return p->progress.group == group && p->progress.rank == rank;
+    });
+    if (it == st.groups.end()) return;
+    left = *it;
+    st.groups.erase(it);
+  }
+  announceDeparture(*left, why);  // store I/O outside the lock (see State)
+}
+
+void Watchdog::announceExit() {
+  State& st = state();
+  Groups left;
+  {
+    std::lock_guard<std::mutex> lock(st.mutex);
+    left.swap(st.groups);
+  }
+  for (const auto& p : left) {
+    announceDeparture(*p, "exited (its interpreter ended: sys.exit, or the end of the script)");
+  }
 }
 
 Watchdog::Scope::Scope(Op op) {

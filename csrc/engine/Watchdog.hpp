@@ -3,6 +3,12 @@
 // and, by default, the job is ended with MPI_Abort: a blocked MPI call cannot be cancelled, and a
 // job whose ranks disagree about what to run next only burns time
 // (TORCH_MPIGPU_TIMEOUT_ACTION=abort|report).
+//
+// A rank that leaves a group (destroys or aborts it, or its interpreter exits: sys.exit on one
+// rank, the end of the script) says so through the group's store, with how many collectives it
+// had issued. A rank whose collective has waited a second for a rank that left before issuing it
+// reports that at once and ends the job the same way: the op can never finish, so waiting out
+// the timeout (30 min by default) would only hide the cause.
 #pragma once
 
 #include <torch/csrc/distributed/c10d/Store.hpp>
@@ -49,7 +55,11 @@ class Watchdog {
     std::shared_ptr<std::atomic<uint64_t>> issued;  // collectives this rank has issued
   };
   static void addGroup(Progress p);
-  static void removeGroup(const std::string& group, int rank);
+  // This rank issues no more collectives in `group`; `why` says how it left ("destroyed the
+  // group", ...), for the peers that may still wait for it.
+  static void removeGroup(const std::string& group, int rank, const char* why);
+  // The interpreter is exiting: every group still watched is left (after the engines drained).
+  static void announceExit();
 
   // Stops the watchdog thread (at exit, before MPI_Finalize).
   static void stop();

@@ -6,6 +6,15 @@ ends. Modes:
   pending-async        every rank issues async all_reduces and exits without waiting: the queue is
                        run in order at exit, then MPI finalises cleanly (exit 0)
   clean                a normal exit after work: finalises cleanly (exit 0)
+A rank that leaves before the others' collective (each must end the job within seconds, by the
+departure notice the leaving rank leaves in the store, not at the 30-minute timeout):
+  exit-in-collective   rank 1 calls sys.exit(3) while the others wait in all_reduce
+  return-in-collective rank 1 reaches the end of the script while the others wait
+  destroy-in-collective rank 1 destroys the group, then sleeps (only the others can end the job)
+  exit-in-subgroup     the last rank exits while the other members of the group of ranks 1..n-1
+                       wait in its all_reduce (rank 0, outside it, reaches the end meanwhile)
+  reinit-same-store    the group made twice over one store the script keeps: the second group
+                       (the same name) must not read the first one's departures (exit 0)
 """
 
 import atexit
@@ -29,6 +38,32 @@ def queued_ops_ran():
 import torch_mpi_gpu  # noqa: E402,F401
 
 mode = sys.argv[1]
+
+
+def made_twice_over_one_store(store_path):
+    import os
+    import time
+    rank, world = int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"])
+    store = dist.FileStore(store_path, world)  # outlives both groups
+    for made in range(2):
+        dist.init_process_group("mpigpu", store=store, rank=rank, world_size=world)
+        t = torch.ones(4)
+        dist.all_reduce(t)
+        if made == 1:
+            if rank == 1:
+                time.sleep(2.5)  # the others wait in #2 past the departure check's second
+            dist.all_reduce(t)
+            assert t[0].item() == world * world, t
+        dist.destroy_process_group()  # the first group's departures: "issued 1"
+    print(f"rank {rank}: made twice, no false departure", flush=True)
+
+
+if mode == "reinit-same-store":
+    from torch_mpi_gpu.launcher import setup_env
+    setup_env()  # RANK and WORLD_SIZE from the launcher (init_process_group is given a store)
+    made_twice_over_one_store(sys.argv[2])
+    sys.exit(0)
+
 dist.init_process_group("mpigpu")
 rank, world = dist.get_rank(), dist.get_world_size()
 
@@ -49,6 +84,30 @@ elif mode == "pending-async":
     pending += [torch.full((1 << 18,), float(rank)) for _ in range(8)]
     works = [dist.all_reduce(t, async_op=True) for t in pending]
     print(f"rank {rank}: exiting with {len(works)} async ops unwaited", flush=True)
+elif mode in ("exit-in-collective", "return-in-collective", "destroy-in-collective"):
+    t = torch.ones(4)
+    dist.all_reduce(t)
+    if rank == 1:
+        print(f"rank 1: leaving ({mode})", flush=True)
+        if mode == "exit-in-collective":
+            sys.exit(3)
+        if mode == "destroy-in-collective":
+            dist.destroy_process_group()
+            import time
+            time.sleep(120)  # the job must end before this does
+    else:
+        dist.all_reduce(t)  # waits for rank 1 forever unless the job is ended
+        print(f"rank {rank}: UNREACHABLE", flush=True)
+elif mode == "exit-in-subgroup":
+    group = dist.new_group(list(range(1, world)))
+    if rank > 0:
+        t = torch.ones(4)
+        dist.all_reduce(t, group=group)
+        if rank == world - 1:
+            print(f"rank {rank}: leaving its group", flush=True)
+            sys.exit(3)
+        dist.all_reduce(t, group=group)
+        print(f"rank {rank}: UNREACHABLE", flush=True)
 elif mode == "clean":
     t = torch.ones(4)
     dist.all_reduce(t)
