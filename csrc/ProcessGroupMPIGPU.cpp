@@ -695,9 +695,16 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupMPIGPU::enqueueP2P(c10d::OpType type,
                             /*asyncOp=*/true, peer)
                         .first;
   const bool held = !sending && anySource_.probe;
-  auto post = [this, engine = engine.get(), op, bufs, peer, tag, sending, held, work] {
+  Watchdog::Op watched{groupName_, op, work->getSequencenumber(), rank_};
+  watched.bytes = static_cast<int64_t>(tensor.nbytes());
+  watched.abortOnTimeout = config_.abortOnTimeout;
+  watched.peer = peer;
+  watched.awaited = work->awaited();
+  auto post = [this, engine = engine.get(), op, bufs, peer, tag, sending, held, work, watched] {
     WorkMPIGPU* raw = work.get();  // the pending entry owns `work`
-    Engine::Then then = [bufs, raw](const MPI_Status& status) {
+    // Watched while the request is pending (the entry owns `then`), for the peer leaving.
+    auto watch = peer == MPI_ANY_SOURCE ? nullptr : std::make_shared<Watchdog::Scope>(watched);
+    Engine::Then then = [bufs, raw, watch](const MPI_Status& status) {
       if (status.MPI_ERROR == MPI_SUCCESS) {  // on an error: release only, copy nothing back
         raw->setSourceRank(status.MPI_SOURCE);
         auto onCommStream = bufs->enter();

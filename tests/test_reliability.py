@@ -116,20 +116,31 @@ def test_uncaught_exception_ends_the_job(mode, np):
 
 @pytest.mark.parametrize("mode, np", [("exit-in-collective", 2), ("exit-in-collective", 3),
                                       ("return-in-collective", 3), ("destroy-in-collective", 3),
-                                      ("exit-in-subgroup", 4)])
+                                      ("exit-in-subgroup", 4), ("exit-before-send", 3)])
 def test_a_rank_leaving_early_ends_the_job(mode, np):
     # One rank leaves (sys.exit, the end of its script, destroy_process_group) while the others
-    # wait for it in a collective it never issued. Before the departure notice the job hung
-    # until the group's timeout (30 minutes by default; the launch's limit here is 60 s).
+    # wait for it in a collective it never issued, or in a receive from it. Before the departure
+    # notice the job hung until the group's timeout (30 minutes by default; the launch's limit
+    # here is 60 s).
     rc, out, took = launch(mode, np, {}, script="exits.py", timeout=60)
     leaver, how = (np - 2, "exited") if mode == "exit-in-subgroup" else (1, "exited")
     if mode == "destroy-in-collective":
         how = "destroyed the group (destroy_process_group)"
     want = f"rank {leaver} left the group after issuing 1 collective(s) in it: it {how}"
+    if mode == "exit-before-send":
+        want = "recv (point-to-point op #1 with rank 1 of group '0', 16 bytes on this rank) " + \
+            "can never finish: " + want
     assert rc != 0, out[-3000:]
     assert "can never finish" in out and want in out, f"wanted: {want}\n{out[-3000:]}"
     assert "MPI_Abort" in out and "UNREACHABLE" not in out, out[-3000:]
     assert took < 30, f"the job took {took:.0f} s to end"
+
+
+def test_a_receive_never_waited_for_from_a_rank_that_left_ends_cleanly():
+    # Only a send or receive someone waits for is judged: one posted and abandoned is no hang.
+    rc, out, _ = launch("unwaited-receive", 2, {}, script="exits.py", timeout=60)
+    assert rc == 0 and out.count("clean end with a receive never waited for") == 2, out[-3000:]
+    assert "can never finish" not in out, out[-3000:]
 
 
 def test_a_group_made_again_under_an_old_name_reads_no_old_departures(tmp_path):

@@ -243,11 +243,13 @@ struct Waiting {
   Entry entry;
 };
 
-// Which ranks left `p`'s group before issuing collective #seq (from departures already read).
-std::string leftBefore(const Published& p, uint64_t seq, int* count) {
+// Which ranks left `p`'s group before issuing collective #seq, or, for a point-to-point op, the
+// peer if it left (from departures already read).
+std::string leftBefore(const Published& p, const Watchdog::Op& op, int* count) {
   std::ostringstream s;
   for (const auto& [rank, d] : p.departed) {
-    if (d.issued >= seq || rank == p.progress.rank) continue;
+    if (rank == p.progress.rank) continue;
+    if (op.peer >= 0 ? rank != op.peer : d.issued >= op.seq) continue;
     s << ((*count)++ ? "; " : "") << "rank " << rank << " left the group after issuing " << d.issued
       << " collective(s) in it: it " << d.how;
   }
@@ -256,10 +258,19 @@ std::string leftBefore(const Published& p, uint64_t seq, int* count) {
 
 std::string departureReport(const Entry& e, const std::string& who) {
   std::ostringstream s;
-  s << "mpigpu WATCHDOG [rank " << e.op.rank << "]: " << e.op.name << " (collective #" << e.op.seq
-    << " of group '" << e.op.group << "', " << e.op.bytes << " bytes on this rank) can never "
-    << "finish: " << who << ". Every rank of a group must issue the same collectives before any "
-    << "of them exits or destroys the group (an early sys.exit or return on some ranks). "
+  s << "mpigpu WATCHDOG [rank " << e.op.rank << "]: " << e.op.name;
+  if (e.op.peer >= 0) {
+    s << " (point-to-point op #" << e.op.seq << " with rank " << e.op.peer;
+  } else {
+    s << " (collective #" << e.op.seq;
+  }
+  s << " of group '" << e.op.group << "', " << e.op.bytes << " bytes on this rank) can never "
+    << "finish: " << who << ". "
+    << (e.op.peer >= 0 ? "A rank must not leave a group while another still sends to it or "
+                         "receives from it"
+                       : "Every rank of a group must issue the same collectives before any of "
+                         "them exits or destroys the group")
+    << " (an early sys.exit or return on some ranks). "
     << (e.op.abortOnTimeout ? "Ending the job (MPI_Abort) now rather than at the op's timeout; "
                               "TORCH_MPIGPU_TIMEOUT_ACTION=report only reports."
                             : "TORCH_MPIGPU_TIMEOUT_ACTION=report: the op keeps waiting.");
@@ -284,7 +295,7 @@ void judgeDepartures(const Groups& groups, const std::vector<Waiting>& waiting,
         }
       }
       int gone = 0;
-      const std::string who = leftBefore(p, w.entry.op.seq, &gone);
+      const std::string who = leftBefore(p, w.entry.op, &gone);
       if (gone == 0) continue;
       {
         std::lock_guard<std::mutex> lock(st.mutex);
@@ -319,7 +330,8 @@ void loop() {
       }
       for (auto& [id, e] : st.running) {
         if (e.reported || now - e.start < kDepartureGrace) continue;
-        if (now - e.start < e.op.timeout) {
+        if (e.op.awaited && !e.op.awaited->load(std::memory_order_relaxed)) continue;
+        if (e.op.peer >= 0 || now - e.start < e.op.timeout) {  // (p2p: wait() has the timeout)
           waiting.push_back({id, e});
           continue;
         }

@@ -7,8 +7,9 @@
 // A rank that leaves a group (destroys or aborts it, or its interpreter exits: sys.exit on one
 // rank, the end of the script) says so through the group's store, with how many collectives it
 // had issued. A rank whose collective has waited a second for a rank that left before issuing it
-// reports that at once and ends the job the same way: the op can never finish, so waiting out
-// the timeout (30 min by default) would only hide the cause.
+// (or whose awaited send or receive is with a rank that left) reports that at once and ends the
+// job the same way: the op can never finish, so waiting out the timeout (30 min by default)
+// would only hide the cause.
 #pragma once
 
 #include <torch/csrc/distributed/c10d/Store.hpp>
@@ -32,6 +33,11 @@ class Watchdog {
     std::chrono::milliseconds timeout{0};
     bool onCaller = false;  // inline on the calling thread (Work.wait's timeout cannot help)
     bool abortOnTimeout = true;
+    // A send or receive with this group rank (seq: this rank's point-to-point number): watched
+    // only for the peer leaving the group (Work.wait() raises at its timeout), and only once
+    // `awaited` (someone waits for it); -1: a collective.
+    int peer = -1;
+    std::shared_ptr<const std::atomic<bool>> awaited;
   };
 
   // Registers `op` as running from now; the returned guard ends the watch when it goes.

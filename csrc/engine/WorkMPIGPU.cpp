@@ -73,6 +73,7 @@ std::string WorkMPIGPU::describe() const {
 }
 
 bool WorkMPIGPU::wait(std::chrono::milliseconds timeout) {
+  awaited_->store(true, std::memory_order_relaxed);
   const auto limit = timeout == kNoTimeout ? timeout_ : timeout;
   if (auto driver = driver_.lock(); driver && !isCompleted()) {
     // A reply usually lands within microseconds: test for it here rather than pay a thread
@@ -111,6 +112,7 @@ void WorkMPIGPU::synchronize() {
 }
 
 c10::intrusive_ptr<c10::ivalue::Future> WorkMPIGPU::getFuture() {
+  awaited_->store(true, std::memory_order_relaxed);
   std::lock_guard<std::mutex> lock(futureMutex_);
   futureRequested_ = true;
   if (futureDeferred_) {  // the op finished before anyone asked: complete the future now

@@ -83,6 +83,9 @@ class WorkMPIGPU : public c10d::Work {
   // completion and wakes it. Set before the work is handed out.
   void setProgressDriver(std::weak_ptr<ProgressDriver> driver) { driver_ = std::move(driver); }
   const std::weak_ptr<ProgressDriver>& progressDriver() const { return driver_; }
+  // Set once someone waits for the op (wait() or its future): the watchdog judges a pending
+  // send or receive only then (one posted and never waited for may go unmatched harmlessly).
+  std::shared_ptr<const std::atomic<bool>> awaited() const { return awaited_; }
 
  private:
   void runDoneCallbacks();
@@ -91,6 +94,7 @@ class WorkMPIGPU : public c10d::Work {
 
   const char* opName_;
   const uint64_t seq_;
+  const std::shared_ptr<std::atomic<bool>> awaited_ = std::make_shared<std::atomic<bool>>(false);
   std::string group_;
   int worldRank_ = -1;
   // Completed or failed once: abort() may fail an op whose MPI call returns later.

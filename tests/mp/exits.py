@@ -11,8 +11,11 @@ departure notice the leaving rank leaves in the store, not at the 30-minute time
   exit-in-collective   rank 1 calls sys.exit(3) while the others wait in all_reduce
   return-in-collective rank 1 reaches the end of the script while the others wait
   destroy-in-collective rank 1 destroys the group, then sleeps (only the others can end the job)
+  exit-before-send     rank 1 exits while rank 0 waits in recv from it (point-to-point)
   exit-in-subgroup     the last rank exits while the other members of the group of ranks 1..n-1
                        wait in its all_reduce (rank 0, outside it, reaches the end meanwhile)
+  unwaited-receive     rank 0 posts a receive from rank 1 and never waits for it; rank 1 ends
+                       first: not a hang, so the job ends cleanly (exit 0)
   reinit-same-store    the group made twice over one store the script keeps: the second group
                        (the same name) must not read the first one's departures (exit 0)
 """
@@ -98,6 +101,25 @@ elif mode in ("exit-in-collective", "return-in-collective", "destroy-in-collecti
     else:
         dist.all_reduce(t)  # waits for rank 1 forever unless the job is ended
         print(f"rank {rank}: UNREACHABLE", flush=True)
+elif mode == "exit-before-send":
+    t = torch.ones(4)
+    dist.all_reduce(t)
+    if rank == 1:
+        print("rank 1: leaving before its send", flush=True)
+        sys.exit(3)
+    if rank == 0:
+        dist.recv(t, src=1)  # waits for rank 1 forever unless the job is ended
+        print(f"rank {rank}: UNREACHABLE", flush=True)
+elif mode == "unwaited-receive":
+    import time
+    t = torch.ones(4)
+    dist.all_reduce(t)
+    if rank == 0:
+        unwaited = dist.irecv(torch.zeros(4), src=1)  # never matched, never waited for
+    dist.all_reduce(t)
+    if rank == 0:
+        time.sleep(3)  # rank 1 has left meanwhile, past the departure check's second
+    print(f"rank {rank}: clean end with a receive never waited for", flush=True)
 elif mode == "exit-in-subgroup":
     group = dist.new_group(list(range(1, world)))
     if rank > 0:
