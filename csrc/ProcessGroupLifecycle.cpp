@@ -237,7 +237,7 @@ void ProcessGroupMPIGPU::shutdown() {
     engine = engine_;
   }
   if (!engine) return;
-  Watchdog::removeGroup(groupName_, rank_, "destroyed the group (destroy_process_group)");
+  Watchdog::removeGroup(groupName_, rank_);
   if (!engine->stopped() && !mpi::isFinalized()) {
     // Ops still queued run first, in issue order (their peers may be inside them already); then
     // the communicators are freed. Bounded by the group's timeout: an op whose peers never come
@@ -272,7 +272,7 @@ void ProcessGroupMPIGPU::abort() {
     engine = std::move(engine_);
   }
   if (!engine) return;
-  Watchdog::removeGroup(groupName_, rank_, "aborted the group (the process group's abort())");
+  Watchdog::removeGroup(groupName_, rank_);
   if (node_) node_->cancel();  // an op waiting in shared memory fails instead of waiting on
   // Not freed: MPI_Comm_free is collective in spirit, and an op stuck in MPI still uses them.
   // (a shared engine goes on serving the other groups, unless this group's op blocks MPI)

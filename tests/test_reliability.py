@@ -115,18 +115,15 @@ def test_uncaught_exception_ends_the_job(mode, np):
 
 
 @pytest.mark.parametrize("mode, np", [("exit-in-collective", 2), ("exit-in-collective", 3),
-                                      ("return-in-collective", 3), ("destroy-in-collective", 3),
-                                      ("exit-in-subgroup", 4), ("exit-before-send", 3)])
+                                      ("return-in-collective", 3), ("exit-in-subgroup", 4),
+                                      ("exit-before-send", 3)])
 def test_a_rank_leaving_early_ends_the_job(mode, np):
-    # One rank leaves (sys.exit, the end of its script, destroy_process_group) while the others
-    # wait for it in a collective it never issued, or in a receive from it. Before the departure
-    # notice the job hung until the group's timeout (30 minutes by default; the launch's limit
-    # here is 60 s).
+    # One rank leaves (sys.exit, the end of its script) while the others wait for it in a
+    # collective it never issued, or in a receive from it. Before the departure notice the job
+    # hung until the group's timeout (30 minutes by default; the launch's limit here is 60 s).
     rc, out, took = launch(mode, np, {}, script="exits.py", timeout=60)
-    leaver, how = (np - 2, "exited") if mode == "exit-in-subgroup" else (1, "exited")
-    if mode == "destroy-in-collective":
-        how = "destroyed the group (destroy_process_group)"
-    want = f"rank {leaver} left the group after issuing 1 collective(s) in it: it {how}"
+    leaver = np - 2 if mode == "exit-in-subgroup" else 1
+    want = f"rank {leaver} left the group after issuing 1 collective(s) in it: it exited"
     if mode == "exit-before-send":
         want = "recv (point-to-point op #1 with rank 1 of group '0', 16 bytes on this rank) " + \
             "can never finish: " + want
@@ -143,12 +140,15 @@ def test_a_receive_never_waited_for_from_a_rank_that_left_ends_cleanly():
     assert "can never finish" not in out, out[-3000:]
 
 
-def test_a_group_made_again_under_an_old_name_reads_no_old_departures(tmp_path):
-    # The same store kept across destroy and init: the second group (same name) must not take
-    # the first group's departures ("issued 1") for its own and end a healthy job.
-    rc, out, _ = launch("reinit-same-store", 2, {}, script="exits.py", timeout=60,
-                        args=(str(tmp_path / "store"),))
-    assert rc == 0 and out.count("made twice, no false departure") == 2, out[-3000:]
+def test_a_staggered_normal_end_meets_no_closed_store():
+    # Rank 0 (the store's host) ends first; the others' departure notices at exit still find its
+    # store, because it waits in MPI_Finalize for them (a notice after MPI_Finalize would not;
+    # torch logs each failed store request with a stack trace). Notices at destroy did meet a
+    # closed store: soak.py at 4 ranks checks that.
+    rc, out, _ = launch("staggered-end", 3, {}, script="exits.py", timeout=60)
+    assert rc == 0 and out.count("staggered end") == 3, out[-3000:]
+    for sign in ("Broken pipe", "Connection was likely closed", "can never finish"):
+        assert sign not in out, out[-3000:]
 
 
 def test_abort_on_exception_off_leaves_the_job_to_the_watchdog():

@@ -363,19 +363,14 @@ void Watchdog::addGroup(Progress p) {
   st.groups.push_back(std::move(published));
 }
 
-void Watchdog::removeGroup(const std::string& group, int rank, const char* why) {
+void Watchdog::removeGroup(const std::string& group, int rank) {
   State& st = state();
-  std::shared_ptr<Published> left;
-  {
-    std::lock_guard<std::mutex> lock(st.mutex);
-    const auto it = std::find_if(st.groups.begin(), st.groups.end(), [&](const auto& p) {
-      return p->progress.group == group && p->progress.rank == rank;
-    });
-    if (it == st.groups.end()) return;
-    left = *it;
-    st.groups.erase(it);
-  }
-  announceDeparture(*left, why);  // store I/O outside the lock (see State)
+  std::lock_guard<std::mutex> lock(st.mutex);
+  st.groups.erase(std::remove_if(st.groups.begin(), st.groups.end(),
+                                 [&](const std::shared_ptr<Published>& p) {
+                                   return p->progress.group == group && p->progress.rank == rank;
+                                 }),
+                  st.groups.end());
 }
 
 void Watchdog::announceExit() {

@@ -4,12 +4,12 @@
 // job whose ranks disagree about what to run next only burns time
 // (TORCH_MPIGPU_TIMEOUT_ACTION=abort|report).
 //
-// A rank that leaves a group (destroys or aborts it, or its interpreter exits: sys.exit on one
-// rank, the end of the script) says so through the group's store, with how many collectives it
-// had issued. A rank whose collective has waited a second for a rank that left before issuing it
-// (or whose awaited send or receive is with a rank that left) reports that at once and ends the
-// job the same way: the op can never finish, so waiting out the timeout (30 min by default)
-// would only hide the cause.
+// A rank whose interpreter exits (sys.exit on one rank, the end of its script) says so through
+// the store of each group it has not destroyed, with how many collectives it had issued there.
+// A rank whose collective has waited a second for a rank that left before issuing it (or whose
+// awaited send or receive is with a rank that left) reports that at once and ends the job the
+// same way: the op can never finish, so waiting out the timeout (30 min by default) would only
+// hide the cause.
 #pragma once
 
 #include <torch/csrc/distributed/c10d/Store.hpp>
@@ -61,9 +61,11 @@ class Watchdog {
     std::shared_ptr<std::atomic<uint64_t>> issued;  // collectives this rank has issued
   };
   static void addGroup(Progress p);
-  // This rank issues no more collectives in `group`; `why` says how it left ("destroyed the
-  // group", ...), for the peers that may still wait for it.
-  static void removeGroup(const std::string& group, int rank, const char* why);
+  // Destroy and abort say nothing to the peers: at a job's normal end the store's host destroys
+  // its group, and with it the store, before the others do (their notices would meet a closed
+  // store; torch logs each such failure with a stack trace). At exit the store's host waits in
+  // MPI_Finalize until every rank has reached it, so the store is still there.
+  static void removeGroup(const std::string& group, int rank);
   // The interpreter is exiting: every group still watched is left (after the engines drained).
   static void announceExit();
 

@@ -10,14 +10,14 @@ A rank that leaves before the others' collective (each must end the job within s
 departure notice the leaving rank leaves in the store, not at the 30-minute timeout):
   exit-in-collective   rank 1 calls sys.exit(3) while the others wait in all_reduce
   return-in-collective rank 1 reaches the end of the script while the others wait
-  destroy-in-collective rank 1 destroys the group, then sleeps (only the others can end the job)
   exit-before-send     rank 1 exits while rank 0 waits in recv from it (point-to-point)
   exit-in-subgroup     the last rank exits while the other members of the group of ranks 1..n-1
                        wait in its all_reduce (rank 0, outside it, reaches the end meanwhile)
   unwaited-receive     rank 0 posts a receive from rank 1 and never waits for it; rank 1 ends
                        first: not a hang, so the job ends cleanly (exit 0)
-  reinit-same-store    the group made twice over one store the script keeps: the second group
-                       (the same name) must not read the first one's departures (exit 0)
+  staggered-end        a normal end without destroy_process_group, rank 0 (the store's host)
+                       first and the others a second later: exit 0, and no rank's departure
+                       notice meets a closed store
 """
 
 import atexit
@@ -43,30 +43,6 @@ import torch_mpi_gpu  # noqa: E402,F401
 mode = sys.argv[1]
 
 
-def made_twice_over_one_store(store_path):
-    import os
-    import time
-    rank, world = int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"])
-    store = dist.FileStore(store_path, world)  # outlives both groups
-    for made in range(2):
-        dist.init_process_group("mpigpu", store=store, rank=rank, world_size=world)
-        t = torch.ones(4)
-        dist.all_reduce(t)
-        if made == 1:
-            if rank == 1:
-                time.sleep(2.5)  # the others wait in #2 past the departure check's second
-            dist.all_reduce(t)
-            assert t[0].item() == world * world, t
-        dist.destroy_process_group()  # the first group's departures: "issued 1"
-    print(f"rank {rank}: made twice, no false departure", flush=True)
-
-
-if mode == "reinit-same-store":
-    from torch_mpi_gpu.launcher import setup_env
-    setup_env()  # RANK and WORLD_SIZE from the launcher (init_process_group is given a store)
-    made_twice_over_one_store(sys.argv[2])
-    sys.exit(0)
-
 dist.init_process_group("mpigpu")
 rank, world = dist.get_rank(), dist.get_world_size()
 
@@ -87,17 +63,13 @@ elif mode == "pending-async":
     pending += [torch.full((1 << 18,), float(rank)) for _ in range(8)]
     works = [dist.all_reduce(t, async_op=True) for t in pending]
     print(f"rank {rank}: exiting with {len(works)} async ops unwaited", flush=True)
-elif mode in ("exit-in-collective", "return-in-collective", "destroy-in-collective"):
+elif mode in ("exit-in-collective", "return-in-collective"):
     t = torch.ones(4)
     dist.all_reduce(t)
     if rank == 1:
         print(f"rank 1: leaving ({mode})", flush=True)
         if mode == "exit-in-collective":
             sys.exit(3)
-        if mode == "destroy-in-collective":
-            dist.destroy_process_group()
-            import time
-            time.sleep(120)  # the job must end before this does
     else:
         dist.all_reduce(t)  # waits for rank 1 forever unless the job is ended
         print(f"rank {rank}: UNREACHABLE", flush=True)
@@ -130,6 +102,15 @@ elif mode == "exit-in-subgroup":
             sys.exit(3)
         dist.all_reduce(t, group=group)
         print(f"rank {rank}: UNREACHABLE", flush=True)
+elif mode == "staggered-end":
+    import time
+    t = torch.ones(4)
+    group = dist.new_group(list(range(world)))
+    dist.all_reduce(t)
+    dist.all_reduce(t, group=group)
+    if rank > 0:
+        time.sleep(1.5)
+    print(f"rank {rank}: staggered end", flush=True)
 elif mode == "clean":
     t = torch.ones(4)
     dist.all_reduce(t)
