@@ -209,10 +209,9 @@ void dumpIfAsked(const Groups& groups) {
 }
 
 // Writes this rank's record, asks the others for theirs and, when the job is about to end, waits
-// (up to 10 s) until every rank of the stuck op's group has written its own (but `ranksGone`,
-// those that left it).
-void dumpJob(const Groups& groups, const Watchdog::Op& op, const std::string& why,
-             int ranksGone = 0) {
+// (up to 10 s) until every rank of the stuck op's group has written its own or exited (an exited
+// rank's watchdog is stopped: it writes nothing).
+void dumpJob(const Groups& groups, const Watchdog::Op& op, const std::string& why) {
   if (!fr::Recorder::get().enabled()) return;
   for (const auto& g : groups) {
     try {
@@ -226,7 +225,8 @@ void dumpJob(const Groups& groups, const Watchdog::Op& op, const std::string& wh
     if (g->progress.group != op.group || g->progress.rank != op.rank) continue;
     const auto until = Clock::now() + std::chrono::seconds(10);
     try {
-      while (g->progress.store->add(kDumped, 0) < g->progress.size - ranksGone &&
+      while (g->progress.store->add(kDumped, 0) + g->progress.store->add(departuresKey(*g), 0) <
+                 g->progress.size &&
              Clock::now() < until) {
         std::this_thread::sleep_for(std::chrono::milliseconds(100));
       }
@@ -304,7 +304,7 @@ void judgeDepartures(const Groups& groups, const std::vector<Waiting>& waiting,
         it->second.reported = true;
       }
       LOG(ERROR) << departureReport(w.entry, who);
-      dumpJob(groups, w.entry.op, "a rank left before issuing a collective", gone);
+      dumpJob(groups, w.entry.op, "a rank left before issuing an op");
       if (w.entry.op.abortOnTimeout && !mpi::isFinalized()) mpi::abortJob(3);
     }
   }
