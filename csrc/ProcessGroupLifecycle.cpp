@@ -237,7 +237,6 @@ void ProcessGroupMPIGPU::shutdown() {
     engine = engine_;
   }
   if (!engine) return;
-  Watchdog::removeGroup(groupName_, rank_);
   if (!engine->stopped() && !mpi::isFinalized()) {
     // Ops still queued run first, in issue order (their peers may be inside them already); then
     // the communicators are freed. Bounded by the group's timeout: an op whose peers never come
@@ -261,6 +260,8 @@ void ProcessGroupMPIGPU::shutdown() {
       return;
     }
   }
+  // after the queued ops: the notice's count of collectives is final
+  Watchdog::leaveGroup(groupName_, rank_, /*hostsStore=*/globalRanks_[rank_] == 0);
   std::lock_guard<std::mutex> lock(engineMutex_);
   engine_.reset();  // (the engine stops with its last group: it may be shared)
 }

@@ -212,6 +212,9 @@ void bindLifecycle(py::module_& m) {
           mpigpu::mpi::abortJob(1);
         }
         mpigpu::mpi::finalizeIfOwned();
+        // Every rank has reached MPI_Finalize: nobody writes to a held store any more. Where
+        // the program finalises MPI itself (later), held stores go with the process instead.
+        if (mpigpu::mpi::isFinalized()) mpigpu::Watchdog::releaseHeldStores();
       },
       py::call_guard<py::gil_scoped_release>(),
       "Stops every engine and finalises MPI if torch_mpi_gpu initialised it (runs at exit).");

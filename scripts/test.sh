@@ -186,7 +186,7 @@ if [[ " $builds " == *" mpich "* ]]; then
     test_flight_recorder.py -k "not soak and not count_above and not device_of_its_own and not prterun \
 and not ecosystem \
 and not (node_algorithm and not 2x2) and (not test_reliability or uncaught or async or clean or shared_mpi_thread \
-or (leaving and (exit-in-collective-3 or send)) or staggered or never_waited) \
+or (leaving and (exit-in-collective-3 or send or host-destroys)) or staggered or never_waited) \
 and not (with_algorithm and (ring-5 or rhd-2 or allgather-2 or 4-ring or 4-rhd or 4-allgather or 2-rhd or 2-allgather))" "$@"
 fi
 if [[ " $builds " == *" slurm "* ]]; then

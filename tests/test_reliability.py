@@ -116,14 +116,19 @@ def test_uncaught_exception_ends_the_job(mode, np):
 
 @pytest.mark.parametrize("mode, np", [("exit-in-collective", 2), ("exit-in-collective", 3),
                                       ("return-in-collective", 3), ("exit-in-subgroup", 4),
-                                      ("exit-before-send", 3)])
+                                      ("exit-before-send", 3), ("destroy-in-collective", 3),
+                                      ("host-destroys-in-collective", 3)])
 def test_a_rank_leaving_early_ends_the_job(mode, np):
-    # One rank leaves (sys.exit, the end of its script) while the others wait for it in a
-    # collective it never issued, or in a receive from it. Before the departure notice the job
-    # hung until the group's timeout (30 minutes by default; the launch's limit here is 60 s).
+    # One rank leaves (sys.exit, the end of its script, destroy_process_group) while the others
+    # wait for it in a collective it never issued, or in a receive from it. Before the departure
+    # notice the job hung until the group's timeout (30 minutes by default; the launch's limit
+    # here is 60 s); gloo's peers see the leaver's sockets close.
     rc, out, took = launch(mode, np, {}, script="exits.py", timeout=60)
-    leaver = np - 2 if mode == "exit-in-subgroup" else 1
+    leaver = np - 2 if mode == "exit-in-subgroup" else 0 if mode.startswith("host") else 1
     want = f"rank {leaver} left the group after issuing 1 collective(s) in it: it exited"
+    if "destroy" in mode:
+        want = f"rank {leaver} left the group after issuing 2 collective(s) in it: " + \
+            "it called destroy_process_group"
     if mode == "exit-before-send":
         want = "recv (point-to-point op #1 with rank 1 of group '0', 16 bytes on this rank) " + \
             "can never finish: " + want
@@ -143,11 +148,21 @@ def test_a_receive_never_waited_for_from_a_rank_that_left_ends_cleanly():
 def test_a_staggered_normal_end_meets_no_closed_store():
     # Rank 0 (the store's host) ends first; the others' departure notices at exit still find its
     # store, because it waits in MPI_Finalize for them (a notice after MPI_Finalize would not;
-    # torch logs each failed store request with a stack trace). Notices at destroy did meet a
-    # closed store: soak.py at 4 ranks checks that.
+    # torch logs each failed store request with a stack trace).
     rc, out, _ = launch("staggered-end", 3, {}, script="exits.py", timeout=60)
     assert rc == 0 and out.count("staggered end") == 3, out[-3000:]
     for sign in ("Broken pipe", "Connection was likely closed", "can never finish"):
+        assert sign not in out, out[-3000:]
+
+
+def test_a_staggered_destroy_meets_no_closed_store():
+    # Rank 0 hosts the store and destroys its groups first, staying alive: the store is held
+    # until every member has said it left (before, the store closed with rank 0's destroy, and
+    # every later notice met a closed store).
+    rc, out, _ = launch("staggered-destroy", 3, {}, script="exits.py", timeout=60)
+    assert rc == 0 and out.count("staggered destroy") == 3, out[-3000:]
+    for sign in ("Broken pipe", "Connection was likely closed", "can never finish",
+                 "still listens"):
         assert sign not in out, out[-3000:]
 
 

@@ -6,6 +6,8 @@
 
 #include <c10/util/Logging.h>
 #include <mpi.h>
+#include <torch/csrc/distributed/c10d/PrefixStore.hpp>
+#include <torch/csrc/distributed/c10d/TCPStore.hpp>
 
 #include <algorithm>
 #include <atomic>
@@ -31,6 +33,7 @@ struct Entry {
 struct Departure {
   uint64_t issued = 0;
   std::string how;
+  std::chrono::steady_clock::time_point seen;  // when this rank read it
 };
 
 struct Published {
@@ -49,6 +52,8 @@ struct Published {
 std::string progressKey(const Published& p, int rank) { return p.keys + std::to_string(rank); }
 std::string departuresKey(const Published& p) { return p.keys + "departures"; }
 
+using Groups = std::vector<std::shared_ptr<Published>>;
+
 // Every collective's watch scope takes State::mutex, so nothing slow runs under it: the loop takes
 // a snapshot under the lock and does store I/O and stderr writes outside it (a store round-trip,
 // or a store whose host is gone, must never delay a collective).
@@ -59,6 +64,11 @@ struct State {
   std::condition_variable cv;
   std::map<uint64_t, Entry> running;
   std::map<std::string, uint64_t> groupsMade;  // by name, for Published::keys
+  // Groups this rank destroyed while hosting their store's server: held, the store with them,
+  // until every member has left (looked at about once a second), at most until exit, so that the
+  // others' notices never meet a closed store.
+  Groups hosting;
+  Clock::time_point lastHostingLook;
   uint64_t nextId = 1;
   bool stop = false;
   std::thread thread;
@@ -82,21 +92,32 @@ void publish(Published& p) {
   }
 }
 
-using Groups = std::vector<std::shared_ptr<Published>>;
-
 // Tells the group's other ranks that this one left it, and how many collectives it had issued:
 // the departure's number from one counter, then its record under that number (each reader reads
-// only the departures it has not seen).
-void announceDeparture(const Published& p, const char* how) {
+// only the departures it has not seen). Returns that number (how many have left), 0 if the store
+// is gone.
+int64_t announceDeparture(const Published& p, const char* how) {
   try {
     const int64_t n = p.progress.store->add(departuresKey(p), 1);
     const std::string v = std::to_string(p.progress.rank) + " " +
                           std::to_string(p.progress.issued->load()) + " " + how;
     p.progress.store->set(departuresKey(p) + "/" + std::to_string(n),
                           std::vector<uint8_t>(v.begin(), v.end()));
+    return n;
   } catch (...) {
     // The store may be gone (its rank left first): then nobody is left to read it either.
+    return 0;
   }
+}
+
+// Whether `store` is a TCPStore (under its prefixes): the one kind whose server goes when the
+// process hosting it lets go (FileStore, HashStore: nothing closes).
+bool isTcpStore(const c10::intrusive_ptr<c10d::Store>& store) {
+  c10::intrusive_ptr<c10d::Store> base = store;
+  if (auto* prefixed = dynamic_cast<c10d::PrefixStore*>(base.get())) {
+    base = prefixed->getUnderlyingNonPrefixStore();
+  }
+  return dynamic_cast<const c10d::TCPStore*>(base.get()) != nullptr;
 }
 
 // Reads the departures not read yet: one store request when there are none.
@@ -109,6 +130,7 @@ void readDepartures(Published& p) {
     std::istringstream v(std::string(raw.begin(), raw.end()));
     int rank = -1;
     Departure d;
+    d.seen = Clock::now();
     v >> rank >> d.issued;
     std::getline(v >> std::ws, d.how);
     p.departed[rank] = d;
@@ -244,12 +266,16 @@ struct Waiting {
 };
 
 // Which ranks left `p`'s group before issuing collective #seq, or, for a point-to-point op, the
-// peer if it left (from departures already read).
-std::string leftBefore(const Published& p, const Watchdog::Op& op, int* count) {
+// peer if it left (from departures already read), judged a second after its departure was read,
+// so that a message it sent before it left has had time to arrive (collectives go by count).
+std::string leftBefore(const Published& p, const Watchdog::Op& op, Clock::time_point now,
+                       int* count) {
   std::ostringstream s;
   for (const auto& [rank, d] : p.departed) {
     if (rank == p.progress.rank) continue;
-    if (op.peer >= 0 ? rank != op.peer : d.issued >= op.seq) continue;
+    if (op.peer >= 0 ? rank != op.peer || now - d.seen < kDepartureGrace : d.issued >= op.seq) {
+      continue;
+    }
     s << ((*count)++ ? "; " : "") << "rank " << rank << " left the group after issuing " << d.issued
       << " collective(s) in it: it " << d.how;
   }
@@ -270,7 +296,8 @@ std::string departureReport(const Entry& e, const std::string& who) {
                          "receives from it"
                        : "Every rank of a group must issue the same collectives before any of "
                          "them exits or destroys the group")
-    << " (an early sys.exit or return on some ranks). "
+    << " (an early sys.exit, return or destroy_process_group on some ranks; ranks given different "
+       "numbers of batches: DDP's join() context manager handles uneven inputs). "
     << (e.op.abortOnTimeout ? "Ending the job (MPI_Abort) now rather than at the op's timeout; "
                               "TORCH_MPIGPU_TIMEOUT_ACTION=report only reports."
                             : "TORCH_MPIGPU_TIMEOUT_ACTION=report: the op keeps waiting.");
@@ -295,7 +322,7 @@ void judgeDepartures(const Groups& groups, const std::vector<Waiting>& waiting,
         }
       }
       int gone = 0;
-      const std::string who = leftBefore(p, w.entry.op, &gone);
+      const std::string who = leftBefore(p, w.entry.op, now, &gone);
       if (gone == 0) continue;
       {
         std::lock_guard<std::mutex> lock(st.mutex);
@@ -309,6 +336,36 @@ void judgeDepartures(const Groups& groups, const std::vector<Waiting>& waiting,
     }
   }
 }
+
+// Lets go of the destroyed groups whose every member has left (about once a second): this rank's
+// store server may close with the last of them.
+void releaseWhenAllLeft(Clock::time_point now) {
+  State& st = state();
+  Groups held;
+  {
+    std::lock_guard<std::mutex> lock(st.mutex);
+    if (st.hosting.empty() || now - st.lastHostingLook < kDepartureGrace) return;
+    st.lastHostingLook = now;
+    held = st.hosting;
+  }
+  Groups done;
+  for (const auto& g : held) {
+    try {
+      if (g->progress.store->add(departuresKey(*g), 0) < g->progress.size) continue;
+    } catch (...) {
+      // unreadable (not while this process holds the server): holding it helps nobody then
+    }
+    done.push_back(g);
+  }
+  if (done.empty()) return;
+  std::lock_guard<std::mutex> lock(st.mutex);
+  auto& h = st.hosting;
+  h.erase(std::remove_if(h.begin(), h.end(),
+                         [&](const std::shared_ptr<Published>& g) {
+                           return std::find(done.begin(), done.end(), g) != done.end();
+                         }),
+          h.end());
+}  // (`done` goes after the lock: a store server's shutdown joins its thread)
 
 void loop() {
   setThreadName("mpigpu-watchdog");
@@ -340,6 +397,7 @@ void loop() {
       }
     }
     judgeDepartures(groups, waiting, now);
+    releaseWhenAllLeft(now);
     for (const auto& p : toPublish) publish(*p);
     if (!toPublish.empty()) dumpIfAsked(toPublish);
     for (const auto& e : due) {
@@ -371,6 +429,34 @@ void Watchdog::removeGroup(const std::string& group, int rank) {
                                    return p->progress.group == group && p->progress.rank == rank;
                                  }),
                   st.groups.end());
+}
+
+void Watchdog::leaveGroup(const std::string& group, int rank, bool hostsStore) {
+  State& st = state();
+  std::shared_ptr<Published> left;
+  {
+    std::lock_guard<std::mutex> lock(st.mutex);
+    const auto it = std::find_if(st.groups.begin(), st.groups.end(), [&](const auto& p) {
+      return p->progress.group == group && p->progress.rank == rank;
+    });
+    if (it == st.groups.end()) return;  // announced at exit already, or never watched
+    left = *it;
+    st.groups.erase(it);
+  }
+  const int64_t gone = announceDeparture(*left, "called destroy_process_group");
+  if (!hostsStore || gone <= 0 || gone >= left->progress.size) return;
+  if (!isTcpStore(left->progress.store)) return;
+  std::lock_guard<std::mutex> lock(st.mutex);
+  st.hosting.push_back(std::move(left));
+}
+
+void Watchdog::releaseHeldStores() {
+  State& st = state();
+  Groups held;
+  {
+    std::lock_guard<std::mutex> lock(st.mutex);
+    held.swap(st.hosting);
+  }
 }
 
 void Watchdog::announceExit() {

@@ -4,8 +4,9 @@
 // job whose ranks disagree about what to run next only burns time
 // (TORCH_MPIGPU_TIMEOUT_ACTION=abort|report).
 //
-// A rank whose interpreter exits (sys.exit on one rank, the end of its script) says so through
-// the store of each group it has not destroyed, with how many collectives it had issued there.
+// A rank that destroys a group, or whose interpreter exits (sys.exit on one rank, the end of its
+// script) with groups not destroyed, says so through each group's store, with how many
+// collectives it had issued there.
 // A rank whose collective has waited a second for a rank that left before issuing it (or whose
 // awaited send or receive is with a rank that left) reports that at once and ends the job the
 // same way: the op can never finish, so waiting out the timeout (30 min by default) would only
@@ -61,16 +62,21 @@ class Watchdog {
     std::shared_ptr<std::atomic<uint64_t>> issued;  // collectives this rank has issued
   };
   static void addGroup(Progress p);
-  // Destroy and abort say nothing to the peers: at a job's normal end the store's host destroys
-  // its group, and with it the store, before the others do (their notices would meet a closed
-  // store; torch logs each such failure with a stack trace). At exit the store's host waits in
-  // MPI_Finalize until every rank has reached it, so the store is still there.
+  // destroy_process_group: the group is left; the others learn it as at exit (below). Where this
+  // process runs the group's TCPStore server (`hostsStore`: torch's env:// and tcp:// rendezvous
+  // and ours start it on global rank 0), the store is held until every member has left, at most
+  // until exit (releaseHeldStores), so their notices never meet a closed store.
+  static void leaveGroup(const std::string& group, int rank, bool hostsStore);
+  // abort() says nothing: it runs where something already failed, often with the store gone.
   static void removeGroup(const std::string& group, int rank);
   // The interpreter is exiting: every group still watched is left (after the engines drained).
   static void announceExit();
 
   // Stops the watchdog thread (at exit, before MPI_Finalize).
   static void stop();
+  // Lets go of the stores still held by leaveGroup (at exit, after MPI_Finalize: every rank has
+  // left by then).
+  static void releaseHeldStores();
 };
 
 }  // namespace mpigpu

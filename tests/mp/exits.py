@@ -10,6 +10,11 @@ A rank that leaves before the others' collective (each must end the job within s
 departure notice the leaving rank leaves in the store, not at the 30-minute timeout):
   exit-in-collective   rank 1 calls sys.exit(3) while the others wait in all_reduce
   return-in-collective rank 1 reaches the end of the script while the others wait
+  destroy-in-collective
+                       rank 1 is given one batch fewer than the others and reaches
+                       destroy_process_group (then the end) while they wait in all_reduce
+  host-destroys-in-collective
+                       the same for rank 0, the store's host (its store must outlive its destroy)
   exit-before-send     rank 1 exits while rank 0 waits in recv from it (point-to-point)
   exit-in-subgroup     the last rank exits while the other members of the group of ranks 1..n-1
                        wait in its all_reduce (rank 0, outside it, reaches the end meanwhile)
@@ -18,6 +23,8 @@ departure notice the leaving rank leaves in the store, not at the 30-minute time
   staggered-end        a normal end without destroy_process_group, rank 0 (the store's host)
                        first and the others a second later: exit 0, and no rank's departure
                        notice meets a closed store
+  staggered-destroy    the same with destroy_process_group (a subgroup, then the default group)
+                       and rank 0 staying alive meanwhile: its store must outlive its own destroy
 """
 
 import atexit
@@ -73,6 +80,16 @@ elif mode in ("exit-in-collective", "return-in-collective"):
     else:
         dist.all_reduce(t)  # waits for rank 1 forever unless the job is ended
         print(f"rank {rank}: UNREACHABLE", flush=True)
+elif mode in ("destroy-in-collective", "host-destroys-in-collective"):
+    leaver = 0 if mode.startswith("host") else 1
+    batches = 2 if rank == leaver else 3  # uneven data: the classic DDP hang
+    t = torch.ones(4)
+    for _ in range(batches):
+        dist.all_reduce(t)
+    print(f"rank {rank}: ran out of batches after {batches}", flush=True)
+    dist.destroy_process_group()
+    if rank != leaver:
+        print(f"rank {rank}: UNREACHABLE", flush=True)
 elif mode == "exit-before-send":
     t = torch.ones(4)
     dist.all_reduce(t)
@@ -111,6 +128,28 @@ elif mode == "staggered-end":
     if rank > 0:
         time.sleep(1.5)
     print(f"rank {rank}: staggered end", flush=True)
+elif mode == "staggered-destroy":
+    import time
+    t = torch.ones(4)
+    group = dist.new_group(list(range(world)))
+    dist.all_reduce(t)
+    dist.all_reduce(t, group=group)
+    if rank > 0:
+        time.sleep(1.5)
+    dist.destroy_process_group(group)
+    del group  # (a group object still referenced holds the store, for every backend)
+    dist.destroy_process_group()
+    if rank == 0:
+        import os
+        import socket
+        time.sleep(3)  # alive, its groups destroyed, while the others destroy theirs
+        try:  # ... and let go of once they have: its server no longer listens
+            socket.create_connection((os.environ["MASTER_ADDR"], int(os.environ["MASTER_PORT"])),
+                                     timeout=5).close()
+            print("rank 0: the store still listens after every rank destroyed", flush=True)
+        except ConnectionRefusedError:
+            pass
+    print(f"rank {rank}: staggered destroy", flush=True)
 elif mode == "clean":
     t = torch.ones(4)
     dist.all_reduce(t)
