@@ -119,7 +119,7 @@ elif mode == "exit-in-subgroup":
             sys.exit(3)
         dist.all_reduce(t, group=group)
         print(f"rank {rank}: UNREACHABLE", flush=True)
-elif mode == "staggered-end":
+elif mode in ("staggered-end", "staggered-destroy"):
     import time
     t = torch.ones(4)
     group = dist.new_group(list(range(world)))
@@ -127,29 +127,21 @@ elif mode == "staggered-end":
     dist.all_reduce(t, group=group)
     if rank > 0:
         time.sleep(1.5)
-    print(f"rank {rank}: staggered end", flush=True)
-elif mode == "staggered-destroy":
-    import time
-    t = torch.ones(4)
-    group = dist.new_group(list(range(world)))
-    dist.all_reduce(t)
-    dist.all_reduce(t, group=group)
-    if rank > 0:
-        time.sleep(1.5)
-    dist.destroy_process_group(group)
-    del group  # (a group object still referenced holds the store, for every backend)
-    dist.destroy_process_group()
-    if rank == 0:
-        import os
-        import socket
-        time.sleep(3)  # alive, its groups destroyed, while the others destroy theirs
-        try:  # ... and let go of once they have: its server no longer listens
-            socket.create_connection((os.environ["MASTER_ADDR"], int(os.environ["MASTER_PORT"])),
-                                     timeout=5).close()
-            print("rank 0: the store still listens after every rank destroyed", flush=True)
-        except ConnectionRefusedError:
-            pass
-    print(f"rank {rank}: staggered destroy", flush=True)
+    if mode == "staggered-destroy":
+        dist.destroy_process_group(group)
+        del group  # (a group object still referenced holds the store, for every backend)
+        dist.destroy_process_group()
+        if rank == 0:
+            import os
+            import socket
+            time.sleep(3)  # alive, its groups destroyed, while the others destroy theirs
+            try:  # ... and let go of once they have: its server no longer listens
+                socket.create_connection((os.environ["MASTER_ADDR"],
+                                          int(os.environ["MASTER_PORT"])), timeout=5).close()
+                print("rank 0: the store still listens after every rank destroyed", flush=True)
+            except ConnectionRefusedError:
+                pass
+    print(f"rank {rank}: {mode.replace('-', ' ')}", flush=True)
 elif mode == "clean":
     t = torch.ones(4)
     dist.all_reduce(t)
