@@ -68,7 +68,6 @@ struct State {
   // until every member has left (looked at about once a second), at most until exit, so that the
   // others' notices never meet a closed store.
   Groups hosting;
-  Clock::time_point lastHostingLook;
   uint64_t nextId = 1;
   bool stop = false;
   std::thread thread;
@@ -337,17 +336,10 @@ void judgeDepartures(const Groups& groups, const std::vector<Waiting>& waiting,
   }
 }
 
-// Lets go of the destroyed groups whose every member has left (about once a second): this rank's
-// store server may close with the last of them.
-void releaseWhenAllLeft(Clock::time_point now) {
+// Lets go of the destroyed groups (`held`, a snapshot of State::hosting taken about once a second)
+// whose every member has left: this rank's store server may close with the last of them.
+void releaseWhenAllLeft(const Groups& held) {
   State& st = state();
-  Groups held;
-  {
-    std::lock_guard<std::mutex> lock(st.mutex);
-    if (st.hosting.empty() || now - st.lastHostingLook < kDepartureGrace) return;
-    st.lastHostingLook = now;
-    held = st.hosting;
-  }
   Groups done;
   for (const auto& g : held) {
     try {
@@ -371,7 +363,7 @@ void loop() {
   setThreadName("mpigpu-watchdog");
   State& st = state();
   while (true) {
-    Groups groups, toPublish;
+    Groups groups, toPublish, held;
     std::vector<Entry> due;
     std::vector<Waiting> waiting;
     Clock::time_point now;
@@ -383,6 +375,7 @@ void loop() {
       groups = st.groups;
       if (now - st.lastPublish > std::chrono::seconds(1)) {
         toPublish = st.groups;
+        held = st.hosting;
         st.lastPublish = now;
       }
       for (auto& [id, e] : st.running) {
@@ -397,7 +390,7 @@ void loop() {
       }
     }
     judgeDepartures(groups, waiting, now);
-    releaseWhenAllLeft(now);
+    if (!held.empty()) releaseWhenAllLeft(held);
     for (const auto& p : toPublish) publish(*p);
     if (!toPublish.empty()) dumpIfAsked(toPublish);
     for (const auto& e : due) {
@@ -421,28 +414,27 @@ void Watchdog::addGroup(Progress p) {
   st.groups.push_back(std::move(published));
 }
 
-void Watchdog::removeGroup(const std::string& group, int rank) {
+namespace {
+// Stops watching the group; null if it is not watched (announced at exit already, or never).
+std::shared_ptr<Published> takeGroup(const std::string& group, int rank) {
   State& st = state();
   std::lock_guard<std::mutex> lock(st.mutex);
-  st.groups.erase(std::remove_if(st.groups.begin(), st.groups.end(),
-                                 [&](const std::shared_ptr<Published>& p) {
-                                   return p->progress.group == group && p->progress.rank == rank;
-                                 }),
-                  st.groups.end());
+  const auto it = std::find_if(st.groups.begin(), st.groups.end(), [&](const auto& p) {
+    return p->progress.group == group && p->progress.rank == rank;
+  });
+  if (it == st.groups.end()) return nullptr;
+  auto taken = *it;
+  st.groups.erase(it);
+  return taken;
 }
+}  // namespace
+
+void Watchdog::removeGroup(const std::string& group, int rank) { takeGroup(group, rank); }
 
 void Watchdog::leaveGroup(const std::string& group, int rank, bool hostsStore) {
   State& st = state();
-  std::shared_ptr<Published> left;
-  {
-    std::lock_guard<std::mutex> lock(st.mutex);
-    const auto it = std::find_if(st.groups.begin(), st.groups.end(), [&](const auto& p) {
-      return p->progress.group == group && p->progress.rank == rank;
-    });
-    if (it == st.groups.end()) return;  // announced at exit already, or never watched
-    left = *it;
-    st.groups.erase(it);
-  }
+  std::shared_ptr<Published> left = takeGroup(group, rank);
+  if (!left) return;
   const int64_t gone = announceDeparture(*left, "called destroy_process_group");
   if (!hostsStore || gone <= 0 || gone >= left->progress.size) return;
   if (!isTcpStore(left->progress.store)) return;
