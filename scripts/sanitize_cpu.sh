@@ -14,6 +14,8 @@ VENV="$(cd "${1:-$ROOT/.venv}" && pwd)"
 BUILD="${SANITIZE_BUILD_DIR:-/tmp/mpigpu-sanitize}"
 PY="$VENV/bin/python"
 export PATH="$VENV/bin:$PATH" OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1
+# every rank exits in full (tests/mp/common.py: else only rank 0), its teardown instrumented too
+export MPIGPU_TEST_FULL_EXIT=1
 
 echo "=== build with -fsanitize=address,undefined into $BUILD"
 # CFLAGS/LDFLAGS reach every compile and the link; the precompiled header would need the same
@@ -77,8 +79,15 @@ run 0 3 errors.py
 run 0 2 "shared_engine.py others-go-on" MPIGPU_TEST_THREAD_LEVEL=serialized TORCH_MPIGPU_TIMEOUT=30 TORCH_MPIGPU_TIMEOUT_ACTION=report
 run 0 2 "exits.py pending-async"
 run 0 3 "exits.py clean"
+# departures (the watchdog's notices, and the store's host holding its store past its destroy)
+run 0 2 "exits.py unwaited-receive"
+run 0 3 "exits.py staggered-end"
+run 0 3 "exits.py staggered-destroy"
 # ends that abort the job: the status is the abort's
 run 3 3 "stall.py abort" TORCH_MPIGPU_TIMEOUT=2
+for mode in exit-in-collective destroy-in-collective host-destroys-in-collective exit-before-send; do
+  run 3 3 "exits.py $mode"
+done
 run 1 2 "shutdown.py destroy cpu" TORCH_MPIGPU_TIMEOUT=3 TORCH_MPIGPU_TIMEOUT_ACTION=report
 run 1 2 "shutdown.py abort cpu" TORCH_MPIGPU_TIMEOUT=3 TORCH_MPIGPU_TIMEOUT_ACTION=report
 [ "$failed" = 0 ] && echo "=== sanitize_cpu: every run ok ($SECONDS s)" || echo "=== sanitize_cpu: FAILED (above)"
