@@ -364,11 +364,11 @@ def launch_rank():
 
 def exit_without_teardown():
     """Ends a passing run as the interpreter would (threads joined, then every exit handler: ours
-    drains and finalises MPI, mpi4py's, torch's), less what follows: clearing the modules and
-    libtorch's static destructors, 0.7-0.8 s of CPU per process on the 2-core VM, a quarter of a
-    small launch, paid by every rank of every launch. Rank 0 of each launch still exits in full
-    (a crash in teardown fails the run there), as do the exit tests (exits.py, shutdown.py) and
-    every rank under MPIGPU_TEST_FULL_EXIT=1 (the GPU runs: each rank's CUDA state goes then)."""
+    drains and finalises MPI, mpi4py's, torch's), less the interpreter's clearing of every module
+    and object, about 0.5 s of CPU per process on the 2-core VM (a fifth of a small launch), paid
+    by every rank of every launch. Rank 0 of each launch still exits in full (a crash in teardown
+    fails the run there), as do the exit tests (exits.py, shutdown.py) and every rank under
+    MPIGPU_TEST_FULL_EXIT=1 (the GPU runs: each rank's CUDA state goes then)."""
     import atexit
     import ctypes
     import threading
@@ -380,5 +380,7 @@ def exit_without_teardown():
         mpi.Finalize()
     sys.stdout.flush()
     sys.stderr.flush()
-    ctypes.CDLL(None).fflush(None)  # C stdio (MPI's and torch's own lines), which os._exit drops
-    os._exit(0)
+    # C's exit, not os._exit: the C exit handlers and static destructors (ours among them) still
+    # run, and C stdio is flushed (with os._exit, MPICH's Hydra killed the rank still exiting in
+    # 3 launches of 10)
+    ctypes.CDLL(None).exit(0)
