@@ -349,26 +349,30 @@ def run(main):
     sys.stdout.flush()
     if code:
         os._exit(code)
-    if launch_rank() in (None, 0) or os.environ.get("MPIGPU_TEST_FULL_EXIT") == "1":
+    if not quick_exit_allowed():
         sys.exit(0)
     exit_without_teardown()
 
 
-def launch_rank():
-    """This process's rank in the job, from the launcher (None where none says)."""
-    for name in ("OMPI_COMM_WORLD_RANK", "PMI_RANK", "PMIX_RANK", "SLURM_PROCID"):
-        if os.environ.get(name, "").isdigit():
-            return int(os.environ[name])
-    return None
+def quick_exit_allowed():
+    """Ranks other than 0 of a launch by Open MPI's mpirun (every test leg but MPICH's and
+    srun's), unless MPIGPU_TEST_FULL_EXIT=1. Under MPICH's Hydra an os._exit after MPI_Finalize
+    got the rank still exiting killed (3 launches of 10); C's exit() instead ran libtorch_python's
+    thread-local destructors in a live interpreter (FSDP runs aborted): those launchers keep the
+    whole exit."""
+    rank = os.environ.get("OMPI_COMM_WORLD_RANK", "")
+    return (rank.isdigit() and rank != "0" and "SLURM_JOB_ID" not in os.environ
+            and os.environ.get("MPIGPU_TEST_FULL_EXIT") != "1")
 
 
 def exit_without_teardown():
     """Ends a passing run as the interpreter would (threads joined, then every exit handler: ours
-    drains and finalises MPI, mpi4py's, torch's), less the interpreter's clearing of every module
-    and object, about 0.5 s of CPU per process on the 2-core VM (a fifth of a small launch), paid
-    by every rank of every launch. Rank 0 of each launch still exits in full (a crash in teardown
-    fails the run there), as do the exit tests (exits.py, shutdown.py) and every rank under
-    MPIGPU_TEST_FULL_EXIT=1 (the GPU runs: each rank's CUDA state goes then)."""
+    drains and finalises MPI, mpi4py's, torch's), less the interpreter's teardown and the static
+    destructors: 0.5-0.8 s of CPU per process on the 2-core VM (a fifth to a quarter of a small
+    launch), paid by every rank of every launch. Rank 0 of each launch still exits in full (a
+    crash in teardown fails the run there), as do the exit tests (exits.py, shutdown.py), every
+    rank under MPIGPU_TEST_FULL_EXIT=1 (the GPU runs: each rank's CUDA state goes then), and the
+    launchers quick_exit_allowed() names."""
     import atexit
     import ctypes
     import threading
@@ -380,7 +384,5 @@ def exit_without_teardown():
         mpi.Finalize()
     sys.stdout.flush()
     sys.stderr.flush()
-    # C's exit, not os._exit: the C exit handlers and static destructors (ours among them) still
-    # run, and C stdio is flushed (with os._exit, MPICH's Hydra killed the rank still exiting in
-    # 3 launches of 10)
-    ctypes.CDLL(None).exit(0)
+    ctypes.CDLL(None).fflush(None)  # C stdio (MPI's and torch's own lines), which os._exit drops
+    os._exit(0)
