@@ -45,7 +45,8 @@ ALLREDUCE_BACKENDS="${ALLREDUCE_BACKENDS:-mpigpu,mpigpu[ALGO=node],mpigpu[ALGO=n
 mkdir -p "$OUT" /tmp/ompi /tmp/nccl
 exec > >(tee "$OUT/gpu_check.log") 2>&1
 export PYTHONUNBUFFERED=1
-# every rank of the tests' jobs exits in full (elsewhere only rank 0 does: tests/mp/common.py):
+# every rank of the tests' jobs exits in full (under Open MPI's mpirun, elsewhere only rank 0 does:
+# tests/mp/common.py);
 # each rank's CUDA context, IPC mappings and our statics go in the interpreter's teardown
 export MPIGPU_TEST_FULL_EXIT=1
 step() { echo "=== $(date +%T) $*"; }

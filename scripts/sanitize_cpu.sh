@@ -14,7 +14,8 @@ VENV="$(cd "${1:-$ROOT/.venv}" && pwd)"
 BUILD="${SANITIZE_BUILD_DIR:-/tmp/mpigpu-sanitize}"
 PY="$VENV/bin/python"
 export PATH="$VENV/bin:$PATH" OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1
-# every rank exits in full (tests/mp/common.py: else only rank 0), its teardown instrumented too
+# every rank exits in full (tests/mp/common.py: else, under Open MPI, only rank 0), its teardown
+# instrumented too
 export MPIGPU_TEST_FULL_EXIT=1
 
 echo "=== build with -fsanitize=address,undefined into $BUILD"
