@@ -152,8 +152,14 @@ if [[ " $builds " == *" cuda "* ]]; then
     builds="${builds/cuda/}"
   fi
 fi
-# ompi41's setup last in the queue: queued before CUDA's, both ran beside the MPICH leg, which
-# took 10:26 against 8:41 beside the CUDA one alone (the CPU leg leaves more idle time)
+# Where the background setups' CPU comes from: the legs after the CPU leg run in the order that
+# gives them the most idle time. Alone on the 2-core VM (2026-12-02) the CPU leg used 1.34 of its
+# 2 cores, the two-host leg by name 0.86 (ranks wait on the link and on timeouts) and the MPICH
+# leg 1.57; alone, the MPICH, CUDA and Open MPI 4.1 setups took 115, 172 and 105 s (CUDA's 4.1
+# minutes of CPU, Open MPI 4.1's 2.6). So the two-host legs come right after the CPU leg and the
+# MPICH and Slurm legs after them: the setups fit in the idle time of the first three. Before, all three setups ran beside the CPU and
+# MPICH legs (13-14 and 9.5 minutes in CI against 12:16 and 6:21 alone). ompi41's setup last in
+# the queue: its leg comes late.
 if [[ " $builds " == *" ompi41 "* ]]; then
   if command -v apt-get >/dev/null; then
     later_setups="$later_setups ompi41"
@@ -173,11 +179,49 @@ if [[ " $builds " == *" cpu "* ]]; then
   "$ROOT/scripts/lint.sh" "$CPU_VENV"
   run_suite "$CPU_VENV" "CPU build" "$@"
 fi
+if [[ " $builds " == *" hosts "* ]]; then
+  if why=$("$ROOT/scripts/two_hosts.sh" check 2>&1); then
+    at_exit+=('"$ROOT/scripts/two_hosts.sh" down')  # the test fixture removes them too
+    setup_cpu
+    # (test_hang_prone: 2 hosts x 2 ranks bound to cores, the launch check 15 times, p2p_groups,
+    # a killed and a stalled rank, a waiting rank's threads; IP only: the launch check; at 4
+    # ranks FSDP2's HSDP shards inside each host and replicates across, and split groups span
+    # both)
+    MPIGPU_TEST_LAUNCHER=two-hosts-names run_suite "$CPU_VENV" \
+      "two hosts, names resolve (mpirun)" test_multirank.py test_hang_prone.py \
+      -k "(launcher or ddp or fsdp or (collectives and not algorithm and not split) or hang_prone or node_across \
+or communicator or split_groups) and not (shared_mpi_thread and not [3])" "$@"
+    # IP only changes how ranks find the rendezvous (and mpirun its hosts): the launcher, exit and
+    # dead-rank tests, and the launch check 5 times; the ops themselves ran by name above (and
+    # the stalled rank's report at 2 x 2, by test_hang_prone, there too; the stuck-MPI_Abort
+    # backstop only by name: names change no part of it)
+    MPIGPU_TEST_LAUNCHER=two-hosts-ip-only run_suite "$CPU_VENV" \
+      "two hosts, IP only (mpirun)" test_multirank.py test_reliability.py test_flight_recorder.py \
+      test_hang_prone.py -k "(launcher or uncaught or clean or killed or (stalled and not \
+test_reliability and not stuck) or p2p_async or (subgroup_sequence and slot) or (leaving and subgroup)) \
+and not shared_mpi_thread" "$@"
+    # MPICH's Hydra across the same hosts (its rsh launcher through the same agent; the MPICH
+    # leg below runs its suite on one host): the launcher, a killed rank and an uncaught
+    # exception ending the job, the core ops, DDP, point-to-point (receives from any source:
+    # mpi/AnySource.hpp), and the hang-prone jobs at 2 hosts x 2 ranks (not the stuck-MPI_Abort
+    # backstop: the process exits by itself, and Hydra's reaction to that is the killed rank's).
+    # UCX_TLS=self,tcp: else UCX finds both "hosts" on this one machine and moves their bytes through shared memory (a
+    # 16 MiB all_reduce put 17 KB on the veth; with it, 17 MB); ranks of one host keep MPICH's own
+    setup_mpich
+    UCX_TLS=self,tcp MPIGPU_TEST_LAUNCHER=two-hosts-names run_suite "$MPICH_VENV" \
+      "two hosts, MPICH Hydra (mpiexec)" test_multirank.py test_hang_prone.py test_reliability.py \
+      -k "(launcher or (collectives and not algorithm and not split) or node_across or ddp \
+or p2p_async or hang_prone or killed or (uncaught and collective)) and not shared and not debug_detail \
+and not stuck" "$@"
+  else
+    leg_cannot_run hosts "the two simulated hosts cannot be made here: $why"
+  fi
+fi
 if [[ " $builds " == *" mpich "* ]]; then
   # The MPI standard, not Open MPI's tolerance: MPICH rejects aliased buffers, and its Hydra
   # launcher takes other flags (tests/conftest.py picks them). The node algorithm runs in every
   # plain test here; of its shapes only the hierarchical 2 x 2 (the cross-node MPI calls). The
-  # hang-prone jobs run under MPICH across the two hosts (below). Our algorithms (point-to-point
+  # hang-prone jobs run under MPICH across the two hosts (above). Our algorithms (point-to-point
   # over MPI) each at 3 ranks, and the ring also at 2 (one peer on both sides) and 4: their
   # other rank counts change no MPI call's pattern, and the CPU leg runs them all. Not the
   # ecosystem libraries (Lightning, Accelerate: torch's API over the same collectives, run above).
@@ -203,44 +247,6 @@ if [[ " $builds " == *" slurm "* ]]; then
     "$ROOT/scripts/slurm_cluster.sh" down
   else
     leg_cannot_run slurm "no one-node Slurm cluster could be started here: $(printf %s "$why" | tail -c 600)"
-  fi
-fi
-if [[ " $builds " == *" hosts "* ]]; then
-  if why=$("$ROOT/scripts/two_hosts.sh" check 2>&1); then
-    at_exit+=('"$ROOT/scripts/two_hosts.sh" down')  # the test fixture removes them too
-    setup_cpu
-    # (test_hang_prone: 2 hosts x 2 ranks bound to cores, the launch check 15 times, p2p_groups,
-    # a killed and a stalled rank, a waiting rank's threads; IP only: the launch check; at 4
-    # ranks FSDP2's HSDP shards inside each host and replicates across, and split groups span
-    # both)
-    MPIGPU_TEST_LAUNCHER=two-hosts-names run_suite "$CPU_VENV" \
-      "two hosts, names resolve (mpirun)" test_multirank.py test_hang_prone.py \
-      -k "(launcher or ddp or fsdp or (collectives and not algorithm and not split) or hang_prone or node_across \
-or communicator or split_groups) and not (shared_mpi_thread and not [3])" "$@"
-    # IP only changes how ranks find the rendezvous (and mpirun its hosts): the launcher, exit and
-    # dead-rank tests, and the launch check 5 times; the ops themselves ran by name above (and
-    # the stalled rank's report at 2 x 2, by test_hang_prone, there too; the stuck-MPI_Abort
-    # backstop only by name: names change no part of it)
-    MPIGPU_TEST_LAUNCHER=two-hosts-ip-only run_suite "$CPU_VENV" \
-      "two hosts, IP only (mpirun)" test_multirank.py test_reliability.py test_flight_recorder.py \
-      test_hang_prone.py -k "(launcher or uncaught or clean or killed or (stalled and not \
-test_reliability and not stuck) or p2p_async or (subgroup_sequence and slot) or (leaving and subgroup)) \
-and not shared_mpi_thread" "$@"
-    # MPICH's Hydra across the same hosts (its rsh launcher through the same agent; the MPICH
-    # leg above runs its suite on one host): the launcher, a killed rank and an uncaught
-    # exception ending the job, the core ops, DDP, point-to-point (receives from any source:
-    # mpi/AnySource.hpp), and the hang-prone jobs at 2 hosts x 2 ranks (not the stuck-MPI_Abort
-    # backstop: the process exits by itself, and Hydra's reaction to that is the killed rank's).
-    # UCX_TLS=self,tcp: else UCX finds both "hosts" on this one machine and moves their bytes through shared memory (a
-    # 16 MiB all_reduce put 17 KB on the veth; with it, 17 MB); ranks of one host keep MPICH's own
-    setup_mpich
-    UCX_TLS=self,tcp MPIGPU_TEST_LAUNCHER=two-hosts-names run_suite "$MPICH_VENV" \
-      "two hosts, MPICH Hydra (mpiexec)" test_multirank.py test_hang_prone.py test_reliability.py \
-      -k "(launcher or (collectives and not algorithm and not split) or node_across or ddp \
-or p2p_async or hang_prone or killed or (uncaught and collective)) and not shared and not debug_detail \
-and not stuck" "$@"
-  else
-    leg_cannot_run hosts "the two simulated hosts cannot be made here: $why"
   fi
 fi
 if [[ " $builds " == *" ompi41 "* ]]; then
