@@ -10,7 +10,21 @@ import pytest
 import torch
 import torch.distributed as dist
 
-from conftest import LAUNCHER, ROOT, SERIALIZED, mpirun_path, is_hydra, passed_counts, require_library, run_mpi
+import conftest
+from conftest import LAUNCHER, ROOT, SERIALIZED, mpirun_path, is_hydra, passed_counts, require_library
+
+# The two simulated hosts share this machine's 2 cores: each core carries two ranks bound to it,
+# one per "host", which a rank cannot see (its affinity says one core of its own), so under the
+# default a waiting rank spins and takes the core from the other host's rank (collectives.py at
+# 2 x 2: 20 s of sections spinning, 1.6 s yielding). These jobs test the ops across hosts, so
+# their ranks yield as ranks on cores of their own would cost nothing; test_hang_prone keeps the
+# default (#25's conditions: bound and spinning).
+SHARED_CORES_ENV = {"TORCH_MPIGPU_MPI_YIELD": "1"} if LAUNCHER.startswith("two-hosts") else {}
+
+
+def run_mpi(script, np, env=None, **kwargs):
+    return conftest.run_mpi(script, np, env={**SHARED_CORES_ENV, **(env or {})}, **kwargs)
+
 
 RANKS = [1, 2, 3, 4]
 
