@@ -30,6 +30,11 @@ LAUNCHER = os.environ.get("MPIGPU_TEST_LAUNCHER", "mpirun")
 # every single-process test starts that second sooner: minutes of a CI run. A user's own choice
 # of BTLs stands. (MPICH ignores OMPI_ variables.)
 os.environ.setdefault("OMPI_MCA_btl", "^ofi")
+# torch's store server looks up every client's address by name (getnameinfo, for its log, in its
+# one daemon thread); on this VM's resolver every 26th such lookup of a process waits out the 5 s
+# DNS timeout, then the retry answers: in PyTorch's suite (a store per test) 5 s every 13th test,
+# most of its 64 s at 2 ranks (20 s with this). A 1 s first try here; a user's own choice stands.
+os.environ.setdefault("RES_OPTIONS", "timeout:1 attempts:2")
 # tests/mp/common.py then has mpi4py initialise MPI at MPI_THREAD_SERIALIZED: every group of a
 # process shares one engine thread, the path of MPIs without MPI_THREAD_MULTIPLE
 SERIALIZED = {"MPIGPU_TEST_THREAD_LEVEL": "serialized"}
