@@ -157,9 +157,9 @@ fi
 # 2 cores, the two-host leg by name 0.86 (ranks wait on the link and on timeouts) and the MPICH
 # leg 1.57; alone, the MPICH, CUDA and Open MPI 4.1 setups took 115, 172 and 105 s (CUDA's 4.1
 # minutes of CPU, Open MPI 4.1's 2.6). So the two-host legs come right after the CPU leg and the
-# MPICH and Slurm legs after them: the setups fit in the idle time of the first three. Before, all three setups ran beside the CPU and
-# MPICH legs (13-14 and 9.5 minutes in CI against 12:16 and 6:21 alone). ompi41's setup last in
-# the queue: its leg comes late.
+# MPICH and Slurm legs after them: the setups fit in the idle time of the first three. Before,
+# all three ran beside the CPU and MPICH legs (13-14 and 9.5 minutes in CI against 12:16 and 6:21
+# alone). ompi41's setup last in the queue: its leg comes late.
 if [[ " $builds " == *" ompi41 "* ]]; then
   if command -v apt-get >/dev/null; then
     later_setups="$later_setups ompi41"
