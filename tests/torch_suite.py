@@ -6,9 +6,9 @@
 torch runs this suite with its own test harness, which forks one process per rank; MPI ranks
 come from the launcher instead. So every rank of one mpirun job runs the same tests in the
 same order: per test, a fresh default group (as torch's harness does), torch's file barrier,
-the test method, the barrier, destroy. A test that hangs past --timeout ends its job (the rank
-prints its stack and exits); the driver records it as TIMEOUT and starts a new job at the next
-test. A test passes when it passes on every rank. The last line is the summary.
+the test method, every rank meeting through the test's store, destroy. A test that hangs past
+--timeout ends its job (the rank prints its stack and exits); the driver records it as TIMEOUT
+and starts a new job at the next test. A test passes when it passes on every rank. The last line is the summary.
 
 Adaptations, and why each is honest:
 - BACKEND=mpigpu. The suite's decorators read the backend name. DistTestCases.backend_feature
@@ -178,8 +178,8 @@ def rank_side(args):
 def every_rank_done(name, rank, world, timeout):
     """Waits until every rank has finished the test, before its group goes: through the group's
     store, which wakes the waiter at the last arrival, where torch's file barrier polls every
-    0.1 s (at 2 ranks, 285 tests: most of the suite's minute, the CPU idle). A test that broke the
-    group leaves its store alone, so this still ends (or times out, reported as the test's error)."""
+    0.1 s (up to 0.1 s a test, 285 tests). A test that broke the group leaves its store alone, so
+    this still ends (or times out, reported as the test's error)."""
     from datetime import timedelta
     import torch.distributed as dist
     store = dist.distributed_c10d._get_default_store()
