@@ -88,16 +88,15 @@ def test_pmix_prterun_starts_ranks_and_a_dead_rank_ends_the_job():
     # ranks and the rendezvous from PMIx alone, one collective per rank, and a killed rank
     # ending the job. The MPICH leg deselects it (no prterun there).
     import subprocess
-    import sys
     import time
-    from conftest import MP_DIR, launch_env
+    from conftest import MP_DIR, launch_env, rank_command
     prterun = Path(mpirun_path()).with_name("prterun")
     assert prterun.exists(), f"no prterun beside {mpirun_path()} (Open MPI 5 has it)"
     env = launch_env({"PRTE_ALLOW_RUN_AS_ROOT": "1", "PRTE_ALLOW_RUN_AS_ROOT_CONFIRM": "1"})
 
     def prterun_job(script, *args):
         # (3 ranks on this 2-core VM: more than its slots)
-        cmd = [str(prterun), "--map-by", ":OVERSUBSCRIBE", "-np", "3", sys.executable, str(MP_DIR / script), *args]
+        cmd = [str(prterun), "--map-by", ":OVERSUBSCRIBE", "-np", "3", *rank_command(script, *args)]
         start = time.monotonic()
         proc = subprocess.run(cmd, env=env, cwd=MP_DIR, capture_output=True, text=True, timeout=120)
         return proc.returncode, proc.stdout + proc.stderr, time.monotonic() - start

@@ -4,19 +4,18 @@ with TORCH_MPIGPU_TIMEOUT_ACTION=report). Launched directly (these jobs are mean
 import re
 from pathlib import Path
 import subprocess
-import sys
 import time
 
 import pytest
 
-from conftest import LAUNCHER, MP_DIR, SERIALIZED, launch_command, launch_env, run_mpi
+from conftest import LAUNCHER, MP_DIR, SERIALIZED, launch_command, launch_env, rank_command, run_mpi
 from conftest import passed_counts
 
 
 def launch(mode, np, env, script="stall.py", timeout=120, args=()):
     full_env = launch_env(env)
     cmd = launch_command(np, dict(env))
-    cmd += [sys.executable, str(MP_DIR / script), mode, *args]
+    cmd += rank_command(script, mode, *args)
     start = time.monotonic()
     try:
         proc = subprocess.run(cmd, env=full_env, cwd=MP_DIR, capture_output=True, text=True,
