@@ -357,9 +357,11 @@ def run(main):
 def quick_exit_allowed():
     """Ranks other than 0 of a launch by Open MPI's mpirun (every test leg but MPICH's and
     srun's), unless MPIGPU_TEST_FULL_EXIT=1. Under MPICH's Hydra an os._exit after MPI_Finalize
-    got the rank still exiting killed (3 launches of 10); C's exit() instead ran libtorch_python's
-    thread-local destructors in a live interpreter (FSDP runs aborted): those launchers keep the
-    whole exit."""
+    got the rank still exiting killed (3 launches of 10): MPICH 5 sends Hydra its PMI "finalize"
+    only from its C exit handlers, which os._exit skips, so Hydra takes the exit for a crash and
+    kills the ranks still running (seen with strace, 2026-12-02; docs/troubleshooting.md). C's
+    exit() instead ran libtorch_python's thread-local destructors in a live interpreter (FSDP
+    runs aborted): those launchers keep the whole exit."""
     rank = os.environ.get("OMPI_COMM_WORLD_RANK", "")
     return (rank.isdigit() and rank != "0" and "SLURM_JOB_ID" not in os.environ
             and os.environ.get("MPIGPU_TEST_FULL_EXIT") != "1")
