@@ -101,7 +101,6 @@ std::pair<c10::intrusive_ptr<WorkMPIGPU>, bool> ProcessGroupMPIGPU::newWork(
     c10d::OpType type, const char* op, uint64_t seq, std::vector<at::Tensor> outputs,
     std::vector<at::Tensor> inputs, milliseconds timeout, const std::shared_ptr<OpBuffers>& bufs,
     bool asyncOp, int peer) {
-  bufs->issued();
   const bool p2p = c10d::isP2POp(type);
   const char* title = profilingTitle(type);
   recordParamComms({&groupName_, &getGroupDesc(), rank_, size_, &globalRanks_, op, seq, p2p,
@@ -138,6 +137,7 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupMPIGPU::enqueue(c10d::OpType type, co
                                                            std::shared_ptr<OpBuffers> bufs,
                                                            Body body, int root) {
   const auto engine = currentEngine(op);
+  bufs->issued(op, rank_);  // before the op takes a number: it may refuse
   // What every rank must agree on (compared before the op with TORCH_MPIGPU_DESYNC_CHECK=1).
   const Fingerprint fp =
       config_.desyncCheck ? fingerprintOf(type, inputs, outputs, root) : Fingerprint{};
@@ -183,17 +183,32 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupMPIGPU::enqueue(c10d::OpType type, co
 
 void ProcessGroupMPIGPU::startCoalescing() {
   std::lock_guard<std::mutex> lock(coalesceMutex_);
-  MPIGPU_CHECK_VALUE(!coalescing_, "start_coalescing", rank_,
-                     "coalescing already started; end the previous block first");
+  if (coalescing_) {
+    LOG(WARNING) << logPrefix() << "start_coalescing: the previous coalescing block was never "
+                 << "ended (torch ends one only when its body returns; something in it raised), "
+                 << "so its " << coalesced_.size() << " op(s) ran without a combined Work; "
+                 << "starting a new block";
+  }
   coalescing_ = true;
   coalesced_.clear();
+}
+
+void ProcessGroupMPIGPU::closeBlockAfterError(const char* op) noexcept {
+  std::lock_guard<std::mutex> lock(coalesceMutex_);
+  if (!coalescing_) return;
+  coalescing_ = false;
+  // (they run as issued; only their combined Work goes)
+  coalesced_.clear();
+  LOG(INFO) << logPrefix() << op << " raised inside a coalescing block: the block is closed";
 }
 
 c10::intrusive_ptr<c10d::Work> ProcessGroupMPIGPU::endCoalescing() {
   std::vector<c10::intrusive_ptr<WorkMPIGPU>> parts;
   {
     std::lock_guard<std::mutex> lock(coalesceMutex_);
-    MPIGPU_CHECK_VALUE(coalescing_, "end_coalescing", rank_, "coalescing was not started");
+    MPIGPU_CHECK_VALUE(coalescing_, "end_coalescing", rank_,
+                       "coalescing was not started, or an op in the block raised and closed it "
+                       "(that op's error says why)");
     coalescing_ = false;
     parts.swap(coalesced_);
   }
@@ -244,6 +259,7 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupMPIGPU::allreduce(std::vector<at::Ten
 
 c10::intrusive_ptr<c10d::Work> ProcessGroupMPIGPU::allreduce_coalesced(
     std::vector<at::Tensor>& tensors, const c10d::AllreduceCoalescedOptions& opts) {
+  const BlockCloser closer(*this, "allreduce_coalesced");
   return allreduce(tensors, opts);
 }
 
@@ -332,6 +348,7 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupMPIGPU::reduce_scatter_tensor_coalesc
     std::vector<at::Tensor>& outputs, std::vector<at::Tensor>& inputs,
     const c10d::ReduceScatterOptions& opts) {
   const char* op = "reduce_scatter_tensor";
+  const BlockCloser closer(*this, op);
   MPIGPU_CHECK_VALUE(outputs.size() == inputs.size() && !outputs.empty(), op, rank_,
                      "needs as many outputs as inputs (and at least one), got ", outputs.size(),
                      " and ", inputs.size());
@@ -435,6 +452,7 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupMPIGPU::allgather_into_tensor_coalesc
     std::vector<at::Tensor>& outputs, std::vector<at::Tensor>& inputs,
     const c10d::AllgatherOptions& opts) {
   const char* op = "all_gather_into_tensor";
+  const BlockCloser closer(*this, op);
   MPIGPU_CHECK_VALUE(outputs.size() == inputs.size() && !outputs.empty(), op, rank_,
                      "needs as many outputs as inputs (and at least one), got ", outputs.size(),
                      " and ", inputs.size());
@@ -691,6 +709,7 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupMPIGPU::enqueueP2P(c10d::OpType type,
   auto bufs = buffersFor(tensor);
   // Not elementwise: the request outlives the task, so its buffer is staged whole.
   bufs->add(tensor, sending ? Access::Read : Access::Write);
+  bufs->issued(op, rank_);
   const auto work = newWork(type, op, ++p2pSeq_, {tensor}, {tensor}, timeout(), bufs,
                             /*asyncOp=*/true, peer)
                         .first;
@@ -743,18 +762,21 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupMPIGPU::enqueueP2P(c10d::OpType type,
 
 c10::intrusive_ptr<c10d::Work> ProcessGroupMPIGPU::send(std::vector<at::Tensor>& tensors,
                                                         int dstRank, int tag) {
+  const BlockCloser closer(*this, "send");
   checkSingle("send", rank_, tensors);
   return enqueueP2P(c10d::OpType::SEND, "send", tensors[0], dstRank, tag);
 }
 
 c10::intrusive_ptr<c10d::Work> ProcessGroupMPIGPU::recv(std::vector<at::Tensor>& tensors,
                                                         int srcRank, int tag) {
+  const BlockCloser closer(*this, "recv");
   checkSingle("recv", rank_, tensors);
   return enqueueP2P(c10d::OpType::RECV, "recv", tensors[0], srcRank, tag);
 }
 
 c10::intrusive_ptr<c10d::Work> ProcessGroupMPIGPU::recvAnysource(std::vector<at::Tensor>& tensors,
                                                                  int tag) {
+  const BlockCloser closer(*this, "recv");
   checkSingle("recv", rank_, tensors);
   return enqueueP2P(c10d::OpType::RECVANYSOURCE, "recv", tensors[0], MPI_ANY_SOURCE, tag);
 }

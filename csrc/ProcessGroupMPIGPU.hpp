@@ -6,6 +6,7 @@
 #include <torch/csrc/distributed/c10d/Store.hpp>
 
 #include <atomic>
+#include <exception>
 #include <memory>
 #include <mutex>
 #include <optional>
@@ -229,9 +230,29 @@ class ProcessGroupMPIGPU : public c10d::Backend {
   };
   LastSplit lastSplit_;
 
+  // torch's _coalescing_manager ends a block (endCoalescing) only when its body returns: an op
+  // that raises inside (batch_isend_irecv with a bad peer or tag) leaves it open, and every later
+  // op would be recorded into it. So the ops torch issues in a block or at its end close it when
+  // they raise (BlockCloser), and startCoalescing replaces a block still open, as NCCL does.
   std::mutex coalesceMutex_;
   bool coalescing_ = false;
   std::vector<c10::intrusive_ptr<WorkMPIGPU>> coalesced_;
+  class BlockCloser {
+   public:
+    BlockCloser(ProcessGroupMPIGPU& pg, const char* op)
+        : pg_(pg), op_(op), raising_(std::uncaught_exceptions()) {}
+    ~BlockCloser() {
+      if (std::uncaught_exceptions() > raising_) pg_.closeBlockAfterError(op_);
+    }
+    BlockCloser(const BlockCloser&) = delete;
+    BlockCloser& operator=(const BlockCloser&) = delete;
+
+   private:
+    ProcessGroupMPIGPU& pg_;
+    const char* op_;
+    const int raising_;
+  };
+  void closeBlockAfterError(const char* op) noexcept;
 };
 
 }  // namespace mpigpu

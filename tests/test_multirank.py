@@ -49,7 +49,8 @@ FSDP = {"device mesh on mpigpu", "FSDP2 fp32 matches one process", "FSDP2 mpigpu
 
 ERRORS = {"reduce op x dtype refused", "sizes, roots and lists refused", "tensor kinds refused",
           "point-to-point peers and tags refused", "the backend's own checks",
-          "use after destroy refused", "the group works after the errors"}
+          "use after destroy refused", "a coalescing block that raised does not hold the group",
+          "the group works after the errors"}
 
 
 def p2p_groups_behaviours(np):

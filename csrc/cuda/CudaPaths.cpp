@@ -7,6 +7,7 @@
 // All copies run on the group's comm stream per device, ordered after the caller's stream.
 #include <c10/core/Event.h>
 #include <c10/cuda/CUDACachingAllocator.h>
+#include <c10/cuda/CUDAException.h>
 #include <c10/cuda/CUDAFunctions.h>
 #include <c10/cuda/CUDAStream.h>
 #include <c10/util/Logging.h>
@@ -19,6 +20,7 @@
 
 #include "cuda/IpcSlots.hpp"
 #include "cuda/CudaReducer.hpp"
+#include "Errors.hpp"
 #include "mpi/Check.hpp"
 #include "mpi/Collectives.hpp"
 #include "mpi/DirectProbe.hpp"
@@ -83,6 +85,33 @@ class StagedLink final : public algo::Link {
   }
 };
 
+// A CUDA graph cannot hold an op that MPI drives from the host: captured, it would run once, at
+// capture, and never at replay; and the comm stream's synchronize would invalidate the capture
+// and leave that stream joined to it. So the op is refused before anything is queued.
+void refuseInsideCapture(const at::Device& device, const char* op, int rank) {
+  const cudaStream_t stream = c10::cuda::getCurrentCUDAStream(device.index()).stream();
+  cudaStreamCaptureStatus status = cudaStreamCaptureStatusNone;
+  const cudaError_t err = cudaStreamIsCapturing(stream, &status);
+  if (err == cudaSuccess && status == cudaStreamCaptureStatusNone) return;
+  if (err != cudaSuccess && err != cudaErrorStreamCaptureImplicit) C10_CUDA_CHECK(err);
+  (void)cudaGetLastError();  // the query's error is not sticky: leave none behind
+  const char* where =
+      err == cudaErrorStreamCaptureImplicit
+          ? "the current CUDA stream is the legacy default stream, which a capture on another "
+            "stream of device "
+          : "the current CUDA stream is being captured into a CUDA graph (device ";
+  C10_THROW_ERROR(
+      Error,
+      opMessage(
+          op, rank, "cannot run while ", where, static_cast<int>(device.index()),
+          err == cudaErrorStreamCaptureImplicit ? " blocks" : ")",
+          status == cudaStreamCaptureStatusInvalidated ? ", a capture already invalidated" : "",
+          ". mpigpu's ops are driven by MPI from the host, so a graph cannot replay them: "
+          "issue collectives and sends/receives outside the captured region (capture the "
+          "compute only and run the op between replays; torch.compile without "
+          "mode=\"reduce-overhead\")"));
+}
+
 class CudaOpBuffers final : public paths::OpBuffers {
  public:
   // `directFromBytes`: our algorithms' messages of ops from this size go as device pointers,
@@ -93,7 +122,8 @@ class CudaOpBuffers final : public paths::OpBuffers {
         comm_(comm),
         directFromBytes_(directFromBytes) {}
 
-  void issued() override {
+  void issued(const char* op, int rank) override {
+    refuseInsideCapture(device_, op, rank);
     // MPI must see everything the caller queued on its current stream up to this point.
     ready_.record(c10::cuda::getCurrentCUDAStream(device_.index()).unwrap());
   }

@@ -9,7 +9,7 @@
 // An op adds its tensors as slots (a slot is one flat buffer MPI sees; a list of tensors becomes
 // one slot packed back to back), then runs on the engine thread:
 //
-//   caller thread:  bufs->add(...); bufs->issued();
+//   caller thread:  bufs->add(...); bufs->issued(op, rank);
 //   engine thread:  auto guard = bufs->enter(); bufs->stageIn(); <MPI on bufs->mpi(i)>;
 //                   bufs->stageOut();
 //
@@ -59,8 +59,8 @@ class OpBuffers {
     return add(std::vector<at::Tensor>{user}, access, elementwise);
   }
   // Called once, after the last add(): the op is ordered after what the caller's current stream
-  // has queued so far.
-  virtual void issued() {}
+  // has queued so far. Throws (naming `op` and `rank`) where the op cannot be issued from here.
+  virtual void issued(const char* /*op*/, int /*rank*/) {}
 
   // ---- engine thread ----
   // Makes the op's device and comm stream current until the guard goes.

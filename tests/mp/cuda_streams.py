@@ -1,9 +1,10 @@
 """CUDA stream ordering (run only on a GPU): a collective issued while the producer kernel is
 still running must see the producer's result; consumers on other streams that wait on the Work or
-its future must see the op's result. Every check here fails if the ordering is missing: the
-producer sleeps on the GPU for tens of milliseconds before writing, so an unordered read sees
-the old zeros. MPIGPU_EXPECT_PATH names the path the run must take (so a test of the staged
-path cannot silently run the direct one)."""
+its future must see the op's result. Every ordering check here fails if the ordering is missing:
+the producer sleeps on the GPU for tens of milliseconds before writing, so an unordered read sees
+the old zeros. Last, an op issued while the stream is captured into a CUDA graph is refused (a
+graph cannot replay MPI), the capture left intact. MPIGPU_EXPECT_PATH names the path the run must
+take (so a test of the staged path cannot silently run the direct one)."""
 
 import contextlib
 
@@ -130,6 +131,34 @@ def main():
     exp = torch.stack([torch.full((N // 16,), float(sum(r + i for r in range(world))))
                        for i in range(8)])
     c.close("8 async all_reduces in flight", seen, exp)
+
+    # 5. Inside a CUDA graph capture: refused before anything is queued (MPI runs from the host,
+    # so a graph could never replay the op); the capture stays intact and the group works after.
+    c.section("an op inside a CUDA graph capture is refused")
+    x = torch.full((N // 16,), rank + 1.0, device=dev)
+    torch.cuda.synchronize()
+    graph = torch.cuda.CUDAGraph()
+
+    def all_reduce_while_capturing():
+        with torch.cuda.graph(graph):
+            x.mul_(2)
+            dist.all_reduce(x)
+
+    def isend_while_capturing():
+        with torch.cuda.graph(torch.cuda.CUDAGraph()):
+            x.add_(0)
+            dist.isend(x, (rank + 1) % world)
+
+    for case, fn, name in (("all_reduce", all_reduce_while_capturing, "allreduce"),
+                           ("isend", isend_while_capturing, "send")):
+        c.raises(f"{case} while capturing", RuntimeError, fn,
+                 must_contain=(f"mpigpu {name} [rank {rank}]", "captured into a CUDA graph",
+                               "outside the captured region"))
+    graph.replay()  # the captured compute alone: x doubled
+    dist.all_reduce(x)
+    torch.cuda.synchronize()
+    c.close("the capture replays its compute and the group works after", x,
+            torch.full((N // 16,), 2 * total))
 
     return c.finish()
 

@@ -103,6 +103,42 @@ def main():
     c.raises("use after destroy_process_group", ValueError, lambda: gb.allreduce([f.clone()]),
              ("allreduce", who, "destroyed"))
 
+    c.section("a coalescing block that raised does not hold the group")
+    # torch ends a coalescing block only when its body returns: an op that raises in it, or the
+    # caller's own error, leaves our side of the block open (every later batch_isend_irecv
+    # failed with "coalescing already started" before)
+    manager = dist.distributed_c10d._coalescing_manager
+    cpu = torch.device("cpu")
+
+    def body_raises():
+        with manager(pg, cpu, async_ops=True):
+            raise KeyError("the caller's own error")
+
+    def coalesced_sum(value):
+        t = torch.full((4,), value)
+        with manager(pg, cpu, async_ops=True) as cm:
+            dist.all_reduce(t)
+        cm.wait()
+        return t
+
+    c.raises("a block whose body raised", KeyError, body_raises)
+    c.close("a block after it", coalesced_sum(float(rank)),
+            torch.full((4,), float(sum(range(world)))))
+    if world > 1:
+        after, before = (rank + 1) % world, (rank - 1) % world
+
+        def ring_batch(tag):
+            got = torch.zeros(4)
+            for w in dist.batch_isend_irecv([dist.P2POp(dist.isend, torch.full((4,), rank + 1.0), after, tag=tag),
+                                             dist.P2POp(dist.irecv, got, before, tag=tag)]):
+                w.wait()
+            return got
+
+        c.raises("batch_isend_irecv with a negative tag", ValueError, lambda: ring_batch(-3),
+                 ("send", who, "tag -3"))
+        c.close("a batch after it", ring_batch(5), torch.full((4,), before + 1.0))
+        c.close("a block after that", coalesced_sum(1.0), torch.full((4,), float(world)))
+
     c.section("the group works after the errors")
     t = torch.full((3,), float(rank))
     dist.all_reduce(t)
