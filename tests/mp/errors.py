@@ -129,8 +129,9 @@ def main():
 
         def ring_batch(tag):
             got = torch.zeros(4)
-            for w in dist.batch_isend_irecv([dist.P2POp(dist.isend, torch.full((4,), rank + 1.0), after, tag=tag),
-                                             dist.P2POp(dist.irecv, got, before, tag=tag)]):
+            ops = [dist.P2POp(dist.isend, torch.full((4,), rank + 1.0), after, tag=tag),
+                   dist.P2POp(dist.irecv, got, before, tag=tag)]
+            for w in dist.batch_isend_irecv(ops):
                 w.wait()
             return got
 
