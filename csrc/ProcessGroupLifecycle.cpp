@@ -97,22 +97,17 @@ ProcessGroupMPIGPU::ProcessGroupMPIGPU(c10::intrusive_ptr<c10d::Store> store, in
   engine_ = Engine::create("mpigpu-" + groupName_);
   const int hasGpu = at::hasCUDA() ? 1 : 0;
   engine_->runAndWait("new_group", groupName_, rank, [this, hasGpu, made] {
-    comm_.handle = made != MPI_COMM_NULL
-                       ? made
-                       : mpi::createGroupComm(globalRanks_, tagFor(groupName_), rank_);
-    int commRank = -1;
-    MPI_Comm_rank(comm_.handle, &commRank);
-    if (commRank != rank_) {
-      MPIGPU_THROW_BACKEND("new_group", rank_, "MPI placed this process at rank ", commRank,
-                           " of the new communicator, torch at ", rank_);
+    try {
+      makeComms(hasGpu, made);
+    } catch (...) {
+      // No destructor runs for a group that failed to be made: free what it made (a cap on
+      // communicators is the likely failure, and the caller may retry after destroying others).
+      if (node_) node_->free();
+      node_.reset();
+      mpi::freeComm(&algoComm_.handle);
+      mpi::freeComm(&comm_.handle);
+      throw;
     }
-    MPIGPU_MPI_CHECK(MPI_Comm_dup(comm_.handle, &algoComm_.handle), "new_group", rank_);
-    int anyGpu = 0;
-    MPIGPU_MPI_CHECK(MPI_Allreduce(&hasGpu, &anyGpu, 1, MPI_INT, MPI_MAX, comm_.handle),
-                     "new_group", rank_);
-    groupHasGpu_ = anyGpu != 0;
-    paths_->confirm(algoComm_, groupHasGpu_, "new_group");
-    if (size_ > 1) readNodes(hasGpu);
   });
   if (config_.debug) {
     // c10 logging: INFO lines show with TORCH_CPP_LOG_LEVEL=INFO, as torch's own backends' do
@@ -191,6 +186,25 @@ c10::intrusive_ptr<c10d::Backend::Options> ProcessGroupMPIGPU::getBackendOptions
 
 // On the group's engine thread at creation, collective over the group: which ranks share a node,
 // and the node algorithm's state where shared memory is on.
+void ProcessGroupMPIGPU::makeComms(int hasGpu, MPI_Comm made) {
+  comm_.handle =
+      made != MPI_COMM_NULL ? made : mpi::createGroupComm(globalRanks_, tagFor(groupName_), rank_);
+  int commRank = -1;
+  MPI_Comm_rank(comm_.handle, &commRank);
+  if (commRank != rank_) {
+    MPIGPU_THROW_BACKEND("new_group", rank_, "MPI placed this process at rank ", commRank,
+                         " of the new communicator, torch at ", rank_);
+  }
+  MPIGPU_MPI_CHECK(MPI_Comm_dup(comm_.handle, &algoComm_.handle), "new_group", rank_);
+  mpi::noteMade(algoComm_.handle);
+  int anyGpu = 0;
+  MPIGPU_MPI_CHECK(MPI_Allreduce(&hasGpu, &anyGpu, 1, MPI_INT, MPI_MAX, comm_.handle), "new_group",
+                   rank_);
+  groupHasGpu_ = anyGpu != 0;
+  paths_->confirm(algoComm_, groupHasGpu_, "new_group");
+  if (size_ > 1) readNodes(hasGpu);
+}
+
 void ProcessGroupMPIGPU::readNodes(int hasGpu) {
   if (config_.nodeBufferBytes == 0) {
     node::Topology t = node::Topology::build(algoComm_, config_.pretendNodes, "new_group");

@@ -163,8 +163,10 @@ class ProcessGroupMPIGPU : public c10d::Backend {
                      const std::vector<int64_t>& recvCounts) const;
   c10::intrusive_ptr<c10d::Work> enqueueP2P(c10d::OpType type, const char* op, at::Tensor tensor,
                                             int peer, int tag);
-  // Our algorithms (algorithms/): the choice for an op, and one run of it on the engine.
+  // at creation, on the engine: the communicators, the agreed GPU presence, the node topology
+  void makeComms(int hasGpu, MPI_Comm made);
   void readNodes(int hasGpu);  // at creation: node_, spansNodes_
+  // Our algorithms (algorithms/): the choice for an op, and one run of it on the engine.
   algo::Facts factsOf(algo::OpKind kind, const std::vector<at::Tensor>& tensors) const;
   // Null: MPI's own collectives.
   const algo::Algorithm* chooseAlgo(algo::OpKind kind,

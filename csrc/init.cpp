@@ -374,6 +374,8 @@ void bindAlgorithms(py::module_& m) {
         "alone.");
   m.def("mpi_call_count", &mpigpu::mpi::callCount,
         "MPI communication calls made by this process so far (tests use it to prove fusion).");
+  m.def("mpi_comms_held", &mpigpu::mpi::commsHeld,
+        "MPI communicators mpigpu has made and not freed (an MPI caps them; MPICH: 2048).");
   m.def(
       "reduction_rule",
       [] {

@@ -434,6 +434,26 @@ def test_groups_over_a_programs_communicator(np, level):
     assert passed_counts(run_mpi("comm_groups.py", np, env=env), np, COMM_GROUPS) == 20
 
 
+COMM_CAP = {"a group holds only the communicators it needs"}
+
+
+@pytest.mark.parametrize("np, pretend_nodes, per_group, make", [
+    (3, 1, 2, 1100),  # one node: the group's own and its algorithms'; then past MPICH's cap
+    (4, 2, 4, 0),     # 2 nodes x 2: also the node's and the cross-node one
+    (4, 4, 2, 0),     # a rank per node: neither (the group is the cross-node communicator)
+], ids=["1x3-past-the-cap", "2x2", "4x1"])
+def test_groups_hold_few_communicators_and_a_refused_one_says_why(np, pretend_nodes, per_group,
+                                                                  make):
+    # MPICH and the MPIs built on it let a process hold 2048 communicators; a group used to hold 3
+    # on one node (MPICH refused the 681st group, saying "the job should be restarted")
+    env = {"TORCH_MPIGPU_PRETEND_NODES": str(pretend_nodes),
+           "MPIGPU_EXPECT_COMMS_PER_GROUP": str(per_group), "MPIGPU_MAKE_GROUPS": str(make)}
+    want = COMM_CAP | ({"more groups than MPI allows"} if make else set())
+    out = run_mpi("comm_cap.py", np, env=env)
+    assert passed_counts(out, np, want) >= 2
+    print("\n".join(line for line in out.splitlines() if "groups made" in line))
+
+
 def test_ensembles_example_trains_each_member_like_one_process():
     # examples/ensembles.py: 2 members x 2 ranks, each its own default group and DDP model,
     # each equal to its own single-process reference; the members' models differ

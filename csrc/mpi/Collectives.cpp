@@ -19,6 +19,7 @@ namespace mpigpu::mpi {
 namespace {
 
 std::atomic<uint64_t> g_calls{0};
+std::atomic<int> g_commsHeld{0};
 
 char* bytes(const at::Tensor& t) { return static_cast<char*>(t.data_ptr()); }
 
@@ -64,10 +65,13 @@ MPI_Comm createGroupComm(const std::vector<int>& jobRanks, int tag, int rankForE
   MPIGPU_MPI_CHECK(
       MPI_Group_incl(world, static_cast<int>(jobRanks.size()), jobRanks.data(), &group), op,
       rankForErrors);
-  int rc = MPI_Comm_create_group(job, group, tag, &comm);
+  const int rc = MPI_Comm_create_group(job, group, tag, &comm);
   MPI_Group_free(&group);
   MPI_Group_free(&world);
-  MPIGPU_MPI_CHECK(rc, op, rankForErrors);
+  if (rc != MPI_SUCCESS)
+    throwMpiError(rc, "MPI_Comm_create_group(job, group, tag, &comm)", op, rankForErrors, __FILE__,
+                  __LINE__);
+  noteMade(comm);
   // Errors come back as codes (and then exceptions) instead of aborting the job.
   MPIGPU_MPI_CHECK(MPI_Comm_set_errhandler(comm, MPI_ERRORS_RETURN), op, rankForErrors);
   return comm;
@@ -83,6 +87,7 @@ MPI_Comm splitComm(const Comm& parent, const std::vector<int>& ranks, std::vecto
       MPI_Comm_split(parent.handle, color, static_cast<int>(mine - ranks.begin()), &child), op,
       parent.rank);
   if (child == MPI_COMM_NULL) return child;
+  noteMade(child);
   int n = 0;
   MPIGPU_MPI_CHECK(MPI_Comm_size(child, &n), op, parent.rank);
   made->resize(n);
@@ -95,12 +100,19 @@ MPI_Comm splitComm(const Comm& parent, const std::vector<int>& ranks, std::vecto
   return child;
 }
 
+void noteMade(MPI_Comm comm) {
+  if (comm != MPI_COMM_NULL) g_commsHeld.fetch_add(1, std::memory_order_relaxed);
+}
+
+int commsHeld() { return g_commsHeld.load(std::memory_order_relaxed); }
+
 void freeComm(MPI_Comm* comm) {
   if (*comm != MPI_COMM_NULL) {
     int finalized = 0;
     MPI_Finalized(&finalized);
     if (!finalized) MPI_Comm_free(comm);
     *comm = MPI_COMM_NULL;
+    g_commsHeld.fetch_sub(1, std::memory_order_relaxed);
   }
 }
 

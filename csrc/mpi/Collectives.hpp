@@ -33,6 +33,11 @@ MPI_Comm createGroupComm(const std::vector<int>& jobRanks, int tag, int rankForE
 // ranks MPI grouped it with in *made (a member's *made is those ranks either way).
 MPI_Comm splitComm(const Comm& parent, const std::vector<int>& ranks, std::vector<int>* made,
                    const char* op);
+// Communicators made by mpigpu and not yet freed (every one it makes is noted here and freed
+// through freeComm): an MPI caps how many a process may hold (MPICH and the MPIs built on it:
+// 2048), and the error for running out says how many are ours.
+void noteMade(MPI_Comm comm);
+int commsHeld();
 void freeComm(MPI_Comm* comm);
 
 // Number of MPI communication calls made by this process (tests count them to prove fusion).

@@ -9,10 +9,12 @@
 #include <cstdlib>
 #include <cstring>
 #include <optional>
+#include <string_view>
 #include <thread>
 
 #include "Errors.hpp"
 #include "mpi/Check.hpp"
+#include "mpi/Collectives.hpp"
 #include "mpi/Types.hpp"
 
 #if __has_include(<mpi-ext.h>)
@@ -56,6 +58,19 @@ void throwMpiError(int code, const char* call, const char* op, int rank, const c
   int len = 0;
   if (MPI_Error_string(code, text, &len) != MPI_SUCCESS) {
     std::snprintf(text, sizeof(text), "MPI error code %d", code);
+  }
+  const std::string_view called(call);
+  if (called.rfind("MPI_Comm_split", 0) == 0 || called.rfind("MPI_Comm_dup", 0) == 0 ||
+      called.rfind("MPI_Comm_create", 0) == 0) {
+    // Making a communicator fails above all where the process holds as many as its MPI allows.
+    MPIGPU_THROW_BACKEND(
+        op, rank, call, " failed: ", text, " (", file, ":", line,
+        "). If MPI ran out of communicators: an MPI caps how many a process may hold (MPICH and "
+        "the MPIs built on it: 2048, the program's own included), this process holds ",
+        commsHeld(),
+        " made by mpigpu, and each group holds 2 (3 or 4 where it spans nodes); destroy the "
+        "groups you no longer need (dist.destroy_process_group(group)) or make fewer. Other "
+        "ranks may be stuck in this op; check their logs.");
   }
   MPIGPU_THROW_BACKEND(op, rank, call, " failed: ", text, " (", file, ":", line,
                        "). Other ranks may be stuck in this op; check their logs. "
@@ -184,6 +199,7 @@ void useJobComm(MPI_Comm comm) {
   if (comm != MPI_COMM_NULL && comm != MPI_COMM_WORLD) {
     next.emplace();
     MPIGPU_MPI_CHECK(MPI_Comm_dup(comm, &next->comm), "init_process_group", env.worldRank);
+    noteMade(next->comm);
     MPIGPU_MPI_CHECK(MPI_Comm_set_errhandler(next->comm, MPI_ERRORS_RETURN), "init_process_group",
                      env.worldRank);
     MPI_Comm_rank(next->comm, &next->rank);

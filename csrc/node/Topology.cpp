@@ -12,11 +12,23 @@ namespace mpigpu::node {
 
 Topology Topology::build(const mpi::Comm& group, int pretendNodes, const char* op) {
   Topology t;
+  try {
+    t.split(group, pretendNodes, op);
+  } catch (...) {
+    t.free();  // what was made before the failure (a cap on communicators, most likely)
+    throw;
+  }
+  return t;
+}
+
+void Topology::findNode(const mpi::Comm& group, int pretendNodes, const char* op) {
   const int rank = group.rank;
   MPI_Comm shared = MPI_COMM_NULL;
   MPIGPU_MPI_CHECK(
       MPI_Comm_split_type(group.handle, MPI_COMM_TYPE_SHARED, rank, MPI_INFO_NULL, &shared), op,
       rank);
+  mpi::noteMade(shared);
+  nodeComm.handle = shared;  // owned from here: free() releases it if a later call fails
   int lr = 0, ls = 1;
   MPI_Comm_rank(shared, &lr);
   MPI_Comm_size(shared, &ls);
@@ -26,38 +38,58 @@ Topology Topology::build(const mpi::Comm& group, int pretendNodes, const char* o
     MPI_Comm part = MPI_COMM_NULL;
     MPIGPU_MPI_CHECK(MPI_Comm_split(shared, static_cast<int>(int64_t{lr} * k / ls), lr, &part), op,
                      rank);
-    MPI_Comm_free(&shared);
-    shared = part;
+    mpi::noteMade(part);
+    mpi::freeComm(&nodeComm.handle);
+    shared = nodeComm.handle = part;
     MPI_Comm_rank(shared, &lr);
     MPI_Comm_size(shared, &ls);
   }
-  t.localRank = lr;
-  t.localSize = ls;
-  t.nodeComm = {shared, lr, ls, group.maxCount};
+  localRank = lr;
+  localSize = ls;
+  // MPI caps the communicators a process holds (MPICH: 2048 context ids), so none is kept that
+  // repeats the group's: a node holding the whole group is the group (split_type kept the group's
+  // order), and a rank alone on its node needs no node communicator of its own.
+  if (ls == group.size || ls == 1) {
+    mpi::freeComm(&nodeComm.handle);
+    shared = ls == 1 ? MPI_COMM_SELF : group.handle;
+    nodeCommOwned = false;
+  }
+  nodeComm = {shared, lr, ls, group.maxCount};
+}
+
+void Topology::split(const mpi::Comm& group, int pretendNodes, const char* op) {
+  findNode(group, pretendNodes, op);
+  const int rank = group.rank, lr = localRank, ls = localSize;
   int range[2] = {-ls, ls};  // (-fewest, most) in one call
   MPIGPU_MPI_CHECK(MPI_Allreduce(MPI_IN_PLACE, range, 2, MPI_INT, MPI_MAX, group.handle), op, rank);
-  t.fewest = -range[0];
-  t.most = range[1];
-  t.uniform = t.fewest == t.most;
-  t.nodes = t.uniform ? group.size / ls : 0;
+  fewest = -range[0];
+  most = range[1];
+  uniform = fewest == most;
+  nodes = uniform ? group.size / ls : 0;
   std::vector<int> crossMembers{rank};  // the cross communicator's group ranks, in its order
-  if (t.uniform && t.nodes > 1) {
-    MPI_Comm cross = MPI_COMM_NULL;
-    MPIGPU_MPI_CHECK(MPI_Comm_split(group.handle, lr, rank, &cross), op, rank);
-    int cr = 0;
-    MPI_Comm_rank(cross, &cr);
-    t.crossComm = {cross, cr, t.nodes, group.maxCount};
-    crossMembers.resize(t.nodes);
-    MPIGPU_MPI_CHECK(MPI_Allgather(&rank, 1, MPI_INT, crossMembers.data(), 1, MPI_INT, cross), op,
-                     rank);
+  if (uniform && nodes > 1) {
+    if (ls == 1) {  // one rank per node: the cross communicator is the group, in its order
+      crossComm = {group.handle, rank, nodes, group.maxCount};
+      crossCommOwned = false;
+    } else {
+      MPI_Comm cross = MPI_COMM_NULL;
+      MPIGPU_MPI_CHECK(MPI_Comm_split(group.handle, lr, rank, &cross), op, rank);
+      mpi::noteMade(cross);
+      int cr = 0;
+      MPI_Comm_rank(cross, &cr);
+      crossComm = {cross, cr, nodes, group.maxCount};
+    }
+    crossMembers.resize(nodes);
+    MPIGPU_MPI_CHECK(
+        MPI_Allgather(&rank, 1, MPI_INT, crossMembers.data(), 1, MPI_INT, crossComm.handle), op,
+        rank);
   }
-  if (t.uniform) {
-    t.placement.resize(static_cast<size_t>(ls) * t.nodes);
-    MPIGPU_MPI_CHECK(MPI_Allgather(crossMembers.data(), t.nodes, MPI_INT, t.placement.data(),
-                                   t.nodes, MPI_INT, shared),
+  if (uniform) {
+    placement.resize(static_cast<size_t>(ls) * nodes);
+    MPIGPU_MPI_CHECK(MPI_Allgather(crossMembers.data(), nodes, MPI_INT, placement.data(), nodes,
+                                   MPI_INT, nodeComm.handle),
                      op, rank);
   }
-  return t;
 }
 
 std::pair<int, int> Topology::placeOf(int groupRank) const {
@@ -68,8 +100,9 @@ std::pair<int, int> Topology::placeOf(int groupRank) const {
 }
 
 void Topology::free() {
-  mpi::freeComm(&crossComm.handle);
-  mpi::freeComm(&nodeComm.handle);
+  if (crossCommOwned) mpi::freeComm(&crossComm.handle);
+  if (nodeCommOwned) mpi::freeComm(&nodeComm.handle);
+  crossComm.handle = nodeComm.handle = MPI_COMM_NULL;
 }
 
 std::string Topology::describe() const {

@@ -21,6 +21,8 @@ struct Topology {
   int fewest = 1, most = 1;  // ranks per node, over all nodes
   mpi::Comm nodeComm;        // the group's ranks on this node, in group rank order
   mpi::Comm crossComm;       // uniform and nodes > 1: same local index, one rank per node
+  // false where the handle is the group's own communicator (or MPI_COMM_SELF), not freed here
+  bool nodeCommOwned = true, crossCommOwned = true;
   // Uniform groups: every group rank by its place. placement[j * nodes + i] is the group rank of
   // crossComm rank i as local index j sees it (one node: local j's group rank); this rank's
   // cross-node peers are row localRank. Cross ranks follow group rank order per local index, so
@@ -31,11 +33,15 @@ struct Topology {
   // setting) cuts each real node into that many nodes of consecutive ranks, so the
   // hierarchical algorithms run on one machine.
   static Topology build(const mpi::Comm& group, int pretendNodes, const char* op);
-  void free();
+  void free();  // the communicators made here (idempotent)
   // "1 node x 4 ranks", "2 nodes x 2 ranks", "nodes of 1 to 3 ranks (not uniform)".
   std::string describe() const;
   // Where `groupRank` sits: its local index and its rank in that index's crossComm.
   std::pair<int, int> placeOf(int groupRank) const;
+
+ private:
+  void split(const mpi::Comm& group, int pretendNodes, const char* op);
+  void findNode(const mpi::Comm& group, int pretendNodes, const char* op);  // nodeComm, local*
 };
 
 }  // namespace mpigpu::node
