@@ -442,10 +442,10 @@ COMM_CAP = {"a group holds only the communicators it needs"}
     (4, 2, 4, 0),     # 2 nodes x 2: also the node's and the cross-node one
     (4, 4, 2, 0),     # a rank per node: neither (the group is the cross-node communicator)
 ], ids=["1x3-past-the-cap", "2x2", "4x1"])
-def test_groups_hold_few_communicators_and_a_refused_one_says_why(np, pretend_nodes, per_group,
-                                                                  make):
+def test_groups_hold_few_mpi_comms_and_a_refused_one_says_why(np, pretend_nodes, per_group, make):
     # MPICH and the MPIs built on it let a process hold 2048 communicators; a group used to hold 3
-    # on one node (MPICH refused the 681st group, saying "the job should be restarted")
+    # on one node (MPICH refused the 681st group, saying "the job should be restarted"). One host,
+    # its shape set by pretend nodes (the two-host legs' placement would change the counts).
     env = {"TORCH_MPIGPU_PRETEND_NODES": str(pretend_nodes),
            "MPIGPU_EXPECT_COMMS_PER_GROUP": str(per_group), "MPIGPU_MAKE_GROUPS": str(make)}
     want = COMM_CAP | ({"more groups than MPI allows"} if make else set())
