@@ -446,7 +446,8 @@ def test_groups_hold_few_mpi_comms_and_a_refused_one_says_why(np, pretend_nodes,
     # MPICH and the MPIs built on it let a process hold 2048 communicators; a group used to hold 3
     # on one node (MPICH refused the 681st group, saying "the job should be restarted"). One host,
     # its shape set by pretend nodes (the two-host legs' placement would change the counts).
-    env = {"TORCH_MPIGPU_PRETEND_NODES": str(pretend_nodes),
+    # (4 KiB node slots: with the default 1 MiB, 1100 groups of 3 ranks reserve 6.6 GiB of /dev/shm)
+    env = {"TORCH_MPIGPU_PRETEND_NODES": str(pretend_nodes), "TORCH_MPIGPU_NODE_BUFFER_BYTES": "4096",
            "MPIGPU_EXPECT_COMMS_PER_GROUP": str(per_group), "MPIGPU_MAKE_GROUPS": str(make)}
     want = COMM_CAP | ({"more groups than MPI allows"} if make else set())
     out = run_mpi("comm_cap.py", np, env=env)
