@@ -200,6 +200,17 @@ def want_cuda():
     return available
 
 
+def torch_backend_declares(method):
+    """Whether the installed torch's c10d Backend has `method` (shrink_group came in torch 2.10;
+    pyproject accepts 2.9): read from its header, as the compiler will see it."""
+    from torch.utils.cpp_extension import include_paths
+    for directory in include_paths():
+        header = Path(directory) / "torch/csrc/distributed/c10d/Backend.hpp"
+        if header.is_file():
+            return method in header.read_text()
+    return False
+
+
 def extension():
     import torch
     from torch.utils.cpp_extension import CppExtension, CUDAExtension
@@ -220,7 +231,8 @@ def extension():
     # Open MPI 4.1 is) declares them in mpi.h for C++ code, and they need libmpi_cxx, which the C
     # wrapper does not link (an undefined MPI::Datatype::Free at import).
     macros = [("MPIGPU_WITH_CUDA", "1" if with_cuda else "0"), ("OMPI_SKIP_MPICXX", "1"),
-              ("MPICH_SKIP_MPICXX", "1")]
+              ("MPICH_SKIP_MPICXX", "1"),
+              ("MPIGPU_TORCH_HAS_SHRINK", "1" if torch_backend_declares("supportsShrinking") else "0")]
     # The C++ standard is left to torch.utils.cpp_extension: torch 2.13 wants C++17, 2.14 C++20.
     cxx = ["-O3", debug_info_flag(), "-Wall", "-Wno-unused-parameter"]
     # Embed the MPI library location so `import torch_mpi_gpu` finds the same libmpi it was built with.

@@ -84,6 +84,7 @@ ProcessGroupMPIGPU::ProcessGroupMPIGPU(c10::intrusive_ptr<c10d::Store> store, in
       store_(std::move(store)),
       groupName_(std::move(groupName)),
       globalRanks_(resolveJobRanks(rank, size, globalRanks)),
+      defaultGroup_(globalRanks.empty()),
       config_(Config::fromEnv()),
       timeoutMs_(config_.timeoutSeconds > 0 ? static_cast<int64_t>(config_.timeoutSeconds * 1000)
                                             : timeout.count()) {
@@ -176,6 +177,64 @@ c10::intrusive_ptr<c10d::Backend> ProcessGroupMPIGPU::split(
   lastSplit_ = {store, ranks, c10::weak_intrusive_ptr<c10d::Backend>(child)};
   return child;
 }
+
+#if MPIGPU_TORCH_HAS_SHRINK
+c10::intrusive_ptr<c10d::Backend> ProcessGroupMPIGPU::shrink(
+    const std::vector<int64_t>& ranksToExclude, int shrinkFlags,
+    const c10::intrusive_ptr<Options>& optsOverride) {
+  const char* op = "shrink_group";
+  constexpr int kShrinkAbort = 0x01;  // torch.distributed.SHRINK_ABORT
+  std::vector<bool> excluded(size_, false);
+  std::ostringstream without;
+  for (int64_t r : ranksToExclude) {
+    MPIGPU_CHECK_VALUE(r >= 0 && r < size_, op, rank_, "rank ", r, " is not a rank of group '",
+                       groupName_, "' (size ", size_, ")");
+    excluded[r] = true;
+    without << "-" << r;
+  }
+  MPIGPU_CHECK_VALUE(!excluded[rank_], op, rank_,
+                     "this rank is among ranks_to_exclude: only the ranks that stay call "
+                     "shrink_group");
+  std::vector<int64_t> stay;
+  int newRank = -1, size = 0;
+  for (int r = 0; r < size_; ++r) {
+    if (excluded[r]) continue;
+    if (r == rank_) newRank = size;
+    stay.push_back(globalRanks_[r]);
+    ++size;
+  }
+  const std::string name = optsOverride && !optsOverride->group_name.empty()
+                               ? optsOverride->group_name
+                               : c10::str(groupName_, ":shrunk-without", without.str());
+  const milliseconds childTimeout = optsOverride ? optsOverride->timeout : timeout();
+  // torch renumbers the ranks of a shrunk default group: its communicator becomes the job's, in
+  // which torch's global ranks (new groups' members) are looked up from then on
+  const bool isDefault = defaultGroup_;
+  auto made = std::make_shared<MPI_Comm>(MPI_COMM_NULL);
+  auto makeComm = [made, members = std::vector<int>(stay.begin(), stay.end()), tag = tagFor(name),
+                   rank = rank_, isDefault] {
+    *made = mpi::createGroupComm(members, tag, rank);
+    if (isDefault) mpi::useJobComm(*made);
+  };
+  std::shared_ptr<Engine> engine;
+  if (shrinkFlags & kShrinkAbort) {
+    abort();  // its outstanding ops fail; the communicator is made on an engine of its own
+    engine = Engine::create("mpigpu-shrink-" + groupName_);
+  } else {
+    engine = currentEngine(op);  // after the ops queued before it
+  }
+  if (!engine->runAndWait(op, groupName_, rank_, makeComm, timeout()))
+    MPIGPU_THROW_BACKEND(op, rank_, "the shrink of group '", groupName_,
+                         "' did not complete within ", timeout().count(),
+                         " ms: every rank that stays must call shrink_group with the same "
+                         "ranks_to_exclude, and an op of this group still waiting (for an "
+                         "excluded rank, say) holds it: pass shrink_flags=SHRINK_ABORT to fail "
+                         "such ops first");
+  if (isDefault) stay.clear();  // (the default group's members: the whole job communicator)
+  return c10::make_intrusive<ProcessGroupMPIGPU>(store_, newRank, static_cast<int>(size),
+                                                 std::move(stay), childTimeout, name, *made);
+}
+#endif
 
 c10::intrusive_ptr<c10d::Backend::Options> ProcessGroupMPIGPU::getBackendOptions() {
   auto opts = c10::make_intrusive<CopyableOptions>(getBackendName(), timeout());

@@ -45,6 +45,18 @@ class ProcessGroupMPIGPU : public c10d::Backend {
   c10::intrusive_ptr<c10d::Backend> split(const c10::intrusive_ptr<c10d::Store>& store,
                                           const std::vector<int>& ranks,
                                           const c10::intrusive_ptr<Options>& opts) override;
+#if MPIGPU_TORCH_HAS_SHRINK
+  // Shrinking (torch's shrink_group, torch >= 2.10): collective over the ranks that stay, which
+  // get a group of them in their order; the excluded ranks take no part. One
+  // MPI_Comm_create_group over the stayers, on the engine after the ops queued before it;
+  // SHRINK_ABORT first aborts this group (its outstanding ops fail), so an op waiting for an
+  // excluded rank cannot hold the shrink. Standard MPI: the excluded ranks must still be alive
+  // (a dead rank ends an MPI job).
+  bool supportsShrinking() const override { return true; }
+  c10::intrusive_ptr<c10d::Backend> shrink(
+      const std::vector<int64_t>& ranksToExclude, int shrinkFlags,
+      const c10::intrusive_ptr<Options>& optsOverride) override;
+#endif
   // The options a split child starts from (torch copies them; CopyableOptions says why).
   c10::intrusive_ptr<Options> getBackendOptions() override;
   // torch 2.13's split_group deep-copies the parent's options, which the base class's Python
@@ -192,6 +204,7 @@ class ProcessGroupMPIGPU : public c10d::Backend {
   c10::intrusive_ptr<c10d::Store> store_;
   const std::string groupName_;
   const std::vector<int> globalRanks_;
+  const bool defaultGroup_;      // torch's default group (made with no global ranks)
   size_t flightRecorderId_ = 0;  // the group's id in flight-recorder dumps
   Config config_;
   // Read by callers' threads while setTimeout may write it.

@@ -161,6 +161,21 @@ def test_split_groups_and_device_mesh_with_a_bound_device(np, own_device_env):
     assert passed_counts(out, np, split_groups_behaviours(np)) >= 25
 
 
+SHRINK_BEHAVIOURS = {"a subgroup shrunk", "SHRINK_ABORT fails an op waiting for the excluded rank",
+                     "the default group shrunk: global ranks renumbered"}
+
+
+@pytest.mark.parametrize("np, level", [(3, "multiple"), (4, "multiple"), (3, "serialized")])
+def test_shrink_group_leaves_the_excluded_ranks_out(np, level):
+    # torch's shrink_group: only the ranks that stay take part (one rank out at 3, two at 4), and
+    # after the default group shrinks torch's global ranks are renumbered; below
+    # MPI_THREAD_MULTIPLE the aborted group and the shrunk one share the one MPI thread
+    if not hasattr(dist, "shrink_group"):
+        conftest.skip_or_fail("torch-version", f"torch {torch.__version__} has no shrink_group (2.10+)")
+    out = run_mpi("shrink.py", np, env=SERIALIZED if level == "serialized" else {})
+    assert passed_counts(out, np, SHRINK_BEHAVIOURS) >= 4
+
+
 def test_collectives_split_into_small_mpi_calls():
     # Every message above 5 elements is split: exercises the >2^31 element code paths cheaply.
     out = run_mpi("collectives.py", 3, env={"TORCH_MPIGPU_MAX_ELEMENTS_PER_CALL": "5"})
