@@ -133,7 +133,7 @@ builds="${MPIGPU_TEST_BUILDS:-cpu mpich slurm hosts ompi41 cuda}"
 # What every launcher runs: its variables at 1-4 ranks, the job ending on a failed rank, exits,
 # and the core ops, DDP and FSDP2 at 3 ranks (odd, more than the cores): a launcher changes how
 # ranks start and find each other, not the ops, which the default launcher runs at 1-4 above.
-LAUNCHER_TESTS="(launcher or uncaught or clean or killed or stalled or (leaving and exit-in-collective-3) \
+LAUNCHER_TESTS="(launcher or uncaught or clean or killed or stalled or signal or (leaving and exit-in-collective-3) \
 or ((ddp or fsdp or p2p_async or (collectives and not algorithm and not split)) and [3])) \
 and not shared_mpi_thread"
 later_setups=""
@@ -198,7 +198,7 @@ or communicator or split_groups) and not (shared_mpi_thread and not [3])" "$@"
     MPIGPU_TEST_LAUNCHER=two-hosts-ip-only run_suite "$CPU_VENV" \
       "two hosts, IP only (mpirun)" test_multirank.py test_reliability.py test_flight_recorder.py \
       test_hang_prone.py -k "(launcher or uncaught or clean or killed or (stalled and not \
-test_reliability and not stuck) or p2p_async or (subgroup_sequence and slot) or (leaving and subgroup)) \
+test_reliability and not stuck) or p2p_async or (subgroup_sequence and slot) or (leaving and subgroup) or signal) \
 and not shared_mpi_thread" "$@"
     # MPICH's Hydra across the same hosts (its rsh launcher through the same agent; the MPICH
     # leg below runs its suite on one host): the launcher, a killed rank and an uncaught
@@ -211,7 +211,7 @@ and not shared_mpi_thread" "$@"
     UCX_TLS=self,tcp MPIGPU_TEST_LAUNCHER=two-hosts-names run_suite "$MPICH_VENV" \
       "two hosts, MPICH Hydra (mpiexec)" test_multirank.py test_hang_prone.py test_reliability.py \
       -k "(launcher or (collectives and not algorithm and not split) or node_across or ddp \
-or p2p_async or hang_prone or killed or (uncaught and collective)) and not shared and not debug_detail \
+or p2p_async or hang_prone or killed or signal or (uncaught and collective)) and not shared and not debug_detail \
 and not stuck" "$@"
   else
     leg_cannot_run hosts "the two simulated hosts cannot be made here: $why"
@@ -230,7 +230,7 @@ if [[ " $builds " == *" mpich "* ]]; then
     test_flight_recorder.py -k "not soak and not count_above and not device_of_its_own and not prterun \
 and not ecosystem \
 and not (node_algorithm and not 2x2) and (not test_reliability or uncaught or async or clean or shared_mpi_thread \
-or (leaving and (exit-in-collective-3 or send or host-destroys)) or staggered or never_waited) \
+or (leaving and (exit-in-collective-3 or send or host-destroys)) or staggered or never_waited or signal) \
 and not (with_algorithm and (ring-5 or rhd-2 or allgather-2 or 4-ring or 4-rhd or 4-allgather or 2-rhd or 2-allgather))" "$@"
 fi
 if [[ " $builds " == *" slurm "* ]]; then
@@ -253,14 +253,14 @@ if [[ " $builds " == *" ompi41 "* ]]; then
   # Open MPI 4.1 (ORTE's mpirun and error handling, MPI 3.1, its own collectives), a minute: the
   # launcher's variables, the core ops, DDP and FSDP2 at 3 ranks, groups over a program's
   # communicator (mpi4py on the same library), and a stalled, a killed and a failing rank ending
-  # the job, a clean exit
+  # the job, a clean exit, signals from outside
   setup_ompi41
   (
     eval "$("$ROOT/scripts/openmpi41.sh" "$OMPI41_DIR")"
     run_suite "$OMPI41_VENV" "Open MPI 4.1.4 (CPU build, ORTE's mpirun)" test_multirank.py test_reliability.py \
       -k "((launcher or collectives or ddp or fsdp) and [3] and not algorithm and not split and not shared \
 and not debug) or (communicator and 4-multiple) or (uncaught and 3-raise-in-collective) or killed \
-or clean_exit or (stalled and [abort]) or (leaving and exit-in-collective-3)" "$@"
+or clean_exit or (stalled and [abort]) or (leaving and exit-in-collective-3) or signal" "$@"
   )
 fi
 if [[ " $builds " == *" cuda "* ]]; then

@@ -1,9 +1,12 @@
 """Stalled ranks: the watchdog reports the op after the timeout and ends the job (or only reports
 with TORCH_MPIGPU_TIMEOUT_ACTION=report). Launched directly (these jobs are meant to fail)."""
 
+import os
 import re
 from pathlib import Path
+import signal
 import subprocess
+import threading
 import time
 
 import pytest
@@ -163,6 +166,114 @@ def test_a_staggered_destroy_meets_no_closed_store():
     for sign in ("Broken pipe", "Connection was likely closed", "can never finish",
                  "still listens"):
         assert sign not in out, out[-3000:]
+
+
+class RunningJob:
+    """exits.py `mode` at `np` ranks under the test launcher, running in the background: its
+    output is gathered as it comes; `pids()` are the ranks' processes (each prints one line
+    "rank R pid P waiting" when it is ready for the signal)."""
+
+    def __init__(self, mode, np, env=None):
+        self.np = np
+        self.proc = subprocess.Popen(launch_command(np, dict(env or {})) +
+                                     rank_command("exits.py", mode),
+                                     env=launch_env(env), cwd=MP_DIR, stdout=subprocess.PIPE,
+                                     stderr=subprocess.STDOUT, text=True)
+        self.lines = []
+        self.reader = threading.Thread(target=lambda: self.lines.extend(self.proc.stdout),
+                                       daemon=True)
+        self.reader.start()
+
+    def output(self):
+        return "".join(self.lines)
+
+    def pids(self, timeout=90):
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            found = dict(re.findall(r"rank (\d+) pid (\d+) waiting", self.output()))
+            if len(found) == self.np:
+                return [int(pid) for _, pid in sorted(found.items())]
+            if self.proc.poll() is not None:
+                break
+            time.sleep(0.2)
+        self.proc.kill()
+        pytest.fail(f"the ranks did not all start within {timeout} s:\n{self.output()[-3000:]}")
+
+    def end(self, timeout):
+        """(exit status, seconds it took to end); fails naming a hang after `timeout`."""
+        start = time.monotonic()
+        try:
+            rc = self.proc.wait(timeout)
+        except subprocess.TimeoutExpired:
+            self.proc.kill()
+            self.reader.join(10)
+            pytest.fail(f"still running {timeout} s after the signal (hang):\n"
+                        f"{self.output()[-3000:]}")
+        self.reader.join(10)
+        return rc, time.monotonic() - start
+
+
+def gone(pids, timeout=15):
+    """The processes of `pids` that are still alive after `timeout` seconds."""
+    deadline = time.monotonic() + timeout
+    alive = list(pids)
+    while alive and time.monotonic() < deadline:
+        time.sleep(0.1)
+        alive = [pid for pid in alive if Path(f"/proc/{pid}").exists()
+                 and "zombie" not in Path(f"/proc/{pid}/status").read_text(errors="replace")]
+    return alive
+
+
+@pytest.mark.parametrize("sig", ["SIGINT", "SIGTERM"])
+def test_a_signal_to_the_launcher_ends_a_job_waiting_in_an_op(sig):
+    # Ctrl-C at the terminal (SIGINT to the launcher), and SIGTERM (what `timeout`, `kill` or a
+    # batch system's end of the job sends it), while rank 1 sleeps in Python, rank 0 waits inside
+    # a blocking all_reduce (in MPI) and the others in wait() on an async one: the job must end
+    # within seconds, every rank's process with it, and no shared-memory segment of ours left.
+    # Open MPI's mpirun and srun end the job themselves; MPICH's mpiexec passes the signal to
+    # the ranks, and rank 1's KeyboardInterrupt (or SIGTERM's default action) ends it. srun
+    # takes Ctrl-C twice within a second (once only prints the step's state), as users press it.
+    shm_before = set(Path("/dev/shm").glob("mpigpu-*"))
+    job = RunningJob("wait-for-a-signal", 3)
+    pids = job.pids()
+    time.sleep(1)  # inside the ops, past any start-up
+    job.proc.send_signal(getattr(signal, sig))
+    if sig == "SIGINT" and LAUNCHER.startswith("srun-"):
+        time.sleep(0.3)
+        job.proc.send_signal(signal.SIGINT)
+    rc, took = job.end(timeout=60)
+    out = job.output()
+    assert rc != 0, out[-3000:]
+    assert took < 30, f"the job took {took:.0f} s to end after {sig}:\n{out[-3000:]}"
+    assert not gone(pids), f"rank processes {gone(pids, 0)} outlived the job:\n{out[-3000:]}"
+    left = set(Path("/dev/shm").glob("mpigpu-*")) - shm_before
+    assert not left, f"shared-memory segments left after the job: {left}"
+    assert "UNREACHABLE" not in out, out[-3000:]
+
+
+def test_every_rank_signalled_with_sigterm_stops_cleanly_in_its_handler():
+    # Slurm ends a job (scancel, the time limit, preemption) with SIGTERM to every task, and
+    # training programs catch it to stop at a step boundary and save. Each rank is told at its
+    # own moment, 50 ms apart, while SIGALRM arrives every 0.5 ms, so signals interrupt MPI calls
+    # and mpigpu's waits on every thread: no op may fail or give a wrong element, and the job
+    # must end with exit 0, every rank at the same step.
+    job = RunningJob("preempted", 3)
+    pids = job.pids()
+    time.sleep(2)  # a few hundred steps under the SIGALRMs
+    for pid in pids:
+        os.kill(pid, signal.SIGTERM)
+        time.sleep(0.05)
+    rc, _ = job.end(timeout=60)
+    out = job.output()
+    assert rc == 0, out[-3000:]
+    stopped = re.findall(r"rank (\d+): stopped at step (\d+) \(every rank's: \[([\d, ]+)\]\) "
+                         r"after (\d+) SIGALRMs, (\d+) wrong elements", out)
+    assert sorted(r for r, *_ in stopped) == ["0", "1", "2"], out[-3000:]
+    for rank, step, steps, alarms, wrong in stopped:
+        assert wrong == "0", f"rank {rank}: {wrong} wrong elements\n{out[-3000:]}"
+        assert steps.split(", ") == [step] * 3, f"rank {rank}: steps {steps}\n{out[-3000:]}"
+        assert int(alarms) > 100, f"rank {rank}: only {alarms} SIGALRMs arrived\n{out[-3000:]}"
+    assert int(stopped[0][1]) > 0, out[-3000:]
 
 
 def test_abort_on_exception_off_leaves_the_job_to_the_watchdog():

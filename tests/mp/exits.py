@@ -25,6 +25,17 @@ departure notice the leaving rank leaves in the store, not at the 30-minute time
                        notice meets a closed store
   staggered-destroy    the same with destroy_process_group (a subgroup, then the default group)
                        and rank 0 staying alive meanwhile: its store must outlive its own destroy
+Signals from outside (test_reliability.py sends them):
+  wait-for-a-signal    every rank prints its pid and waits: rank 1 in Python (time.sleep), rank 0
+                       in a blocking all_reduce (inside MPI, on its own thread), the others in
+                       wait() on an async one (run by the group's worker); then the launcher
+                       gets Ctrl-C (SIGINT) or SIGTERM
+  preempted            Slurm's way of ending a job (scancel, the time limit, preemption): SIGTERM
+                       to every task; the program's handler only sets a flag, the ranks agree at
+                       the next step that all were told (MIN), and each stops there, clean. All
+                       along, each rank takes SIGALRM every 0.5 ms (a sampling profiler's timer),
+                       so signals land inside MPI calls and mpigpu's waits; every op's result is
+                       checked
 """
 
 import atexit
@@ -142,6 +153,54 @@ elif mode in ("staggered-end", "staggered-destroy"):
             except ConnectionRefusedError:
                 pass
     print(f"rank {rank}: {mode.replace('-', ' ')}", flush=True)
+elif mode == "wait-for-a-signal":
+    import os
+    import time
+    t = torch.ones(1 << 16)
+    dist.all_reduce(t)
+    print(f"rank {rank} pid {os.getpid()} waiting", flush=True)
+    if rank == 1:
+        time.sleep(600)
+    elif rank == 0:
+        dist.all_reduce(t)
+    else:
+        dist.all_reduce(t, async_op=True).wait()
+    print(f"rank {rank}: UNREACHABLE", flush=True)
+elif mode == "preempted":
+    import os
+    import signal
+    told = torch.zeros(1)
+    alarms = [0]
+    signal.signal(signal.SIGTERM, lambda *_: told.fill_(1))
+    signal.signal(signal.SIGALRM, lambda *_: alarms.__setitem__(0, alarms[0] + 1))
+    signal.setitimer(signal.ITIMER_REAL, 0.0005, 0.0005)
+    print(f"rank {rank} pid {os.getpid()} waiting", flush=True)
+    nxt, prv = (rank + 1) % world, (rank - 1) % world
+    step = wrong = 0
+    while True:
+        small = torch.full((1024,), float(rank + step))
+        dist.all_reduce(small)  # blocking: runs on this thread, inside MPI
+        wrong += int((small != sum(range(world)) + world * step).sum())
+        big = torch.full((1 << 18,), float(rank))
+        big_work = dist.all_reduce(big, async_op=True)  # on the group's worker
+        got = torch.zeros(64)
+        for w in dist.batch_isend_irecv([dist.P2POp(dist.isend, torch.full((64,), float(rank)), nxt),
+                                         dist.P2POp(dist.irecv, got, prv)]):
+            w.wait()
+        wrong += int((got != prv).sum())
+        big_work.wait()
+        wrong += int((big != sum(range(world))).sum())
+        everyone_told = told.clone()
+        dist.all_reduce(everyone_told, op=dist.ReduceOp.MIN)
+        if everyone_told.item():
+            break
+        step += 1
+    signal.setitimer(signal.ITIMER_REAL, 0)
+    steps = [None] * world
+    dist.all_gather_object(steps, step)
+    print(f"rank {rank}: stopped at step {step} (every rank's: {steps}) after {alarms[0]} "
+          f"SIGALRMs, {wrong} wrong elements", flush=True)
+    dist.destroy_process_group()
 elif mode == "clean":
     t = torch.ones(4)
     dist.all_reduce(t)
