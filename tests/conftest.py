@@ -9,6 +9,9 @@ MPIGPU_TEST_LAUNCHER picks the launcher (scripts/test.sh runs the multi-rank sui
   two-hosts-names    the launcher of the MPI built against (Open MPI's mpirun, MPICH's Hydra)
                      across two network namespaces with their own host names
   two-hosts-ip-only  the same, hosts known to each other by IP only (scripts/two_hosts.sh)
+  two-hosts-srun-pmix, two-hosts-srun-pmi2
+                     srun across a Slurm cluster of two nodes on those hosts (scripts/
+                     slurm_cluster.sh up-two-hosts), block placement (0-1 on h0 at 3 and 4 ranks)
 """
 
 import os
@@ -23,7 +26,8 @@ import pytest
 
 MP_DIR = Path(__file__).parent / "mp"
 ROOT = Path(__file__).resolve().parents[1]
-LAUNCHERS = ("mpirun", "srun-pmix", "srun-pmi2", "two-hosts-names", "two-hosts-ip-only")
+LAUNCHERS = ("mpirun", "srun-pmix", "srun-pmi2", "two-hosts-names", "two-hosts-ip-only",
+             "two-hosts-srun-pmix", "two-hosts-srun-pmi2")
 LAUNCHER = os.environ.get("MPIGPU_TEST_LAUNCHER", "mpirun")
 # Open MPI 5's libfabric BTL finds no fabric on a machine without one and says so after ~1 s
 # inside MPI_Init; it carries none of these tests' bytes (sm and tcp do). Left out, every job and
@@ -41,6 +45,9 @@ SERIALIZED = {"MPIGPU_TEST_THREAD_LEVEL": "serialized"}
 if LAUNCHER not in LAUNCHERS:
     raise ValueError(f"MPIGPU_TEST_LAUNCHER={LAUNCHER}: one of {', '.join(LAUNCHERS)}")
 TWO_HOSTS = ROOT / "scripts" / "two_hosts.sh"
+SLURM_CLUSTER = ROOT / "scripts" / "slurm_cluster.sh"
+# Slurm's MPI plugin where srun launches (one node or two), else None
+SRUN_MPI = LAUNCHER.rpartition("srun-")[2] if "srun-" in LAUNCHER else None
 
 
 # MPIGPU_ALLOW_SKIPS: what may be skipped instead of failing (space separated): "libraries"
@@ -106,7 +113,11 @@ def _append_timing(line):
 def launcher_ready():
     """The two simulated hosts exist for the session (removed afterwards, also on failure); a
     Slurm cluster answers. A launcher that cannot run fails the session loudly, never skips."""
-    if LAUNCHER.startswith("two-hosts"):
+    if LAUNCHER.startswith("two-hosts-srun"):
+        subprocess.run([str(SLURM_CLUSTER), "up-two-hosts"], check=True)
+        yield
+        subprocess.run([str(SLURM_CLUSTER), "down"], check=False)
+    elif LAUNCHER.startswith("two-hosts"):
         mode = LAUNCHER[len("two-hosts-"):]
         subprocess.run([str(TWO_HOSTS), "up", mode], check=True)
         yield
@@ -222,7 +233,10 @@ def launch_command(np, env):
     every rank (srun passes the whole environment)."""
     if LAUNCHER.startswith("srun-"):
         # more tasks than the node's CPUs: --overcommit (the node declares the real count)
-        return ["srun", f"--mpi={LAUNCHER[len('srun-'):]}", "-n", str(np), "--overcommit"]
+        return ["srun", f"--mpi={SRUN_MPI}", "-n", str(np), "--overcommit"]
+    if LAUNCHER.startswith("two-hosts-srun"):  # from h0, both nodes (one-rank jobs: deselected)
+        return [str(SLURM_CLUSTER), "srun", f"--mpi={SRUN_MPI}", "-N", "2", "-n", str(np),
+                "--overcommit"]
     if LAUNCHER.startswith("two-hosts"):
         cmd = [str(TWO_HOSTS), "mpirun", "-np", str(np)]
         for key in env:

@@ -11,7 +11,7 @@ import torch
 import torch.distributed as dist
 
 import conftest
-from conftest import LAUNCHER, ROOT, SERIALIZED, mpirun_path, is_hydra, passed_counts, require_library
+from conftest import LAUNCHER, ROOT, SERIALIZED, SRUN_MPI, mpirun_path, is_hydra, passed_counts, require_library
 
 # The two simulated hosts share this machine's 2 cores: each core carries two ranks bound to it,
 # one per "host", which a rank cannot see (its affinity says one core of its own), so under the
@@ -69,8 +69,8 @@ def fusion_behaviours(np):
 
 
 def expected_launcher():
-    if LAUNCHER.startswith("srun-"):
-        return f"Slurm srun --mpi={LAUNCHER[len('srun-'):]}"
+    if SRUN_MPI:
+        return f"Slurm srun --mpi={SRUN_MPI}"
     # mpirun, or its place on the two hosts: the launcher of the MPI built against
     if is_hydra(mpirun_path()):
         return "MPICH/Hydra mpiexec"

@@ -177,7 +177,11 @@ elif mode == "preempted":
     print(f"rank {rank} pid {os.getpid()} waiting", flush=True)
     nxt, prv = (rank + 1) % world, (rank - 1) % world
     step = wrong = 0
+    announced = False
     while True:
+        if not announced and alarms[0] >= 200:  # the test signals once every rank said so
+            print(f"rank {rank}: 200 SIGALRMs taken", flush=True)
+            announced = True
         small = torch.full((1024,), float(rank + step))
         dist.all_reduce(small)  # blocking: runs on this thread, inside MPI
         wrong += int((small != sum(range(world)) + world * step).sum())
