@@ -7,7 +7,7 @@
 #                                  slurmctld and slurmd; waits until the node takes jobs
 #   slurm_cluster.sh up-two-hosts  the same with two nodes, h0 and h1: the simulated hosts (made
 #                                  afresh, names known), one slurmd in each, slurmctld in h0
-#   slurm_cluster.sh srun ARGS...  srun from h0 on the two-node cluster
+#   slurm_cluster.sh srun ARGS...  srun from h0 on the two-node cluster (on-h0 CMD...: any command)
 #   slurm_cluster.sh down          stop the daemons (the two-node cluster's hosts are removed)
 #   slurm_cluster.sh check         exit 0 when a cluster answers (`srun hostname` works)
 #
@@ -157,15 +157,15 @@ EOF
   in_host 0 slurmctld -c -f "$TWO_HOSTS_CONF"
   in_host 0 slurmd -f "$TWO_HOSTS_CONF"
   in_host 1 slurmd -f "$TWO_HOSTS_CONF"
-  wait_for_nodes 2 "$0" srun-env
+  wait_for_nodes 2 "$0" on-h0
 }
 
 case "${1:-}" in
   up) up ;;
   up-two-hosts) up_two_hosts ;;
   # exec: srun itself gets the caller's signals (Ctrl-C, SIGTERM), as when run directly
-  srun) shift; host_prefix 0; SLURM_CONF="$TWO_HOSTS_CONF" exec "${HOST_PREFIX[@]}" srun "$@" ;;
-  srun-env) shift; host_prefix 0; SLURM_CONF="$TWO_HOSTS_CONF" exec "${HOST_PREFIX[@]}" "$@" ;;  # (wait_for_nodes')
+  srun) shift; exec "$0" on-h0 srun "$@" ;;
+  on-h0) shift; host_prefix 0; SLURM_CONF="$TWO_HOSTS_CONF" exec "${HOST_PREFIX[@]}" "$@" ;;
   down) stop ;;
   check) timeout 20 srun -N1 -n1 true ;;
   *) sed -n '2,17p' "$0"; exit 2 ;;
