@@ -4,6 +4,7 @@ references computed independently on each rank (see tests/mp/)."""
 import os
 import re
 import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -88,9 +89,8 @@ def test_pmix_prterun_starts_ranks_and_a_dead_rank_ends_the_job():
     # PRRTE's own launcher (the README's table; Open MPI 5's mpirun runs on it): ranks, local
     # ranks and the rendezvous from PMIx alone, one collective per rank, and a killed rank
     # ending the job. The MPICH leg deselects it (no prterun there).
-    import subprocess
     import time
-    from conftest import MP_DIR, launch_env, rank_command
+    from conftest import launch_env, rank_command
     prterun = Path(mpirun_path()).with_name("prterun")
     assert prterun.exists(), f"no prterun beside {mpirun_path()} (Open MPI 5 has it)"
     env = launch_env({"PRTE_ALLOW_RUN_AS_ROOT": "1", "PRTE_ALLOW_RUN_AS_ROOT_CONFIRM": "1"})
@@ -99,7 +99,7 @@ def test_pmix_prterun_starts_ranks_and_a_dead_rank_ends_the_job():
         # (3 ranks on this 2-core VM: more than its slots)
         cmd = [str(prterun), "--map-by", ":OVERSUBSCRIBE", "-np", "3", *rank_command(script, *args)]
         start = time.monotonic()
-        proc = subprocess.run(cmd, env=env, cwd=MP_DIR, capture_output=True, text=True, timeout=120)
+        proc = conftest.run_launcher(cmd, env, timeout=120)
         return proc.returncode, proc.stdout + proc.stderr, time.monotonic() - start
 
     rc, out, _ = prterun_job("launch_env.py", "PMIx (prterun)", "1")
@@ -108,6 +108,32 @@ def test_pmix_prterun_starts_ranks_and_a_dead_rank_ends_the_job():
     started = set(re.findall(r"\[rank (\d+)\] started at", out))
     assert started == {"0", "1", "2"} and rc != 0 and "unreachable" not in out, out[-3000:]
     assert took < 60, f"the job took {took:.0f} s to end after rank 1 was killed"
+
+
+def test_prterun_at_the_pid_of_a_killed_one_starts_once_conftest_removed_its_folder(tmp_path):
+    # A CI run failed so at 520fd8e: an mpirun exited 213 at start ("The PMIx server's listener
+    # thread failed to start"), its pid that of an mpirun killed earlier whose session folder
+    # stayed. Replayed in a PID namespace of our own (pids chosen there, nobody else forking),
+    # with the test's own TMPDIR: the stale folder stops the new mpirun, and conftest's cleanup
+    # (run before every test) lets it start. The MPICH leg deselects it (no prterun there).
+    if LAUNCHER != "mpirun":
+        pytest.skip("one host's launcher: the launch itself is the subject")
+    probe = subprocess.run(["unshare", "--pid", "--fork", "--mount-proc", "true"],
+                           capture_output=True, text=True)
+    if probe.returncode != 0:
+        pytest.skip(f"this user cannot make a PID namespace here: {probe.stderr.strip()}")
+    proc = subprocess.run(["unshare", "--pid", "--fork", "--mount-proc", sys.executable,
+                           str(conftest.MP_DIR / "killed_mpirun_pid.py"), mpirun_path()],
+                          env=conftest.launch_env({"TMPDIR": str(tmp_path)}), capture_output=True,
+                          text=True, timeout=120)
+    out = proc.stdout + proc.stderr
+    killed = re.findall(r"left by the killed mpirun \(pid (\d+)\): True", out)
+    tries = re.findall(r"at pid (\d+): exit (\d+): (.*)", out)
+    assert proc.returncode == 0 and len(killed) == len(tries) == 2, out
+    (pid_stale, rc_stale, said), (pid_clean, rc_clean, _) = tries
+    assert [pid_stale, pid_clean] == killed, out
+    assert rc_stale != "0" and "listener thread failed to start" in said, out
+    assert rc_clean == "0", out
 
 
 def test_master_port_setting_is_the_store_port():

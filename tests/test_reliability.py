@@ -12,7 +12,7 @@ import time
 import pytest
 
 from conftest import LAUNCHER, MP_DIR, SERIALIZED, launch_command, launch_env, rank_command, run_mpi
-from conftest import SRUN_MPI, passed_counts
+from conftest import SRUN_MPI, passed_counts, run_launcher
 
 
 def launch(mode, np, env, script="stall.py", timeout=120, args=()):
@@ -21,11 +21,9 @@ def launch(mode, np, env, script="stall.py", timeout=120, args=()):
     cmd += rank_command(script, mode, *args)
     start = time.monotonic()
     try:
-        proc = subprocess.run(cmd, env=full_env, cwd=MP_DIR, capture_output=True, text=True,
-                              timeout=timeout)
+        proc = run_launcher(cmd, full_env, timeout)
     except subprocess.TimeoutExpired as e:
-        out, err = ((s.decode(errors="replace") if isinstance(s, bytes) else (s or ""))
-                    for s in (e.stdout, e.stderr))
+        out, err = e.stdout or "", e.stderr or ""
         pytest.fail(f"{script} {mode} at {np} ranks still running after {timeout} s (hang):\n"
                     f"{out[-3000:]}\nstderr:\n{err[-3000:]}")
     return proc.returncode, proc.stdout + proc.stderr, time.monotonic() - start
@@ -198,9 +196,18 @@ class RunningJob:
             if self.proc.poll() is not None:
                 break
             time.sleep(0.2)
-        self.proc.kill()
+        self.stop()
         pytest.fail(f"{count} lines like {pattern!r} did not come within {timeout} s:\n"
                     f"{self.output()[-3000:]}")
+
+    def stop(self):
+        """Ends a job the test gave up on: SIGTERM to the launcher, SIGKILL 10 s later (a SIGKILL
+        alone leaves its ranks running, and Open MPI's session folder behind)."""
+        self.proc.terminate()
+        try:
+            self.proc.wait(10)
+        except subprocess.TimeoutExpired:
+            self.proc.kill()
 
     def pids(self):
         found = dict(self.wait_for(self.np, r"rank (\d+) pid (\d+) waiting"))
@@ -212,7 +219,7 @@ class RunningJob:
         try:
             rc = self.proc.wait(timeout)
         except subprocess.TimeoutExpired:
-            self.proc.kill()
+            self.stop()
             self.reader.join(10)
             pytest.fail(f"still running {timeout} s after the signal (hang):\n"
                         f"{self.output()[-3000:]}")
