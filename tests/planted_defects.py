@@ -145,6 +145,12 @@ PLANTS = [
            "removed_its_folder"], "rc_clean",
           edit=("conftest.py", 'if pid.isdigit() and not Path(f"/proc/{pid}").exists():',
                 "if False:")),
+    Plant("launcher-keeps-stale-session-folder", "python -m torch_mpi_gpu.mpirun no longer "
+          "removes its pid's stale folder", ["test_multirank.py::test_prterun_at_the_pid_of_a_"
+          "killed_one_starts_once_conftest_removed_its_folder"], "rc_ours",
+          edit=("mp/killed_mpirun_pid.py", '"-m", "torch_mpi_gpu.mpirun",',
+                '"-c", "import torch_mpi_gpu.mpirun as m; '
+                'm.remove_stale_session_folder = lambda: None; m.main()",')),
     Plant("torch-suite-destroy-fails", "destroying the group after a torch test raises",
           SUITE + ["test_all_reduce_sum$"], "the barrier/destroy after the test failed", wrap="""
         real = dist.destroy_process_group

@@ -115,7 +115,8 @@ def test_prterun_at_the_pid_of_a_killed_one_starts_once_conftest_removed_its_fol
     # thread failed to start"), its pid that of an mpirun killed earlier whose session folder
     # stayed. Replayed in a PID namespace of our own (pids chosen there, nobody else forking),
     # with the test's own TMPDIR: the stale folder stops the new mpirun, and conftest's cleanup
-    # (run before every test) lets it start. The MPICH leg deselects it (no prterun there).
+    # (run before every test) lets it start; so does torch_mpi_gpu's own launcher, which removes
+    # the folder of its pid before it becomes mpirun. The MPICH leg deselects it (no prterun).
     if LAUNCHER != "mpirun":
         pytest.skip("one host's launcher: the launch itself is the subject")
     probe = subprocess.run(["unshare", "--pid", "--fork", "--mount-proc", "true"],
@@ -124,16 +125,17 @@ def test_prterun_at_the_pid_of_a_killed_one_starts_once_conftest_removed_its_fol
         pytest.skip(f"this user cannot make a PID namespace here: {probe.stderr.strip()}")
     proc = subprocess.run(["unshare", "--pid", "--fork", "--mount-proc", sys.executable,
                            str(conftest.MP_DIR / "killed_mpirun_pid.py"), mpirun_path()],
-                          env=conftest.launch_env({"TMPDIR": str(tmp_path)}), capture_output=True,
-                          text=True, timeout=120)
+                          env=conftest.launch_env({"TMPDIR": str(tmp_path)}), cwd=conftest.MP_DIR,
+                          capture_output=True, text=True, timeout=120)
     out = proc.stdout + proc.stderr
     killed = re.findall(r"left by the killed mpirun \(pid (\d+)\): True", out)
     tries = re.findall(r"at pid (\d+): exit (\d+): (.*)", out)
-    assert proc.returncode == 0 and len(killed) == len(tries) == 2, out
-    (pid_stale, rc_stale, said), (pid_clean, rc_clean, _) = tries
-    assert [pid_stale, pid_clean] == killed, out
+    assert proc.returncode == 0 and len(killed) == len(tries) == 3, out
+    (pid_stale, rc_stale, said), (pid_clean, rc_clean, _), (pid_ours, rc_ours, _) = tries
+    assert [pid_stale, pid_clean, pid_ours] == killed, out
     assert rc_stale != "0" and "listener thread failed to start" in said, out
     assert rc_clean == "0", out
+    assert rc_ours == "0", f"python -m torch_mpi_gpu.mpirun at a killed mpirun's pid:\n{out}"
 
 
 def test_master_port_setting_is_the_store_port():

@@ -15,6 +15,7 @@ from pathlib import Path
 import shutil
 import subprocess
 import sys
+import tempfile
 
 
 def mpirun_path():
@@ -55,6 +56,15 @@ def launch_command(mpirun, np, env):
     return cmd
 
 
+def remove_stale_session_folder():
+    """Open MPI 5's mpirun keeps its session folder at $TMPDIR/ompi.<its pid> and removes it as it
+    ends, unless it was killed (SIGKILL, the OOM killer). An mpirun given that pid later exits 213
+    at start ("The PMIx server's listener thread failed to start"): pids wrap around, at 32768 on
+    many machines. exec keeps this process's pid, and no running mpirun has it: a folder of that
+    name is stale."""
+    shutil.rmtree(Path(tempfile.gettempdir()) / f"ompi.{os.getpid()}", ignore_errors=True)
+
+
 def main(argv=None):
     parser = argparse.ArgumentParser(
         prog="python -m torch_mpi_gpu.mpirun",
@@ -76,6 +86,8 @@ def main(argv=None):
         key, has_value, value = item.partition("=")
         env[key] = value if has_value else None
     cmd = launch_command(mpirun, args.np, env) + args.program
+    if not is_hydra(mpirun):
+        remove_stale_session_folder()
     os.execv(cmd[0], cmd)
 
 

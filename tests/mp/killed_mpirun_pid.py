@@ -1,6 +1,7 @@
 """Run as pid 1 of a PID namespace of its own (unshare --pid --fork --mount-proc), where no other
 process takes pids: Open MPI 5's mpirun started at the pid of an mpirun that was SIGKILLed, whose
-session folder TMPDIR/ompi.<pid> is still there; then the same after conftest's cleanup. Prints
+session folder TMPDIR/ompi.<pid> is still there; then the same after conftest's cleanup, and
+torch_mpi_gpu's launcher (python -m torch_mpi_gpu.mpirun) at such a pid. Prints
 each killed mpirun ("left by the killed mpirun (pid P): True") and each try ("at pid P: exit E:
 <the first line of its message>"). argv: the mpirun to run."""
 
@@ -40,10 +41,10 @@ def kill_every_other_process():
             break
 
 
-def run_at_pid(pid):
+def run_at_pid(pid, launch=lambda: start("true")):
     # the kernel gives the next process the pid after ns_last_pid (nobody else forks in here)
     Path("/proc/sys/kernel/ns_last_pid").write_text(str(pid - 1))
-    job = start("true")
+    job = launch()
     out = job.communicate(timeout=60)[0].strip()
     first = out.splitlines()[1] if out.startswith("-----") else (out.splitlines() or [""])[0]
     print(f"at pid {job.pid}: exit {job.returncode}: {first}", flush=True)
@@ -69,3 +70,7 @@ pid = leave_a_killed_mpirun()
 for folder in open_mpi_session_folders_of_ended_launchers(FOLDER):
     subprocess.run(["rm", "-rf", str(folder)], check=True)
 run_at_pid(pid)
+# torch_mpi_gpu's own launcher (python -m torch_mpi_gpu.mpirun) removes the folder of its pid
+run_at_pid(leave_a_killed_mpirun(), lambda: subprocess.Popen(
+    [sys.executable, "-m", "torch_mpi_gpu.mpirun", "-np", "1", "true"],
+    stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True))
