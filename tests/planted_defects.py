@@ -141,13 +141,12 @@ PLANTS = [
           edit=("mp/p2p_stress.py", "ring_rounds(tc, group, rank, world, 80,",
                 "ring_rounds(tc, group, rank, world, 79,")),
     Plant("stale-session-folder-kept", "conftest no longer removes a killed mpirun's folder",
-          ["test_multirank.py::test_prterun_at_the_pid_of_a_killed_one_starts_once_conftest_"
-           "removed_its_folder"], "rc_clean",
+          ["test_multirank.py::test_prterun_at_a_reused_pid_starts_once_the_stale_session_folder_is_gone"], "rc_clean",
           edit=("conftest.py", 'if pid.isdigit() and not Path(f"/proc/{pid}").exists():',
                 "if False:")),
     Plant("launcher-keeps-stale-session-folder", "python -m torch_mpi_gpu.mpirun no longer "
-          "removes its pid's stale folder", ["test_multirank.py::test_prterun_at_the_pid_of_a_"
-          "killed_one_starts_once_conftest_removed_its_folder"], "rc_ours",
+          "removes its pid's stale folder", ["test_multirank.py::test_prterun_at_a_reused_pid_starts_once_the_stale_session_folder_is_gone"],
+          "rc_ours",
           edit=("mp/killed_mpirun_pid.py", '"-m", "torch_mpi_gpu.mpirun",',
                 '"-c", "import torch_mpi_gpu.mpirun as m; '
                 'm.remove_stale_session_folder = lambda: None; m.main()",')),

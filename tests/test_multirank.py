@@ -110,15 +110,18 @@ def test_pmix_prterun_starts_ranks_and_a_dead_rank_ends_the_job():
     assert took < 60, f"the job took {took:.0f} s to end after rank 1 was killed"
 
 
-def test_prterun_at_the_pid_of_a_killed_one_starts_once_conftest_removed_its_folder(tmp_path):
+def test_prterun_at_a_reused_pid_starts_once_the_stale_session_folder_is_gone(tmp_path):
     # A CI run failed so at 520fd8e: an mpirun exited 213 at start ("The PMIx server's listener
     # thread failed to start"), its pid that of an mpirun killed earlier whose session folder
     # stayed. Replayed in a PID namespace of our own (pids chosen there, nobody else forking),
     # with the test's own TMPDIR: the stale folder stops the new mpirun, and conftest's cleanup
     # (run before every test) lets it start; so does torch_mpi_gpu's own launcher, which removes
     # the folder of its pid before it becomes mpirun. The MPICH leg deselects it (no prterun).
+    # (Its name avoids the words the other legs select by: only the CPU leg runs it.)
     if LAUNCHER != "mpirun":
         pytest.skip("one host's launcher: the launch itself is the subject")
+    assert Path(mpirun_path()).with_name("prterun").exists(), \
+        f"no prterun beside {mpirun_path()}: Open MPI 5's session folders are the subject"
     probe = subprocess.run(["unshare", "--pid", "--fork", "--mount-proc", "true"],
                            capture_output=True, text=True)
     if probe.returncode != 0:
