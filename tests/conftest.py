@@ -132,18 +132,17 @@ def launcher_ready():
         yield
 
 
+def ended(pid):
+    """`pid` (text, taken from a file's name) is a process that no longer runs; not for what is
+    not a pid."""
+    return pid.isdigit() and not Path(f"/proc/{pid}").exists()
+
+
 def dead_jobs_segments():
     """The node algorithm's shared-memory names in /dev/shm whose maker (the pid in the name) has
     ended: left behind. A live maker's name is in use (it unlinks it once its peers mapped it)."""
-    left = set()
-    for path in Path("/dev/shm").glob("mpigpu-*"):
-        try:
-            os.kill(int(path.name.split("-")[1]), 0)
-        except ProcessLookupError:
-            left.add(path)
-        except (ValueError, IndexError, PermissionError):
-            pass
-    return left
+    return {path for path in Path("/dev/shm").glob("mpigpu-*")
+            if ended((path.name.split("-") + [""])[1])}
 
 
 @pytest.fixture(autouse=True)
@@ -212,12 +211,8 @@ def remove_mpi_library_segments_left_by_the_suite():
 # (reproduced: a SIGKILLed mpirun's folder, the next pid set through /proc/sys/kernel/ns_last_pid).
 # A CI run at 520fd8e failed so. Not ours to assert on, but ours to clean before every test.
 def open_mpi_session_folders_of_ended_launchers(folder=None):
-    folders = set()
-    for path in Path(folder or tempfile.gettempdir()).glob("ompi.*"):
-        pid = path.name[len("ompi."):]
-        if pid.isdigit() and not Path(f"/proc/{pid}").exists():
-            folders.add(path)
-    return folders
+    return {path for path in Path(folder or tempfile.gettempdir()).glob("ompi.*")
+            if ended(path.name[len("ompi."):])}
 
 
 _removed_session_folders = []

@@ -142,8 +142,7 @@ PLANTS = [
                 "ring_rounds(tc, group, rank, world, 79,")),
     Plant("stale-session-folder-kept", "conftest no longer removes a killed mpirun's folder",
           ["test_multirank.py::test_prterun_at_a_reused_pid_starts_once_the_stale_session_folder_is_gone"], "rc_clean",
-          edit=("conftest.py", 'if pid.isdigit() and not Path(f"/proc/{pid}").exists():',
-                "if False:")),
+          edit=("conftest.py", 'if ended(path.name[len("ompi."):])}', "if False}")),
     Plant("launcher-keeps-stale-session-folder", "python -m torch_mpi_gpu.mpirun no longer "
           "removes its pid's stale folder", ["test_multirank.py::test_prterun_at_a_reused_pid_starts_once_the_stale_session_folder_is_gone"],
           "rc_ours",
