@@ -217,7 +217,82 @@ and not stuck" "$@"
     leg_cannot_run hosts "the two simulated hosts cannot be made here: $why"
   fi
 fi
+# The legs after the MPICH leg (Slurm's, Open MPI 4.1's, CUDA's) run beside it, in a second lane:
+# alone they left most of a core idle (srun's and the exit tests' ranks wait on timeouts; the
+# MPICH leg used 1.57 of the 2 cores, every setup was done by then). They share nothing with it:
+# their own venvs, launchers and Slurm cluster; the MPICH leg runs on this host's namespace with
+# Hydra. Their output follows the MPICH leg's, whole; a failure in either lane fails the run.
+later_legs() {
+  if [[ " $builds " == *" slurm "* ]]; then
+    if why=$("$ROOT/scripts/slurm_cluster.sh" up 2>&1); then
+      echo "$why"
+      setup_cpu
+      MPIGPU_TEST_LAUNCHER=srun-pmix run_suite "$CPU_VENV" \
+        "Slurm srun --mpi=pmix (Open MPI build)" test_multirank.py test_reliability.py test_flight_recorder.py \
+        -k "$LAUNCHER_TESTS" "$@"
+      setup_mpich
+      MPIGPU_TEST_LAUNCHER=srun-pmi2 run_suite "$MPICH_VENV" \
+        "Slurm srun --mpi=pmi2 (MPICH build)" test_multirank.py test_reliability.py test_flight_recorder.py \
+        -k "$LAUNCHER_TESTS" "$@"
+      # A cluster of two nodes on the simulated hosts (a slurmd in each; the test session starts it
+      # and stops the one above), srun --mpi=pmix from h0 at 2-4 ranks, block placement: the launcher's
+      # variables, the core ops and DDP at 3 ranks, hierarchical at 2 x 2, a killed, a failing and a
+      # leaving rank, signals. (MPICH's pmi2 across them: not in CI yet, docs/testing.md says why.)
+      if why=$("$ROOT/scripts/two_hosts.sh" check 2>&1); then
+        MPIGPU_TEST_LAUNCHER=two-hosts-srun-pmix run_suite "$CPU_VENV" \
+          "Slurm srun --mpi=pmix across two simulated hosts (Open MPI build)" test_multirank.py test_reliability.py \
+          -k "launcher or killed or signal or (uncaught and collective) or node_across \
+or ((collectives or ddp) and [3] and not algorithm and not split) or (leaving and exit-in-collective-3)" "$@"
+      else
+        leg_cannot_run hosts "the two simulated hosts cannot be made here: $why"
+      fi
+      "$ROOT/scripts/slurm_cluster.sh" down
+    else
+      leg_cannot_run slurm "no one-node Slurm cluster could be started here: $(printf %s "$why" | tail -c 600)"
+    fi
+  fi
+  if [[ " $builds " == *" ompi41 "* ]]; then
+    # Open MPI 4.1 (ORTE's mpirun and error handling, MPI 3.1, its own collectives), a minute: the
+    # launcher's variables, the core ops, DDP and FSDP2 at 3 ranks, groups over a program's
+    # communicator (mpi4py on the same library), and a stalled, a killed and a failing rank ending
+    # the job, a clean exit, signals from outside
+    setup_ompi41
+    (
+      eval "$("$ROOT/scripts/openmpi41.sh" "$OMPI41_DIR")"
+      run_suite "$OMPI41_VENV" "Open MPI 4.1.4 (CPU build, ORTE's mpirun)" test_multirank.py test_reliability.py \
+        -k "((launcher or collectives or ddp or fsdp) and [3] and not algorithm and not split and not shared \
+and not debug) or (communicator and 4-multiple) or (uncaught and 3-raise-in-collective) or killed \
+or clean_exit or (stalled and [abort]) or (leaving and exit-in-collective-3) or signal" "$@"
+    )
+  fi
+  if [[ " $builds " == *" cuda "* ]]; then
+    setup_cuda
+    (cd / && "$CUDA_VENV/bin/python" -c 'import torch_mpi_gpu as t; assert t._C.with_cuda(), "CUDA sources missing"; print("CUDA build imports; CUDA tensors take", t._C.cuda_path()[0])')
+    if (cd / && "$CUDA_VENV/bin/python" -c 'import sys, torch; sys.exit(0 if torch.cuda.is_available() else 1)'); then
+      run_suite "$CUDA_VENV" "CUDA build, GPU visible: the whole suite" "$@"
+    else
+      # No GPU: the host paths are the CPU leg's code, run there in full. Here what the CUDA build
+      # changes, as a smoke set: the single-process tests (CUDA path choice, settings, hooks), the
+      # GPU tests (which must skip cleanly), the collectives and DDP at 2 ranks, and the tests' own
+      # device beside CUDA's registered paths (alone at 2 ranks, mixed with CPU ranks at 3), and
+      # splitting on it (this leg's torch, 2.14, keeps split_ranks' order where 2.13 sorts).
+      run_suite "$CUDA_VENV" "CUDA build, no GPU: what the build changes" \
+        test_single_process.py test_gpu.py test_multirank.py \
+        -k "test_single_process or test_gpu or ((test_collectives or test_ddp_matches) and [2] \
+and not algorithm and not split and not shared) or device_of_its_own or split_groups" "$@"
+    fi
+  fi
+}
 if [[ " $builds " == *" mpich "* ]]; then
+  setup_mpich  # here, not in both lanes at once (builds share the build/ folder)
+  LATER_LOG="$BACKGROUND_LOGS/later-legs.log"
+  echo "=== beside the MPICH leg, in a second lane: the Slurm, Open MPI 4.1 and CUDA legs (their output follows the MPICH leg's) ==="
+  later_legs "$@" >"$LATER_LOG" 2>&1 &
+  later_pid=$!
+  at_exit+=("kill_tree $later_pid")
+  if [[ " $builds " == *" slurm "* ]]; then  # its cluster, should the run end inside a Slurm leg
+    at_exit+=('"$ROOT/scripts/slurm_cluster.sh" down')
+  fi
   # The MPI standard, not Open MPI's tolerance: MPICH rejects aliased buffers, and its Hydra
   # launcher takes other flags (tests/conftest.py picks them). The node algorithm runs in every
   # plain test here; of its shapes only the hierarchical 2 x 2 (the cross-node MPI calls). The
@@ -225,71 +300,20 @@ if [[ " $builds " == *" mpich "* ]]; then
   # over MPI) each at 3 ranks, and the ring also at 2 (one peer on both sides) and 4: their
   # other rank counts change no MPI call's pattern, and the CPU leg runs them all. Not the
   # ecosystem libraries (Lightning, Accelerate: torch's API over the same collectives, run above).
-  setup_mpich
   run_suite "$MPICH_VENV" "MPICH build (Hydra mpiexec)" test_multirank.py test_reliability.py \
     test_flight_recorder.py -k "not soak and not count_above and not device_of_its_own and not prterun \
 and not ecosystem \
 and not (node_algorithm and not 2x2) and (not test_reliability or uncaught or async or clean or shared_mpi_thread \
 or (leaving and (exit-in-collective-3 or send or host-destroys)) or staggered or never_waited or signal) \
 and not (with_algorithm and (ring-5 or rhd-2 or allgather-2 or 4-ring or 4-rhd or 4-allgather or 2-rhd or 2-allgather))" "$@"
-fi
-if [[ " $builds " == *" slurm "* ]]; then
-  if why=$("$ROOT/scripts/slurm_cluster.sh" up 2>&1); then
-    echo "$why"
-    setup_cpu
-    MPIGPU_TEST_LAUNCHER=srun-pmix run_suite "$CPU_VENV" \
-      "Slurm srun --mpi=pmix (Open MPI build)" test_multirank.py test_reliability.py test_flight_recorder.py \
-      -k "$LAUNCHER_TESTS" "$@"
-    setup_mpich
-    MPIGPU_TEST_LAUNCHER=srun-pmi2 run_suite "$MPICH_VENV" \
-      "Slurm srun --mpi=pmi2 (MPICH build)" test_multirank.py test_reliability.py test_flight_recorder.py \
-      -k "$LAUNCHER_TESTS" "$@"
-    # A cluster of two nodes on the simulated hosts (a slurmd in each; the test session starts it
-    # and stops the one above), srun --mpi=pmix from h0 at 2-4 ranks, block placement: the launcher's
-    # variables, the core ops and DDP at 3 ranks, hierarchical at 2 x 2, a killed, a failing and a
-    # leaving rank, signals. (MPICH's pmi2 across them: not in CI yet, docs/testing.md says why.)
-    if why=$("$ROOT/scripts/two_hosts.sh" check 2>&1); then
-      MPIGPU_TEST_LAUNCHER=two-hosts-srun-pmix run_suite "$CPU_VENV" \
-        "Slurm srun --mpi=pmix across two simulated hosts (Open MPI build)" test_multirank.py test_reliability.py \
-        -k "launcher or killed or signal or (uncaught and collective) or node_across \
-or ((collectives or ddp) and [3] and not algorithm and not split) or (leaving and exit-in-collective-3)" "$@"
-    else
-      leg_cannot_run hosts "the two simulated hosts cannot be made here: $why"
-    fi
-    "$ROOT/scripts/slurm_cluster.sh" down
-  else
-    leg_cannot_run slurm "no one-node Slurm cluster could be started here: $(printf %s "$why" | tail -c 600)"
+  wait "$later_pid" && later_status=0 || later_status=$?
+  echo "=== the second lane (started beside the MPICH leg, done at $((SECONDS / 60)) min $((SECONDS % 60)) s): ==="
+  cat "$LATER_LOG"
+  if [ "$later_status" != 0 ]; then
+    echo "=== the second lane FAILED (exit $later_status) ===" >&2
+    exit 1
   fi
-fi
-if [[ " $builds " == *" ompi41 "* ]]; then
-  # Open MPI 4.1 (ORTE's mpirun and error handling, MPI 3.1, its own collectives), a minute: the
-  # launcher's variables, the core ops, DDP and FSDP2 at 3 ranks, groups over a program's
-  # communicator (mpi4py on the same library), and a stalled, a killed and a failing rank ending
-  # the job, a clean exit, signals from outside
-  setup_ompi41
-  (
-    eval "$("$ROOT/scripts/openmpi41.sh" "$OMPI41_DIR")"
-    run_suite "$OMPI41_VENV" "Open MPI 4.1.4 (CPU build, ORTE's mpirun)" test_multirank.py test_reliability.py \
-      -k "((launcher or collectives or ddp or fsdp) and [3] and not algorithm and not split and not shared \
-and not debug) or (communicator and 4-multiple) or (uncaught and 3-raise-in-collective) or killed \
-or clean_exit or (stalled and [abort]) or (leaving and exit-in-collective-3) or signal" "$@"
-  )
-fi
-if [[ " $builds " == *" cuda "* ]]; then
-  setup_cuda
-  (cd / && "$CUDA_VENV/bin/python" -c 'import torch_mpi_gpu as t; assert t._C.with_cuda(), "CUDA sources missing"; print("CUDA build imports; CUDA tensors take", t._C.cuda_path()[0])')
-  if (cd / && "$CUDA_VENV/bin/python" -c 'import sys, torch; sys.exit(0 if torch.cuda.is_available() else 1)'); then
-    run_suite "$CUDA_VENV" "CUDA build, GPU visible: the whole suite" "$@"
-  else
-    # No GPU: the host paths are the CPU leg's code, run there in full. Here what the CUDA build
-    # changes, as a smoke set: the single-process tests (CUDA path choice, settings, hooks), the
-    # GPU tests (which must skip cleanly), the collectives and DDP at 2 ranks, and the tests' own
-    # device beside CUDA's registered paths (alone at 2 ranks, mixed with CPU ranks at 3), and
-    # splitting on it (this leg's torch, 2.14, keeps split_ranks' order where 2.13 sorts).
-    run_suite "$CUDA_VENV" "CUDA build, no GPU: what the build changes" \
-      test_single_process.py test_gpu.py test_multirank.py \
-      -k "test_single_process or test_gpu or ((test_collectives or test_ddp_matches) and [2] \
-and not algorithm and not split and not shared) or device_of_its_own or split_groups" "$@"
-  fi
+else
+  later_legs "$@"
 fi
 echo "=== every leg passed: $((SECONDS / 60)) min $((SECONDS % 60)) s ==="
