@@ -287,6 +287,11 @@ and not algorithm and not split and not shared) or device_of_its_own or split_gr
 }
 if [[ " $builds " == *" mpich "* ]]; then
   setup_mpich  # here, not in both lanes at once (builds share the build/ folder)
+  # and Open MPI 4.1's, the last of the background setups: it may run apt-get, and so may the
+  # second lane's `slurm_cluster.sh up` (apt's locks fail the one that comes second)
+  if [[ " $builds " == *" ompi41 "* ]]; then
+    setup_ompi41
+  fi
   SECOND_LANE_LOG="$BACKGROUND_LOGS/later-legs.log"
   echo "=== in a second lane, beside the MPICH and CUDA legs: the Slurm and Open MPI 4.1 legs (their output follows) ==="
   (
