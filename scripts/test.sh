@@ -292,14 +292,15 @@ if [[ " $builds " == *" mpich "* ]]; then
   if [[ " $builds " == *" ompi41 "* ]]; then
     setup_ompi41
   fi
-  SECOND_LANE_LOG="$BACKGROUND_LOGS/later-legs.log"
+  SECOND_LANE_LOG="$(mktemp)"
   echo "=== in a second lane, beside the MPICH and CUDA legs: the Slurm and Open MPI 4.1 legs (their output follows) ==="
   (
     second_lane_legs "$@"
     echo "=== the second lane's legs passed (at $((SECONDS / 60)) min $((SECONDS % 60)) s) ==="
   ) >"$SECOND_LANE_LOG" 2>&1 &
   second_lane_pid=$!
-  at_exit+=("kill_tree $second_lane_pid")
+  # a run that fails in the first lane still shows what the second had done
+  at_exit+=("kill_tree $second_lane_pid" "[ -n \"\${second_lane_shown:-}\" ] || { echo '=== the second lane, cut short: its output so far ==='; cat '$SECOND_LANE_LOG'; }; rm -f '$SECOND_LANE_LOG'")
   if [[ " $builds " == *" slurm "* ]]; then  # its cluster, should the run end inside a Slurm leg
     at_exit+=('"$ROOT/scripts/slurm_cluster.sh" down')
   fi
@@ -320,6 +321,7 @@ and not (with_algorithm and (ring-5 or rhd-2 or allgather-2 or 4-ring or 4-rhd o
   wait "$second_lane_pid" && second_lane_status=0 || second_lane_status=$?
   echo "=== the second lane's output (started beside the MPICH leg): ==="
   cat "$SECOND_LANE_LOG"
+  second_lane_shown=1
   if [ "$second_lane_status" != 0 ]; then
     echo "=== the second lane FAILED (exit $second_lane_status) ===" >&2
     exit 1

@@ -10,6 +10,7 @@ import tempfile
 import socket
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -222,6 +223,31 @@ def test_plain_python_is_a_world_of_one():
         "import torch.distributed as dist, torch_mpi_gpu\n"
         "dist.init_process_group('mpigpu', rank=0, world_size=1)")
     assert rc != 0 and "MASTER_ADDR" in out, out
+
+
+def test_an_abort_waits_until_its_output_is_read():
+    # MPI_Abort makes the launcher end every rank and itself; what a rank wrote to its output
+    # pipe and the launcher has not read yet is lost (MPICH's Hydra under load lost a rank's last
+    # lines so, its abort message among them). A process that ends the job first waits, at most
+    # 2 s, for its pipe to be read: here nobody reads until it has ended, so it takes the 2 s,
+    # and every line is there.
+    child = ("import sys, time, torch_mpi_gpu\n"
+             "torch_mpi_gpu._C.mpi_info()\n"  # MPI running (a singleton): abort_job is MPI_Abort
+             "print(f'wrote at {time.time()!r}', flush=True)\n"
+             "print('x' * 5000 + ' last line', flush=True)\n"
+             "torch_mpi_gpu._C.abort_job(3)")
+    proc = subprocess.Popen([sys.executable, "-c", child], stdout=subprocess.PIPE,
+                            stderr=subprocess.DEVNULL, env=ENV, cwd=ROOT / "tests")
+    try:
+        proc.wait(timeout=120)
+    finally:
+        proc.kill()
+    ended = time.time()
+    out = proc.stdout.read().decode()
+    wrote = re.search(r"wrote at ([\d.]+)", out)
+    assert proc.returncode == 3 and wrote and out.endswith(" last line\n"), out[-500:]
+    assert 1.5 < ended - float(wrote.group(1)) < 10, \
+        f"ended {ended - float(wrote.group(1)):.2f} s after writing (2 s of waiting expected)"
 
 
 def test_collectives_never_wait_for_the_store():

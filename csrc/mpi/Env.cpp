@@ -1,6 +1,8 @@
 #include "mpi/Env.hpp"
 
 #include <pthread.h>
+#include <sys/ioctl.h>
+#include <sys/stat.h>
 #include <unistd.h>
 
 #include <algorithm>
@@ -145,11 +147,32 @@ void finalizeIfOwned() {
   MPI_Finalize();
 }
 
+namespace {
+// A launcher forwards each rank's stdout and stderr through pipes, and MPI_Abort makes it end
+// every rank and itself: what this process wrote that it has not read yet is lost. Under load,
+// MPICH's Hydra lost a rank's last lines so, the reason for the abort among them (CI,
+// 2026-12-03). So wait, a bounded time, until the reader has taken what is in the pipes (on a
+// pipe FIONREAD counts the unread bytes from either end; files and terminals need no wait).
+void waitUntilOutputIsRead(std::chrono::milliseconds limit) {
+  const auto deadline = std::chrono::steady_clock::now() + limit;
+  for (const int fd : {STDOUT_FILENO, STDERR_FILENO}) {
+    struct stat st{};
+    if (fstat(fd, &st) != 0 || !S_ISFIFO(st.st_mode)) continue;
+    int unread = 0;
+    while (ioctl(fd, FIONREAD, &unread) == 0 && unread > 0 &&
+           std::chrono::steady_clock::now() < deadline) {
+      std::this_thread::sleep_for(std::chrono::milliseconds(5));
+    }
+  }
+}
+}  // namespace
+
 void abortJob(int code) {
   int initialized = 0;
   MPI_Initialized(&initialized);
   const bool running = initialized && !isFinalized();
   if (!running) std::_Exit(code);
+  waitUntilOutputIsRead(std::chrono::milliseconds(kAbortOutputWaitMs));
   int rank = -1;
   MPI_Comm_rank(MPI_COMM_WORLD, &rank);
   std::thread([code, rank] {

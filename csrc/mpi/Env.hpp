@@ -37,6 +37,9 @@ void finalizeIfOwned();
 // process after kAbortGraceSeconds if it is still here; the launcher then sees a rank die and
 // ends the job.
 constexpr int kAbortGraceSeconds = 10;
+// Before MPI_Abort, at most this long for the launcher to read what this process wrote to its
+// stdout and stderr pipes (see waitUntilOutputIsRead in Env.cpp).
+constexpr int kAbortOutputWaitMs = 2000;
 [[noreturn]] void abortJob(int code);
 
 std::string threadLevelName(int level);
