@@ -237,7 +237,7 @@ def report_removed_session_folders():
 def run_launcher(cmd, env, timeout):
     """subprocess.run(cmd) of a launch, output captured. Past `timeout` the job is ended as a user
     ends one, SIGTERM to the launcher (it ends its ranks and removes its files; a SIGKILL leaves
-    the ranks running and the session folder above behind), killed only 10 s later; then
+    the session folder above behind, and ranks not yet in a group running), killed only 10 s later; then
     subprocess.TimeoutExpired, with the output so far."""
     with subprocess.Popen(cmd, env=env, cwd=MP_DIR, stdout=subprocess.PIPE,
                           stderr=subprocess.PIPE, text=True) as proc:

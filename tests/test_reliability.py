@@ -202,7 +202,7 @@ class RunningJob:
 
     def stop(self):
         """Ends a job the test gave up on: SIGTERM to the launcher, SIGKILL 10 s later (a SIGKILL
-        alone leaves its ranks running, and Open MPI's session folder behind)."""
+        alone leaves Open MPI's session folder behind, and ranks not yet in a group running)."""
         self.proc.terminate()
         try:
             self.proc.wait(10)
@@ -238,7 +238,7 @@ def gone(pids, timeout=15):
     return alive
 
 
-@pytest.mark.parametrize("sig", ["SIGINT", "SIGTERM"])
+@pytest.mark.parametrize("sig", ["SIGINT", "SIGTERM", "SIGKILL"])
 def test_a_signal_to_the_launcher_ends_a_job_waiting_in_an_op(sig):
     # Ctrl-C at the terminal (SIGINT to the launcher), and SIGTERM (what `timeout`, `kill` or a
     # batch system's end of the job sends it), while rank 1 sleeps in Python, rank 0 waits inside
@@ -247,6 +247,13 @@ def test_a_signal_to_the_launcher_ends_a_job_waiting_in_an_op(sig):
     # Open MPI's mpirun and srun end the job themselves; MPICH's mpiexec passes the signal to
     # the ranks, and rank 1's KeyboardInterrupt (or SIGTERM's default action) ends it. srun
     # takes Ctrl-C twice within a second (once only prints the step's state), as users press it.
+    # SIGKILL (the OOM killer, a hard kill) leaves nothing to end the job: Hydra's proxies and
+    # Open MPI 4.1's ranks see it and end; Open MPI 5's ranks end themselves only inside an MPI
+    # call, and these wait in shared memory (the node algorithm) and in Python, so mpigpu's
+    # watchdog ends a rank whose launcher has gone (before, all three ran on for ever).
+    if sig == "SIGKILL" and SRUN_MPI:
+        pytest.skip("srun: a SIGKILL to srun leaves the step to Slurm, which shows it in squeue "
+                    "and ends it with scancel (or at InactiveLimit, where a site sets one)")
     shm_before = set(Path("/dev/shm").glob("mpigpu-*"))
     job = RunningJob("wait-for-a-signal", 3)
     pids = job.pids()
@@ -259,6 +266,7 @@ def test_a_signal_to_the_launcher_ends_a_job_waiting_in_an_op(sig):
     out = job.output()
     assert rc != 0, out[-3000:]
     assert took < 30, f"the job took {took:.0f} s to end after {sig}:\n{out[-3000:]}"
+    # (after a SIGKILL, within the watchdog's tick: 15 s is slack for a loaded machine)
     assert not gone(pids), f"rank processes {gone(pids, 0)} outlived the job:\n{out[-3000:]}"
     left = set(Path("/dev/shm").glob("mpigpu-*")) - shm_before
     assert not left, f"shared-memory segments left after the job: {left}"

@@ -250,6 +250,37 @@ def test_an_abort_waits_until_its_output_is_read():
         f"ended {ended - float(wrote.group(1)):.2f} s after writing (2 s of waiting expected)"
 
 
+def test_a_world_of_one_outlives_the_shell_that_started_it(tmp_path):
+    # A rank whose launcher has gone ends itself (the watchdog asks mpi::launcherGone). A world of
+    # one has no launcher to lose: `nohup python train.py &` from a shell that then exits must
+    # run on. The shell here waits until the process has made its group, then exits; the process
+    # waits until it is re-parented, lets the watchdog tick (every 0.2 s) a few times, and
+    # reduces.
+    ready, done = tmp_path / "ready", tmp_path / "done"
+    child = ("import os, sys, time, torch, torch.distributed as dist, torch_mpi_gpu\n"
+             "dist.init_process_group('mpigpu')\n"
+             "shell = os.getppid()\n"
+             "open(sys.argv[1], 'w').write(str(os.getpid()))\n"
+             "deadline = time.monotonic() + 60\n"
+             "while os.getppid() == shell and time.monotonic() < deadline: time.sleep(0.05)\n"
+             "time.sleep(1)\n"
+             "t = torch.ones(3); dist.all_reduce(t)\n"
+             "open(sys.argv[2], 'w').write(f'{shell} -> {os.getppid()}: {t.tolist()}')\n")
+    shell = ('"$0" -c "$1" "$2" "$3" >/dev/null 2>&1 &\n'
+             'while [ ! -e "$2" ]; do sleep 0.05; done')
+    subprocess.run(["sh", "-c", shell, sys.executable, child, ready, done], env=ENV,
+                   timeout=120, check=True)
+    pid = int(ready.read_text())
+    deadline = time.monotonic() + 90
+    while not done.exists() and Path(f"/proc/{pid}").exists() and time.monotonic() < deadline:
+        time.sleep(0.1)
+    time.sleep(0.2)  # (written, not yet closed)
+    assert done.exists(), (f"the process ended (or hung, {Path(f'/proc/{pid}').exists()}) "
+                           "after its shell exited")
+    before, after = done.read_text().split(" -> ")
+    assert before != after.split(":")[0] and after.endswith("[1.0, 1.0, 1.0]"), done.read_text()
+
+
 def test_collectives_never_wait_for_the_store():
     # The watchdog publishes progress through the store about once a second. A store that hangs
     # (its host gone) must not stall collectives: before the fix the watchdog held the lock every

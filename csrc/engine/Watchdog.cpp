@@ -389,6 +389,7 @@ void loop() {
         due.push_back(e);
       }
     }
+    if (const auto launcher = mpi::launcherGone()) mpi::endOrphanedRank(*launcher);
     judgeDepartures(groups, waiting, now);
     if (!held.empty()) releaseWhenAllLeft(held);
     for (const auto& p : toPublish) publish(*p);
