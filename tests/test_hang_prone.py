@@ -111,9 +111,9 @@ def stuck_mpi_abort_library():
 
 
 def test_a_waiting_rank_polls_on_one_thread():
-    # rank 0 waits 4 s for late peers, inline and on the worker, sync and async, collective and
+    # rank 0 waits 2 s for late peers, inline and on the worker, sync and async, collective and
     # point-to-point; its threads together may use at most 1.2x its busiest thread's CPU time
-    env = {"MPIGPU_TEST_DELAY_S": "4", "TORCH_MPIGPU_INLINE_BYTES": "1024",
+    env = {"MPIGPU_TEST_DELAY_S": "2", "TORCH_MPIGPU_INLINE_BYTES": "1024",
            **mapping_env("slot")}
     np = NP if TWO_HOSTS else 2
     out = run_mpi("busy_wait.py", np, env=env, timeout=180, repeat=1)
