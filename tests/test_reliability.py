@@ -171,9 +171,9 @@ class RunningJob:
     output is gathered as it comes; `pids()` are the ranks' processes (each prints one line
     "rank R pid P waiting" when it is ready for the signal)."""
 
-    def __init__(self, mode, np, env=None):
+    def __init__(self, mode, np, env=None, wrap=()):
         self.np = np
-        self.proc = subprocess.Popen(launch_command(np, dict(env or {})) +
+        self.proc = subprocess.Popen(launch_command(np, dict(env or {})) + list(wrap) +
                                      rank_command("exits.py", mode),
                                      env=launch_env(env), cwd=MP_DIR, stdout=subprocess.PIPE,
                                      stderr=subprocess.STDOUT, text=True)
@@ -238,6 +238,11 @@ def gone(pids, timeout=15):
     return alive
 
 
+# A wrapper script around each rank: rank 1's runs the command as a child, the others' `exec` it.
+RANK_1_WRAPPED = ("sh", "-c", 'case "${OMPI_COMM_WORLD_RANK:-$PMI_RANK}" in 1) "$@"; exit $?;; '
+                  '*) exec "$@";; esac', "wrapper")
+
+
 @pytest.mark.parametrize("sig", ["SIGINT", "SIGTERM", "SIGKILL"])
 def test_a_signal_to_the_launcher_ends_a_job_waiting_in_an_op(sig):
     # Ctrl-C at the terminal (SIGINT to the launcher), and SIGTERM (what `timeout`, `kill` or a
@@ -251,12 +256,17 @@ def test_a_signal_to_the_launcher_ends_a_job_waiting_in_an_op(sig):
     # Open MPI 4.1's ranks see it and end; Open MPI 5's ranks end themselves only inside an MPI
     # call, and these wait in shared memory (the node algorithm) and in Python, so mpigpu's
     # watchdog ends a rank whose launcher has gone (before, all three ran on for ever).
+    # Rank 1 runs under a wrapper script that does not `exec` Python (as many sites' do): its
+    # launcher is the wrapper's parent.
     if sig == "SIGKILL" and SRUN_MPI:
         pytest.skip("srun: a SIGKILL to srun leaves the step to Slurm, which shows it in squeue "
                     "and ends it with scancel (or at InactiveLimit, where a site sets one)")
     shm_before = set(Path("/dev/shm").glob("mpigpu-*"))
-    job = RunningJob("wait-for-a-signal", 3)
+    job = RunningJob("wait-for-a-signal", 3, wrap=RANK_1_WRAPPED if sig == "SIGKILL" else ())
     pids = job.pids()
+    if sig == "SIGKILL":
+        wrapper = Path(f"/proc/{pids[1]}/stat").read_text().rsplit(")", 1)[1].split()[1]
+        assert Path(f"/proc/{wrapper}/comm").read_text().strip() == "sh", "rank 1 is not wrapped"
     time.sleep(1)  # inside the ops, past any start-up
     job.proc.send_signal(getattr(signal, sig))
     if sig == "SIGINT" and SRUN_MPI:

@@ -383,9 +383,16 @@ def test_every_algorithm_of_the_table_is_documented_and_forceable():
         assert f"| `{row['name']}` |" in doc, f"docs/architecture.md lacks a row for {row['name']}"
         assert "all_reduce" in row["ops"] and set(row["ops"]) <= {
             "all_reduce", "reduce_scatter", "reduce", "all_gather", "broadcast"}, row
-        rc, out = python("import torch_mpi_gpu._C as C; print(C.reduction_rule())",
-                         env={"TORCH_MPIGPU_ALGO": row["name"]})
-        assert rc == 0 and f"TORCH_MPIGPU_ALGO={row['name']} for every op it serves" in out, out
+    # forced one after another in one interpreter (settings are read where they are used)
+    names = [row["name"] for row in rows]
+    rc, out = python("import os, torch_mpi_gpu._C as C\n"
+                     f"for name in {names!r}:\n"
+                     "    os.environ['TORCH_MPIGPU_ALGO'] = name\n"
+                     "    print(name, '->', C.reduction_rule())")
+    assert rc == 0, out
+    for name in names:
+        assert re.search(rf"^{name} -> .*TORCH_MPIGPU_ALGO={name} for every op it serves", out,
+                         re.M), out
 
 
 def test_readme_and_docs_links_resolve():
@@ -425,17 +432,25 @@ def test_our_code_calls_torchs_current_collective_names():
 def test_settings_defaults_parse_and_bad_values_name_the_variable():
     # every default in the table parses (a group is created with all of them), and a bad value
     # is a ValueError naming the variable and the accepted values
+    # (the algorithm's name is checked against the algorithm table: where a group resolves it);
+    # one interpreter, the settings read at each call
     rc, out = python(
-        "import torch_mpi_gpu._C as C; import torch.distributed as dist; "
-        "print(C.cuda_path()[0], C.reduction_rule()[:20])")
-    assert rc == 0, out
-    # (the algorithm's name is checked against the algorithm table: where a group resolves it)
-    rc, out = python("import torch_mpi_gpu._C as C; C.reduction_rule()",
-                     env={"TORCH_MPIGPU_ALGO": "fastest"})
-    assert rc != 0 and "ValueError" in out and "TORCH_MPIGPU_ALGO=fastest must be one of: auto, mpi" in out, out
-    rc, out = python("import torch_mpi_gpu._C as C; C.cuda_path()",
-                     env={"TORCH_MPIGPU_FUSION_BYTES": "-1"})
-    assert rc != 0 and "TORCH_MPIGPU_FUSION_BYTES=-1 is not an integer in [0," in out, out
+        "import os, torch_mpi_gpu._C as C\n"
+        "print('defaults:', C.cuda_path()[0], C.reduction_rule()[:20])\n"
+        "for name, value, call in [('TORCH_MPIGPU_ALGO', 'fastest', C.reduction_rule),\n"
+        "                          ('TORCH_MPIGPU_FUSION_BYTES', '-1', C.cuda_path)]:\n"
+        "    os.environ[name] = value\n"
+        "    try:\n"
+        "        call()\n"
+        "        print(name, 'accepted', value)\n"
+        "    except ValueError as e:\n"
+        "        print(name, 'ValueError:', e)\n"
+        "    del os.environ[name]")
+    assert rc == 0 and "defaults: " in out and "accepted" not in out, out
+    assert re.search(r"^TORCH_MPIGPU_ALGO ValueError: .*TORCH_MPIGPU_ALGO=fastest must be one of: "
+                     r"auto, mpi", out, re.M), out
+    assert re.search(r"^TORCH_MPIGPU_FUSION_BYTES ValueError: .*TORCH_MPIGPU_FUSION_BYTES=-1 is not "
+                     r"an integer in \[0,", out, re.M), out
 
 
 def test_profiler_events_carry_the_backend_prefix_and_the_comms_parameters():
@@ -622,20 +637,35 @@ def test_info_cli_reports_mpi_paths_and_settings():
     assert "TORCH_MPIGPU_TIMEOUT" in data["settings"]
 
 
-@pytest.mark.parametrize("aware, reduce, expect", [
+CUDA_PATH_CASES = [
     ("1", "auto", ("cuda-direct", "cuda-staged")),   # Open MPI reduces device buffers on the host
     ("1", "direct", ("cuda-direct", "cuda-direct")),
     ("1", "staged", ("cuda-direct", "cuda-staged")),
     ("0", "direct", ("cuda-staged", "cuda-staged")),  # reductions never go direct alone
-])
-def test_cuda_path_choice(aware, reduce, expect):
+]
+
+
+@pytest.fixture(scope="module")
+def cuda_path_choices():
+    """{(aware, reduce): output line} of every case, from one interpreter (the settings are
+    read at each call)."""
+    cases = [(aware, reduce) for aware, reduce, _ in CUDA_PATH_CASES]
+    rc, out = python("import os\nfrom torch_mpi_gpu import _C\n"
+                     f"for aware, reduce in {cases!r}:\n"
+                     "    os.environ.update(TORCH_MPIGPU_CUDA_AWARE=aware, "
+                     "TORCH_MPIGPU_CUDA_REDUCE=reduce)\n"
+                     "    print(aware, reduce, _C.cuda_path()[0], _C.cuda_reduce_path()[0],"
+                     " _C.cuda_reduce_path()[1], sep='|')")
+    assert rc == 0, out
+    return {tuple(line.split("|")[:2]): line for line in out.splitlines() if line.count("|") >= 4}
+
+
+@pytest.mark.parametrize("aware, reduce, expect", CUDA_PATH_CASES)
+def test_cuda_path_choice(aware, reduce, expect, cuda_path_choices):
     """Which path CUDA tensors and CUDA reductions take, from the settings and the MPI library
     (no GPU needed: the choice is made before any device memory is touched)."""
-    code = ("from torch_mpi_gpu import _C\n"
-            "print(_C.cuda_path()[0], _C.cuda_reduce_path()[0], _C.cuda_reduce_path()[1], sep='|')")
-    rc, out = python(code, env={"TORCH_MPIGPU_CUDA_AWARE": aware, "TORCH_MPIGPU_CUDA_REDUCE": reduce})
-    assert rc == 0, out
-    path, reduce_path, reason = out.strip().splitlines()[-1].split("|")
+    out = cuda_path_choices.get((aware, reduce), f"no line for {aware}, {reduce}: {cuda_path_choices}")
+    path, reduce_path, reason = (out.split("|", 4) + ["", "", "", ""])[2:5]
     import torch_mpi_gpu
     if not torch_mpi_gpu._C.with_cuda():
         assert (path, reduce_path) == ("via-cpu", "via-cpu"), out

@@ -1,6 +1,7 @@
 #include "engine/Watchdog.hpp"
 
 #include "engine/FlightRecorder.hpp"
+#include "engine/LauncherWatch.hpp"
 #include "engine/ThreadName.hpp"
 #include "mpi/Env.hpp"
 
@@ -389,7 +390,7 @@ void loop() {
         due.push_back(e);
       }
     }
-    if (const auto launcher = mpi::launcherGone()) mpi::endOrphanedRank(*launcher);
+    if (const auto launcher = launcherGone()) endOrphanedRank(*launcher);
     judgeDepartures(groups, waiting, now);
     if (!held.empty()) releaseWhenAllLeft(held);
     for (const auto& p : toPublish) publish(*p);
@@ -405,6 +406,7 @@ void loop() {
 }  // namespace
 
 void Watchdog::addGroup(Progress p) {
+  noteLauncher();  // (watched from now: see LauncherWatch.hpp)
   State& st = state();
   std::lock_guard<std::mutex> lock(st.mutex);
   if (!st.thread.joinable() && !st.stop) st.thread = std::thread(loop);

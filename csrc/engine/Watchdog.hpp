@@ -11,6 +11,7 @@
 // awaited send or receive is with a rank that left) reports that at once and ends the job the
 // same way: the op can never finish, so waiting out the timeout (30 min by default) would only
 // hide the cause.
+// A rank whose launcher has gone (killed) ends itself at the next tick (LauncherWatch.hpp).
 #pragma once
 
 #include <torch/csrc/distributed/c10d/Store.hpp>

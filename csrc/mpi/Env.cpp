@@ -6,7 +6,6 @@
 #include <unistd.h>
 
 #include <algorithm>
-#include <atomic>
 #include <chrono>
 #include <cstdio>
 #include <cstdlib>
@@ -30,19 +29,6 @@ namespace {
 std::mutex g_initMutex;
 EnvInfo g_info;
 bool g_ready = false;
-std::atomic<int> g_launcherPid{0};  // 0: not watched (see launcherGone)
-std::string g_launcherName;         // written once, before g_launcherPid
-
-std::string commandName(int pid) {
-  std::string name;
-  if (FILE* f = std::fopen(c10::str("/proc/", pid, "/comm").c_str(), "r")) {
-    char line[64] = {0};
-    if (std::fgets(line, sizeof line, f)) name = line;
-    std::fclose(f);
-  }
-  while (!name.empty() && name.back() == '\n') name.pop_back();
-  return name;
-}
 
 int queryCudaAwareCompileTime() {
 #if defined(MPIX_CUDA_AWARE_SUPPORT) && MPIX_CUDA_AWARE_SUPPORT
@@ -144,10 +130,6 @@ const EnvInfo& ensureInitialized() {
                  "mpi4py.rc.thread_level at 'multiple', or import torch_mpi_gpu first."));
   }
   registerCustomTypes();
-  if (const int parent = static_cast<int>(getppid()); g_info.worldSize > 1 && parent > 1) {
-    g_launcherName = commandName(parent);
-    g_launcherPid.store(parent, std::memory_order_release);
-  }
   g_ready = true;
   return g_info;
 }
@@ -207,27 +189,6 @@ void abortJob(int code) {
   }).detach();
   MPI_Abort(MPI_COMM_WORLD, code);
   std::_Exit(code);  // MPI_Abort returned: the standard does not forbid it
-}
-
-std::optional<Launcher> launcherGone() {
-  const int launcher = g_launcherPid.load(std::memory_order_acquire);
-  if (launcher == 0 || static_cast<int>(getppid()) == launcher) return std::nullopt;
-  return Launcher{launcher, g_launcherName};
-}
-
-void endOrphanedRank(const Launcher& launcher) {
-  const std::string who = launcher.name.empty() ? c10::str("pid ", launcher.pid)
-                                                : c10::str(launcher.name, ", pid ", launcher.pid);
-  const std::string line = c10::str(
-      "mpigpu [rank ", g_info.worldRank, "]: the launcher's process that started this rank (", who,
-      ") has gone, killed it seems (SIGKILL, the OOM killer): nothing is left to end the job "
-      "or read its output, so this rank ends itself (exit 3). To stop a job, send Ctrl-C or "
-      "SIGTERM to the launcher; a SIGKILL leaves Open MPI's session folder behind "
-      "(docs/troubleshooting.md).\n");
-  // the reader of a launcher's pipe is gone: a write fails (EPIPE: Python ignores SIGPIPE), but
-  // stderr may be a file or a terminal
-  (void)!write(STDERR_FILENO, line.data(), line.size());
-  std::_Exit(3);
 }
 
 std::string threadLevelName(int level) {

@@ -6,7 +6,6 @@
 
 #include <cstdint>
 #include <mutex>
-#include <optional>
 #include <string>
 #include <vector>
 
@@ -42,26 +41,6 @@ constexpr int kAbortGraceSeconds = 10;
 // stdout and stderr pipes (see waitUntilOutputIsRead in Env.cpp).
 constexpr int kAbortOutputWaitMs = 2000;
 [[noreturn]] void abortJob(int code);
-
-// The process that started this rank on its host (Open MPI's mpirun or prted, a Hydra proxy,
-// slurmstepd): this process's parent when MPI was initialised, in a job of more than one rank.
-// Once it is gone (a SIGKILL, the OOM killer), nothing is left to end the job or read its
-// output. Hydra's proxies and Open MPI 4.1 end their ranks then, and Open MPI 5's ranks end
-// themselves, but only from inside an MPI call: a rank waiting in shared memory (the node
-// algorithm) or in Python makes none, and ran on for ever (2026-12-03). So the watchdog asks
-// this about every 200 ms, and such a rank ends itself (endOrphanedRank). Not watched: a job of
-// one rank, and a parent this process cannot see (getppid() 0 or 1: a PID namespace of its
-// own, a container's init), nor a wrapper script between the launcher and Python that stays
-// (the launcher's death then re-parents the wrapper, not this process; `exec` in the wrapper
-// keeps the watch).
-struct Launcher {
-  int pid = 0;
-  std::string name;  // its command name (/proc/<pid>/comm), "" if unreadable
-};
-std::optional<Launcher> launcherGone();
-// Says on stderr that `launcher` has gone and why this rank ends, then exits with code 3 at
-// once: MPI_Abort would ask the launcher that is no longer there.
-[[noreturn]] void endOrphanedRank(const Launcher& launcher);
 
 std::string threadLevelName(int level);
 // With less than MPI_THREAD_MULTIPLE every MPI call must come from one thread at a time:
