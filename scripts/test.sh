@@ -308,8 +308,8 @@ if [[ " $builds " == *" mpich "* ]]; then
   # launcher takes other flags (tests/conftest.py picks them). The node algorithm runs in every
   # plain test here; of its shapes only the hierarchical 2 x 2 (the cross-node MPI calls). The
   # hang-prone jobs run under MPICH across the two hosts (above). Our algorithms (point-to-point
-  # over MPI) each at 3 ranks, and the ring also at 2 (one peer on both sides) and 4: their
-  # other rank counts change no MPI call's pattern, and the CPU leg runs them all. Not the
+  # over MPI) each at 3 ranks, and the ring also at 2 (one peer on both sides): their other
+  # rank counts change no MPI call's pattern, and the CPU leg runs them all. Not the
   # ecosystem libraries (Lightning, Accelerate: torch's API over the same collectives, run above).
   run_suite "$MPICH_VENV" "MPICH build (Hydra mpiexec)" test_multirank.py test_reliability.py \
     test_flight_recorder.py -k "not soak and not count_above and not device_of_its_own and not prterun \

@@ -372,8 +372,9 @@ def test_device_soak_generator_and_reference_on_cpu(np, algo):
 
 
 # (one rank: no messages, test_collectives[1]; rhd and allgather at 4 and 5 ranks: as at 2 and 3,
-# rhd's folding of one extra rank at 3 and of several in test_rhd_folding_several_extra_ranks)
-@pytest.mark.parametrize("algo, np", [(a, n) for a in ALGOS for n in (2, 3, 4, 5)
+# rhd's folding of one extra rank at 3 and of several in test_rhd_folding_several_extra_ranks;
+# the ring at 2, 3 and 5: its pattern has no case that 4 adds)
+@pytest.mark.parametrize("algo, np", [(a, n) for a in ALGOS for n in (2, 3, 5)
                                       if n <= 3 or a == "ring"])
 def test_collectives_with_algorithm(algo, np):
     out = run_mpi("collectives.py", np, env=algo_env(algo))
