@@ -9,11 +9,17 @@
 #include <cstring>
 #include <fstream>
 #include <mutex>
+#include <string>
 
 #include "mpi/Env.hpp"
 
 namespace mpigpu {
 namespace {
+
+struct Launcher {
+  int pid = 0;
+  std::string name;  // its command name (/proc/<pid>/comm), "" if unreadable
+};
 
 struct Watch {
   int leader = 0;     // this process group's leader: this process, or a wrapper above it
@@ -92,19 +98,14 @@ void noteLauncher() {
   });
 }
 
-std::optional<Launcher> launcherGone() {
+void endRankIfLauncherGone() {
   const Watch* w = g_watch.load(std::memory_order_acquire);
-  if (w == nullptr || parentOf(w->leader) == w->launcher.pid) return std::nullopt;
-  return w->launcher;
-}
-
-void endOrphanedRank(const Launcher& launcher) {
-  const Watch* w = g_watch.load(std::memory_order_acquire);
+  if (w == nullptr || parentOf(w->leader) == w->launcher.pid) return;
+  const Launcher& launcher = w->launcher;
   const std::string who = launcher.name.empty() ? c10::str("pid ", launcher.pid)
                                                 : c10::str(launcher.name, ", pid ", launcher.pid);
   const std::string line = c10::str(
-      "mpigpu [rank ", w ? w->worldRank : -1, "]: the launcher's process that started this rank (",
-      who,
+      "mpigpu [rank ", w->worldRank, "]: the launcher's process that started this rank (", who,
       ") has gone, killed it seems (SIGKILL, the OOM killer): nothing is left to end the job "
       "or read its output, so this rank ends itself (exit 3). To stop a job, send Ctrl-C or "
       "SIGTERM to the launcher; a SIGKILL leaves Open MPI's session folder behind "

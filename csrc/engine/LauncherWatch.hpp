@@ -3,7 +3,7 @@
 // or read its output. Hydra's proxies and Open MPI 4.1 end their ranks then, and Open MPI 5's
 // ranks end themselves, but only from inside an MPI call: a rank waiting in shared memory (the
 // node algorithm) or in Python makes none, and ran on for ever (2026-12-03). So the watchdog asks
-// launcherGone() at every tick (200 ms), and such a rank ends itself.
+// endRankIfLauncherGone() at every tick (200 ms), and such a rank ends itself.
 //
 // Which process is the launcher: Open MPI (4.1 and 5) and Hydra start each rank in a process
 // group of its own, and a wrapper script that runs Python without `exec` stays in it. So the
@@ -17,22 +17,12 @@
 // namespace of its own, a container's init).
 #pragma once
 
-#include <optional>
-#include <string>
-
 namespace mpigpu {
-
-struct Launcher {
-  int pid = 0;
-  std::string name;  // its command name (/proc/<pid>/comm), "" if unreadable
-};
 
 // Notes this rank's launcher, once (the first process group: MPI is running, the job started).
 void noteLauncher();
-// The noted launcher, once it has gone; nullopt while it is there or nothing is watched.
-std::optional<Launcher> launcherGone();
-// Says on stderr that `launcher` has gone and why this rank ends, then exits with code 3 at
-// once: MPI_Abort would ask the launcher that is no longer there.
-[[noreturn]] void endOrphanedRank(const Launcher& launcher);
+// Once the noted launcher has gone: says so on stderr, with why this rank ends, and exits with
+// code 3 at once (MPI_Abort would ask the launcher that is no longer there). Else returns.
+void endRankIfLauncherGone();
 
 }  // namespace mpigpu

@@ -390,7 +390,7 @@ void loop() {
         due.push_back(e);
       }
     }
-    if (const auto launcher = launcherGone()) endOrphanedRank(*launcher);
+    endRankIfLauncherGone();
     judgeDepartures(groups, waiting, now);
     if (!held.empty()) releaseWhenAllLeft(held);
     for (const auto& p : toPublish) publish(*p);
