@@ -59,8 +59,10 @@ setup_ompi41() {  # in a subshell: Open MPI 4.1's variables stay out of the othe
   if [[ "$ready" != *ompi41* ]] && ! wait_for_background_setup ompi41; then
     (
       eval "$("$ROOT/scripts/openmpi41.sh" "$OMPI41_DIR")"
+      # one unit per source file here (the other builds: one per layer), so that setting builds
+      # too, and a file that compiles only after another's includes fails
       MPIGPU_VENV="$OMPI41_VENV" MPI_HOME="$OPAL_PREFIX" MPIGPU_MPI_PACKAGE=none MPIGPU_SETUP_EXTRAS=0 \
-        TORCH_MPIGPU_WITH_CUDA=0 "$ROOT/scripts/setup_env.sh"
+        TORCH_MPIGPU_WITH_CUDA=0 TORCH_MPIGPU_UNITY_BUILD=0 "$ROOT/scripts/setup_env.sh"
     ) || return
   fi
   ready="$ready ompi41"
@@ -136,14 +138,14 @@ builds="${MPIGPU_TEST_BUILDS:-cpu mpich slurm hosts ompi41 cuda}"
 LAUNCHER_TESTS="(launcher or uncaught or clean or killed or stalled or signal or (leaving and exit-in-collective-3) \
 or ((ddp or fsdp or p2p_async or (collectives and not algorithm and not split)) and [3])) \
 and not shared_mpi_thread"
-later_setups=""
+later_setups="" cuda_setup=""
 if [[ " $builds " == *" mpich "* || " $builds " == *" slurm "* || " $builds " == *" hosts "* ]]; then
   later_setups="mpich"
 fi
 if [[ " $builds " == *" cuda "* ]]; then
   export CUDA_HOME="${CUDA_HOME:-/usr/local/cuda}" TORCH_CUDA_ARCH_LIST="${TORCH_CUDA_ARCH_LIST:-9.0}"
   if [ -x "$CUDA_HOME/bin/nvcc" ]; then
-    later_setups="$later_setups cuda"
+    cuda_setup="cuda"  # queued after Open MPI 4.1's (below)
   elif [ "${MPIGPU_REQUIRE_CUDA_BUILD:-0}" = 1 ]; then
     echo "no nvcc at $CUDA_HOME/bin/nvcc: cannot compile the CUDA sources" >&2
     exit 1
@@ -159,7 +161,9 @@ fi
 # minutes of CPU, Open MPI 4.1's 2.6). So the two-host legs come right after the CPU leg and the
 # MPICH and Slurm legs after them: the setups fit in the idle time of the first three. Before,
 # all three ran beside the CPU and MPICH legs (13-14 and 9.5 minutes in CI against 12:16 and 6:21
-# alone). ompi41's setup last in the queue: its leg comes late.
+# alone). Open MPI 4.1's setup before CUDA's: the second lane waits for it at its start, and the
+# CUDA leg comes last in the first lane (queued after CUDA's, on 2026-12-03 it was done at 32:32
+# and the second lane waited 221 s for it).
 if [[ " $builds " == *" ompi41 "* ]]; then
   if command -v apt-get >/dev/null; then
     later_setups="$later_setups ompi41"
@@ -168,6 +172,7 @@ if [[ " $builds " == *" ompi41 "* ]]; then
     builds="${builds/ompi41/}"
   fi
 fi
+later_setups="$later_setups $cuda_setup"
 # the CPU venv first, in the foreground: builds share the source tree's build/ folder, one at a time
 if [[ " $builds " == *" cpu "* || " $builds " == *" slurm "* || " $builds " == *" hosts "* ]]; then
   setup_cpu

@@ -344,7 +344,7 @@ def test_settings_table_is_the_one_the_code_reads_and_the_docs_show():
     setup = (ROOT / "setup.py").read_text()
     defaults = {s.name: s.default for s in config.SETTINGS}
     for name in ("TORCH_MPIGPU_WITH_CUDA", "TORCH_MPIGPU_DEBUG_INFO",
-                 "TORCH_MPIGPU_PRECOMPILED_HEADER"):
+                 "TORCH_MPIGPU_PRECOMPILED_HEADER", "TORCH_MPIGPU_UNITY_BUILD"):
         assert f'"{name}", "{defaults[name]}"' in setup, name
     assert f'DEFAULT_MPI_PREFIX = "{defaults["MPI_HOME"]}"' in setup
 
