@@ -132,10 +132,11 @@ def debug_info_flag():
     return flags[setting]
 
 
-def precompiled_header_wanted():
-    setting = os.environ.get("TORCH_MPIGPU_PRECOMPILED_HEADER", "1")
+def switched_on(name, default):
+    """A build setting of 1 or 0 (anything else stops the build, naming it)."""
+    setting = os.environ.get(name, default)
     if setting not in ("0", "1"):
-        sys.exit(f"torch_mpi_gpu: TORCH_MPIGPU_PRECOMPILED_HEADER={setting}: use 1 or 0")
+        sys.exit(f"torch_mpi_gpu: {name}={setting}: use 1 or 0")
     return setting == "1"
 
 
@@ -180,13 +181,6 @@ def build_precompiled_header(compiler, cflags, post_cflags, build_directory):
         return []
     stamp.write_text(made_with)
     return use
-
-
-def unity_build_wanted():
-    setting = os.environ.get("TORCH_MPIGPU_UNITY_BUILD", "1")
-    if setting not in ("0", "1"):
-        sys.exit(f"torch_mpi_gpu: TORCH_MPIGPU_UNITY_BUILD={setting}: use 1 or 0")
-    return setting == "1"
 
 
 def layer_units(layers):
@@ -257,7 +251,7 @@ def extension():
     layers = {layer: sorted(glob.glob(f"{layer}/*.cpp"))
               for layer in ("csrc", "csrc/engine", "csrc/mpi", "csrc/paths", "csrc/algorithms",
                             "csrc/node") + (("csrc/cuda",) if with_cuda else ())}
-    if unity_build_wanted():
+    if switched_on("TORCH_MPIGPU_UNITY_BUILD", "1"):
         sources = layer_units(layers)
     else:
         sources = [source for layer_sources in layers.values() for source in layer_sources]
@@ -324,7 +318,7 @@ def build_ext_class():
                         compiler, kwargs["cflags"], kwargs["post_cflags"], kwargs["build_directory"])
                 return write_and_compile(*args, **kwargs)
 
-            if precompiled_header_wanted():
+            if switched_on("TORCH_MPIGPU_PRECOMPILED_HEADER", "1"):
                 cpp_extension._write_ninja_file_and_compile_objects = with_precompiled_header
             try:
                 super().build_extensions()
