@@ -5,6 +5,7 @@
 
 #include "Errors.hpp"
 #include "mpi/Check.hpp"
+#include "mpi/Wait.hpp"
 
 namespace mpigpu {
 
@@ -31,6 +32,7 @@ void checkSameCollective(const mpi::Comm& comm, const std::string& group, const 
   // do not, and every rank sees the same table and raises the same error.
   std::vector<Fingerprint> all(size);
   static_assert(sizeof(Fingerprint) == 4 * sizeof(int64_t), "Fingerprint must be 4 int64");
+  mpi::arriveTogether(comm, op);
   MPIGPU_MPI_CHECK(MPI_Allgather(&mine, 4, MPI_INT64_T, all.data(), 4, MPI_INT64_T, comm.handle),
                    op, rank);
   auto same = [&](const Fingerprint& f) {

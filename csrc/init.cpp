@@ -19,6 +19,7 @@
 #include "mpi/DirectProbe.hpp"
 #include "mpi/Env.hpp"
 #include "mpi/Types.hpp"
+#include "mpi/Wait.hpp"
 #include "paths/Devices.hpp"
 #include "algorithms/Algorithms.hpp"
 #include "algorithms/NodeAlgorithms.hpp"
@@ -219,9 +220,12 @@ void bindLifecycle(py::module_& m) {
       py::call_guard<py::gil_scoped_release>(),
       "Stops every engine and finalises MPI if torch_mpi_gpu initialised it (runs at exit).");
   m.def("is_finalized", &mpigpu::mpi::isFinalized);
-  m.def("set_oversubscribed", &mpigpu::Engine::setOversubscribed, py::arg("oversubscribed"),
-        "More ranks on this host than cores: callers of wait() sleep at once (set at import).");
-  m.def("oversubscribed", &mpigpu::Engine::oversubscribed);
+  m.def("set_oversubscribed", &mpigpu::mpi::setCrowded, py::arg("oversubscribed"),
+        "More ranks on this host than cores: waits inside MPI test and sleep instead of spinning, "
+        "callers of wait() sleep at once (set at import).");
+  m.def("oversubscribed", &mpigpu::mpi::crowded);
+  m.def("sleeping_mpi_waits", &mpigpu::mpi::sleepingWaits,
+        "Waits for MPI that slept at least once (crowded hosts; tests count them).");
   m.def(
       "running_world_size",
       [] {

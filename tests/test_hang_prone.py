@@ -34,7 +34,8 @@ SEQUENCE_RUNS = ({"slot": 2, "node": 1} if HYDRA else
     "default": int(os.environ.get("MPIGPU_TEST_REPEAT", "3"))}
 SEQUENCE = {"world ops", "point-to-point", "subgroup of odd ranks", "world after the subgroup"}
 BUSY_WAIT = {"collective inline, sync", "collective on the worker, sync",
-             "collective async, wait()", "recv, blocking", "irecv, wait()"}
+             "collective async, wait()", "recv, blocking", "irecv, wait()", "barrier",
+             "collective by MPI's own", "collective by the ring"}
 
 
 def mapping_env(mapping):
@@ -110,12 +111,17 @@ def stuck_mpi_abort_library():
     return library
 
 
-def test_a_waiting_rank_polls_on_one_thread():
-    # rank 0 waits 2 s for late peers, inline and on the worker, sync and async, collective and
-    # point-to-point; its threads together may use at most 1.2x its busiest thread's CPU time
-    env = {"MPIGPU_TEST_DELAY_S": "2", "TORCH_MPIGPU_INLINE_BYTES": "1024",
+@pytest.mark.parametrize("crowded", ["as launched", "crowded"])
+def test_a_waiting_rank_polls_on_one_thread(crowded):
+    # rank 0 waits 1 s for late peers, inline and on the worker, sync and async, collective and
+    # point-to-point; its threads together may use at most 1.2x its busiest thread's CPU time.
+    # Crowded (more ranks than cores: TORCH_MPIGPU_MPI_YIELD=1 says so on any host), at most a
+    # quarter of the wait.
+    env = {"MPIGPU_TEST_DELAY_S": "1", "TORCH_MPIGPU_INLINE_BYTES": "1024",
            **mapping_env("slot")}
+    if crowded == "crowded":
+        env["TORCH_MPIGPU_MPI_YIELD"] = "1"
     np = NP if TWO_HOSTS else 2
     out = run_mpi("busy_wait.py", np, env=env, timeout=180, repeat=1)
-    assert passed_counts(out, np, BUSY_WAIT) >= 5
+    assert passed_counts(out, np, BUSY_WAIT) >= len(BUSY_WAIT)
     print("\n".join(line for line in out.splitlines() if "threads' CPU" in line))

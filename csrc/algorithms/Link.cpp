@@ -3,6 +3,7 @@
 #include "Errors.hpp"
 #include "KeepUntilExit.hpp"
 #include "mpi/Check.hpp"
+#include "mpi/Wait.hpp"
 #include "mpi/Collectives.hpp"
 #include "mpi/Types.hpp"
 
@@ -68,7 +69,7 @@ size_t Link::irecv(const at::Tensor& piece, int peer) {
 void Link::wait(size_t handle) {
   Pending& p = pending_.at(handle);
   if (p.request == MPI_REQUEST_NULL && !p.mpiBuffer.defined()) return;  // waited already
-  MPIGPU_MPI_CHECK(MPI_Wait(&p.request, MPI_STATUS_IGNORE), op_, comm_.rank);
+  mpi::wait(&p.request, op_, comm_.rank);
   if (p.receive) received(p.mpiBuffer, p.piece);
   p.mpiBuffer = at::Tensor();
   p.piece = at::Tensor();

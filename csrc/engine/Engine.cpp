@@ -16,6 +16,7 @@
 #include "mpi/Check.hpp"
 #include "mpi/Collectives.hpp"
 #include "mpi/Env.hpp"
+#include "mpi/Wait.hpp"
 
 namespace mpigpu {
 
@@ -61,7 +62,6 @@ constexpr auto kSlowAfter = std::chrono::milliseconds(10);
 constexpr auto kSlowPollInterval = std::chrono::microseconds(200);
 // How long wait() on a point-to-point op tests for completion itself before sleeping.
 constexpr auto kCallerSpin = std::chrono::microseconds(2000);
-std::atomic<bool> g_oversubscribed{false};
 
 }  // namespace
 
@@ -206,13 +206,10 @@ void Engine::assistProgress() {
   progressPending(/*blocking=*/false);
 }
 
-void Engine::setOversubscribed(bool oversubscribed) { g_oversubscribed = oversubscribed; }
-
-bool Engine::oversubscribed() { return g_oversubscribed.load(); }
-
 std::chrono::microseconds Engine::callerSpin() const {
   // Below THREAD_MULTIPLE the caller may not test (assistProgress does nothing): sleep at once.
-  if (serialized_ || g_oversubscribed.load()) return std::chrono::microseconds(0);
+  // Crowded (more ranks than cores, mpi/Wait.hpp): only the worker tests, sleeping in between.
+  if (serialized_ || mpi::crowded()) return std::chrono::microseconds(0);
   return kCallerSpin;
 }
 

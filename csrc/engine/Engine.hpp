@@ -72,10 +72,6 @@ class Engine : public ProgressDriver {
   void assistProgress() override;
   void callerWaiting(bool waiting) override;
   std::chrono::microseconds callerSpin() const override;
-  // More ranks on this host than cores they may use (launcher.py decides at import, before
-  // MPI_Init): callers of wait() sleep at once instead of testing for a while themselves.
-  static void setOversubscribed(bool oversubscribed);
-  static bool oversubscribed();
   // Runs `task` on the worker and waits for it (communicator creation and release) up to
   // `timeout`; false when it did not finish by then (it stays queued: abort() drops it).
   bool runAndWait(const char* opName, const std::string& group, int rank,

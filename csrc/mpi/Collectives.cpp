@@ -14,6 +14,7 @@
 #include "Overlap.hpp"
 #include "mpi/Check.hpp"
 #include "mpi/Env.hpp"
+#include "mpi/Wait.hpp"
 
 namespace mpigpu::mpi {
 namespace {
@@ -82,6 +83,7 @@ MPI_Comm splitComm(const Comm& parent, const std::vector<int>& ranks, std::vecto
   const auto mine = std::find(ranks.begin(), ranks.end(), parent.rank);
   const int color =
       mine == ranks.end() ? MPI_UNDEFINED : *std::min_element(ranks.begin(), ranks.end());
+  arriveTogether(parent, op);
   MPI_Comm child = MPI_COMM_NULL;
   MPIGPU_MPI_CHECK(
       MPI_Comm_split(parent.handle, color, static_cast<int>(mine - ranks.begin()), &child), op,
@@ -125,6 +127,7 @@ void allreduceInPlace(const Comm& c, const char* op, at::Tensor& buf, const Redu
       buf.mul_(*red.premulScalar);
     settle(buf);
   }
+  arriveTogether(c, op);
   const int64_t es = buf.element_size();
   forChunks(buf.numel(), c.maxCount, [&](int64_t off, int n) {
     if (counted) ++g_calls;
@@ -137,6 +140,7 @@ void allreduceInPlace(const Comm& c, const char* op, at::Tensor& buf, const Redu
 
 void broadcast(const Comm& c, const char* op, at::Tensor& buf, int root) {
   const MPI_Datatype type = transportType(buf.scalar_type(), op, c.rank);
+  arriveTogether(c, op);
   const int64_t es = buf.element_size();
   forChunks(buf.numel(), c.maxCount, [&](int64_t off, int n) {
     ++g_calls;
@@ -149,6 +153,7 @@ void reduce(const Comm& c, const char* op, const at::Tensor& in, at::Tensor& out
   const at::Tensor send = prescaled(in, red);
   const bool isRoot = c.rank == root;
   const bool inPlace = isRoot && send.data_ptr() == out.data_ptr();
+  arriveTogether(c, op);
   const int64_t es = in.element_size();
   forChunks(in.numel(), c.maxCount, [&](int64_t off, int n) {
     ++g_calls;
@@ -163,6 +168,7 @@ void allgather(const Comm& c, const char* op, const at::Tensor& in, at::Tensor& 
   const MPI_Datatype type = transportType(in.scalar_type(), op, c.rank);
   const int64_t count = in.numel();
   if (count == 0) return;
+  arriveTogether(c, op);
   at::Tensor src = in;
   if (overlaps(in, out)) {
     // The rank's own slot of the output: MPI_IN_PLACE, as the standard asks.
@@ -236,6 +242,7 @@ void allgatherv(const Comm& c, const char* op, const at::Tensor& in, at::Tensor&
   const MPI_Datatype type = transportType(in.scalar_type(), op, c.rank);
   const std::vector<int64_t> displ = displacements(counts);
   if (displ.back() + counts.back() == 0) return;
+  arriveTogether(c, op);
   const int64_t es = in.element_size();
   // The input already in its own block of the output (views of one buffer): MPI_IN_PLACE, as the
   // standard asks; any other overlap travels from a copy.
@@ -268,6 +275,7 @@ void reduceScatterV(const Comm& c, const char* op, const at::Tensor& in, at::Ten
                     const std::vector<int64_t>& counts, const Reduction& red) {
   const std::vector<int64_t> displ = displacements(counts);
   if (displ.back() + counts.back() == 0) return;
+  arriveTogether(c, op);
   const at::Tensor send = prescaled(in, red);
   const bool aliased = overlaps(send, out);
   at::Tensor result = aliased ? at::empty_like(out) : out;
@@ -294,6 +302,7 @@ void gather(const Comm& c, const char* op, const at::Tensor& in, at::Tensor* out
   const MPI_Datatype type = transportType(in.scalar_type(), op, c.rank);
   const int64_t count = in.numel();
   if (count == 0) return;
+  arriveTogether(c, op);
   const bool isRoot = c.rank == root;
   at::Tensor src = in;
   if (isRoot && overlaps(in, *out)) {  // no aliased buffers (see overlaps)
@@ -319,6 +328,7 @@ void scatter(const Comm& c, const char* op, const at::Tensor* in, at::Tensor& ou
   const MPI_Datatype type = transportType(out.scalar_type(), op, c.rank);
   const int64_t count = out.numel();
   if (count == 0) return;
+  arriveTogether(c, op);
   const bool isRoot = c.rank == root;
   at::Tensor src = isRoot ? *in : at::Tensor();
   if (isRoot && overlaps(src, out)) {  // no aliased buffers (see overlaps)
@@ -344,6 +354,7 @@ void reduceScatter(const Comm& c, const char* op, const at::Tensor& in, at::Tens
                    const Reduction& red, bool counted) {
   const int64_t count = out.numel();
   if (count == 0) return;
+  arriveTogether(c, op);
   const at::Tensor send = prescaled(in, red);
   // The output inside the input (FSDP's in-place reduce_scatter_tensor): MPI_IN_PLACE would put
   // the result at the start of the buffer, not at this rank's block, so reduce into a copy.
@@ -461,6 +472,7 @@ void alltoallv(const Comm& c, const char* op, const at::Tensor& input,
     in = input.clone();
     settle(in);
   }
+  arriveTogether(c, op);
   std::vector<int64_t> sendDispl(c.size, 0), recvDispl(c.size, 0);
   for (int p = 1; p < c.size; ++p) {
     sendDispl[p] = sendDispl[p - 1] + sendCounts[p - 1];
@@ -493,7 +505,7 @@ void alltoallv(const Comm& c, const char* op, const at::Tensor& input,
 
 void barrier(const Comm& c, const char* op) {
   ++g_calls;
-  MPIGPU_MPI_CHECK(MPI_Barrier(c.handle), op, c.rank);
+  barrierOn(c.handle, op, c.rank);
 }
 
 bool cancelRequests(std::vector<MPI_Request>& requests) {

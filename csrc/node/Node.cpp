@@ -7,6 +7,7 @@
 #include <utility>
 
 #include "mpi/Check.hpp"
+#include "mpi/Wait.hpp"
 
 namespace mpigpu::node {
 
@@ -28,6 +29,7 @@ Node::~Node() = default;
 bool Node::agreeMade(bool made, const std::string& why, const char* othersFailed, const char* what,
                      const char* instead, const char* op, std::string* unavailable, bool warn) {
   int ok = made ? 1 : 0;
+  mpi::arriveTogether(group_, op);
   MPIGPU_MPI_CHECK(MPI_Allreduce(MPI_IN_PLACE, &ok, 1, MPI_INT, MPI_MIN, group_.handle), op,
                    group_.rank);
   if (ok) return true;
@@ -92,7 +94,7 @@ DeviceSlots* Node::deviceSlots(const char* op, const at::Device& where, int64_t 
 // Collective over the node: every rank calls it at the same point, with or without slots.
 void Node::retire(std::unique_ptr<DeviceSlots> slots, const char* op) {
   if (slots) slots->release();
-  MPIGPU_MPI_CHECK(MPI_Barrier(topology_.nodeComm.handle), op, group_.rank);
+  mpi::barrierOn(topology_.nodeComm.handle, op, group_.rank);
   slots.reset();
 }
 

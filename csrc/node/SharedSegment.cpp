@@ -10,6 +10,7 @@
 
 #include <c10/util/StringUtil.h>
 
+#include <algorithm>
 #include <atomic>
 #include <cerrno>
 #include <chrono>
@@ -19,6 +20,7 @@
 
 #include "Errors.hpp"
 #include "mpi/Check.hpp"
+#include "mpi/Wait.hpp"
 
 namespace mpigpu::node {
 
@@ -110,7 +112,7 @@ std::unique_ptr<SharedSegment> SharedSegment::create(const mpi::Comm& nodeComm, 
   const size_t bytes = seg->headerBytes_ + 2 * nodeComm.size * static_cast<size_t>(seg->slotBytes_);
   // Every rank of the node is here before a name exists: a rank that never comes (an op only
   // some ranks called, then abort, destroy or a kill) leaves nothing in /dev/shm.
-  MPIGPU_MPI_CHECK(MPI_Barrier(nodeComm.handle), op, rankForErrors);
+  mpi::barrierOn(nodeComm.handle, op, rankForErrors);
   char name[64] = {0};
   std::string error;
   int fd = -1;
@@ -140,7 +142,7 @@ std::unique_ptr<SharedSegment> SharedSegment::create(const mpi::Comm& nodeComm, 
   }
   if (fd >= 0) close(fd);
   // every rank has mapped it (or failed to): the name can go
-  MPIGPU_MPI_CHECK(MPI_Barrier(nodeComm.handle), op, rankForErrors);
+  mpi::barrierOn(nodeComm.handle, op, rankForErrors);
   if (nodeComm.rank == 0 && fd >= 0) shm_unlink(name);
   if (!made0 && error.empty()) error = "rank 0 of this node could not make the segment";
   if (!error.empty()) {
@@ -276,6 +278,7 @@ void SharedSegment::sync(const char* op, int rankForErrors, const std::atomic<bo
     }
     const auto start = Clock::now();
     auto nextCheck = start + std::chrono::milliseconds(200);
+    int sleepUs = mpi::kFirstSleepUs;
     for (uint64_t spins = 0; __atomic_load_n(arrived, __ATOMIC_ACQUIRE) < epoch_; ++spins) {
       if (spins < spinLimit) {  // the peer is usually microseconds behind
         cpuRelax();
@@ -285,7 +288,10 @@ void SharedSegment::sync(const char* op, int rankForErrors, const std::atomic<bo
       if (now - start < std::chrono::milliseconds(5)) {
         sched_yield();  // oversubscribed: let the peer run
       } else {
-        std::this_thread::sleep_for(std::chrono::microseconds(50));
+        // a peer far behind: sleeps growing as MPI waits do (mpi/Wait.hpp); a fixed 50 us cost
+        // 30% of a core in a 2 s wait (tests/mp/busy_wait.py)
+        std::this_thread::sleep_for(std::chrono::microseconds(sleepUs));
+        sleepUs = std::min(2 * sleepUs, mpi::kMaxSleepUs);
       }
       if (now >= nextCheck) {
         checkAlive(r, op, rankForErrors);

@@ -7,6 +7,7 @@
 #include <vector>
 
 #include "mpi/Check.hpp"
+#include "mpi/Wait.hpp"
 
 namespace mpigpu::node {
 
@@ -24,6 +25,7 @@ Topology Topology::build(const mpi::Comm& group, int pretendNodes, const char* o
 void Topology::findNode(const mpi::Comm& group, int pretendNodes, const char* op) {
   const int rank = group.rank;
   MPI_Comm shared = MPI_COMM_NULL;
+  mpi::arriveTogether(group, op);
   MPIGPU_MPI_CHECK(
       MPI_Comm_split_type(group.handle, MPI_COMM_TYPE_SHARED, rank, MPI_INFO_NULL, &shared), op,
       rank);

@@ -6,6 +6,7 @@
 #include <sstream>
 
 #include "mpi/Check.hpp"
+#include "mpi/Wait.hpp"
 
 namespace mpigpu::paths {
 namespace {
@@ -83,6 +84,7 @@ void PathFactory::agreePieces(const mpi::Comm& group, const char* op) {
     pieces[0] = std::max(pieces[0], paths->pieceBytes(Use::Move));
     pieces[1] = std::max(pieces[1], paths->pieceBytes(Use::Reduce));
   }
+  mpi::arriveTogether(group, op);
   MPIGPU_MPI_CHECK(MPI_Allreduce(MPI_IN_PLACE, pieces, 2, MPI_INT64_T, MPI_MAX, group.handle), op,
                    group.rank);
   movePieceBytes_ = pieces[0];

@@ -1,0 +1,74 @@
+#include "mpi/Wait.hpp"
+
+#include <algorithm>
+#include <atomic>
+#include <chrono>
+#include <cstdint>
+#include <thread>
+
+#include <sched.h>
+
+#include "mpi/Check.hpp"
+#include "mpi/Collectives.hpp"
+
+namespace mpigpu::mpi {
+namespace {
+std::atomic<bool> g_crowded{false};
+std::atomic<uint64_t> g_sleepingWaits{0};
+}  // namespace
+
+void setCrowded(bool crowded) { g_crowded = crowded; }
+
+bool crowded() { return g_crowded.load(std::memory_order_relaxed); }
+
+uint64_t sleepingWaits() { return g_sleepingWaits.load(std::memory_order_relaxed); }
+
+void wait(MPI_Request* request, const char* op, int rank) {
+  if (!crowded()) {
+    MPIGPU_MPI_CHECK(MPI_Wait(request, MPI_STATUS_IGNORE), op, rank);
+    return;
+  }
+  int done = 0;
+  MPIGPU_MPI_CHECK(MPI_Test(request, &done, MPI_STATUS_IGNORE), op, rank);
+  if (done) return;
+  // No second thread of ours polls beside this one (#25): callers of wait() sleep on the op
+  // when crowded (Engine::callerSpin). A peer a step
+  // behind is there within kYieldFor: test and yield (a peer on this CPU runs at once); then
+  // sleep between tests, longer and longer.
+  using Clock = std::chrono::steady_clock;
+  const auto start = Clock::now();
+  int sleepUs = kFirstSleepUs;
+  bool slept = false;
+  while (!done) {
+    if (Clock::now() - start < kYieldFor) {
+      sched_yield();
+    } else {
+      if (!slept) g_sleepingWaits.fetch_add(1, std::memory_order_relaxed);
+      slept = true;
+      std::this_thread::sleep_for(std::chrono::microseconds(sleepUs));
+      sleepUs = std::min(2 * sleepUs, kMaxSleepUs);
+    }
+    MPIGPU_MPI_CHECK(MPI_Test(request, &done, MPI_STATUS_IGNORE), op, rank);
+  }
+}
+
+void arriveTogether(MPI_Comm comm, const char* op, int rank) {
+  if (!crowded()) return;
+  MPI_Request request = MPI_REQUEST_NULL;
+  MPIGPU_MPI_CHECK(MPI_Ibarrier(comm, &request), op, rank);
+  wait(&request, op, rank);
+}
+
+void arriveTogether(const Comm& comm, const char* op) {
+  arriveTogether(comm.handle, op, comm.rank);
+}
+
+void barrierOn(MPI_Comm comm, const char* op, int rank) {
+  if (crowded()) {
+    arriveTogether(comm, op, rank);
+    return;
+  }
+  MPIGPU_MPI_CHECK(MPI_Barrier(comm), op, rank);
+}
+
+}  // namespace mpigpu::mpi
