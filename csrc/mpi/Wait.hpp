@@ -34,6 +34,12 @@ void barrierOn(MPI_Comm comm, const char* op, int rank);
 // A crowded wait tests and yields for kYieldFor (a peer a step behind), then sleeps between
 // tests, from kFirstSleepUs growing to kMaxSleepUs (a peer far behind costs a wake-up every
 // kMaxSleepUs, a few percent of a core).
+// Tried on 2026-12-03 and left: testing without a pause instead of yielding (for 10 ms) made
+// MPICH's barrier at 3-4 ranks on 2 cores 4-8 ms (its ranks never yield, so a spinning rank keeps
+// the core its peer needs); sleeping at once cost 4x in a barrier loop. The yield has a price
+// beside processes of the idle class (CI's background builds): a yield can hand them the core
+// until the next tick, and MPI's own collectives at 3 ranks in 24-byte pieces took 20 s there
+// against 7 s spinning (5 s either way on a quiet machine).
 constexpr std::chrono::microseconds kYieldFor{2000};
 constexpr int kFirstSleepUs = 50;
 constexpr int kMaxSleepUs = 500;
