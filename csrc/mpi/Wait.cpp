@@ -32,9 +32,8 @@ void wait(MPI_Request* request, const char* op, int rank) {
   MPIGPU_MPI_CHECK(MPI_Test(request, &done, MPI_STATUS_IGNORE), op, rank);
   if (done) return;
   // No second thread of ours polls beside this one (#25): callers of wait() sleep on the op
-  // when crowded (Engine::callerSpin). A peer a step
-  // behind is there within kYieldFor: test and yield (a peer on this CPU runs at once); then
-  // sleep between tests, longer and longer.
+  // when crowded (Engine::callerSpin). A peer a step behind is there within kYieldFor: test and
+  // yield (a peer on this CPU runs at once); then sleep between tests, longer and longer.
   using Clock = std::chrono::steady_clock;
   const auto start = Clock::now();
   int sleepUs = kFirstSleepUs;
