@@ -20,6 +20,8 @@ import shutil
 import subprocess
 import sys
 import tempfile
+import threading
+import time
 from pathlib import Path
 
 import pytest
@@ -234,24 +236,96 @@ def report_removed_session_folders():
               f"Open MPI launchers from {tempfile.gettempdir()}: {sorted(_removed_session_folders)}")
 
 
-def run_launcher(cmd, env, timeout):
-    """subprocess.run(cmd) of a launch, output captured. Past `timeout` the job is ended as a user
-    ends one, SIGTERM to the launcher (it ends its ranks and removes its files; a SIGKILL leaves
-    the session folder above behind, and ranks not yet in a group running), killed only 10 s later; then
-    subprocess.TimeoutExpired, with the output so far."""
-    with subprocess.Popen(cmd, env=env, cwd=MP_DIR, stdout=subprocess.PIPE,
-                          stderr=subprocess.PIPE, text=True) as proc:
+# Open MPI 5.0's launcher (prterun, PRRTE) across two hosts sometimes stays after an MPI_Abort
+# with every rank gone and its daemons idle: reproduced without mpigpu by a plain mpi4py program
+# (rank 0 calls MPI_Abort while the others wait in an allreduce, 2 hosts x 2 ranks: 3 of 40 runs
+# beside two idle-class busy loops, as CI's background setups; 0 of 40 on a quiet machine;
+# docs/testing.md). So a launch whose ranks have all ended while its launcher still runs this
+# long later is ended and run again, once; the second time it fails the test. Where the ranks are
+# not the launcher's descendants (srun) this never applies.
+LAUNCHER_OUTLIVES_RANKS_S = 40
+_launchers_outliving_ranks = []
+
+
+def _rank_pids_under(launcher_pid):
+    """pids of the launcher's descendants that run a tests/mp script as a rank (their argv[1]: a
+    script of MP_DIR; the launcher's own command line names it later)."""
+    children = {}
+    for entry in os.listdir("/proc"):
+        if not entry.isdigit():
+            continue
         try:
-            out, err = proc.communicate(timeout=timeout)
-        except subprocess.TimeoutExpired:
+            stat = Path(f"/proc/{entry}/stat").read_text()
+        except OSError:
+            continue
+        children.setdefault(int(stat.rsplit(")", 1)[1].split()[1]), []).append(int(entry))
+    ranks, todo = [], list(children.get(launcher_pid, []))
+    while todo:
+        pid = todo.pop()
+        todo += children.get(pid, [])
+        try:
+            argv = Path(f"/proc/{pid}/cmdline").read_bytes().split(b"\0")
+        except OSError:
+            continue
+        if len(argv) > 1 and argv[1].decode(errors="replace").startswith(str(MP_DIR)):
+            ranks.append(pid)
+    return ranks
+
+
+def _watch_for_a_launcher_outliving_its_ranks(proc, verdict):
+    seen_ranks_at = None
+    while proc.poll() is None:
+        if _rank_pids_under(proc.pid):
+            seen_ranks_at = time.monotonic()
+        elif seen_ranks_at is not None and time.monotonic() - seen_ranks_at > LAUNCHER_OUTLIVES_RANKS_S:
+            verdict.append(f"every rank had ended {LAUNCHER_OUTLIVES_RANKS_S} s before, the launcher "
+                           f"still ran")
             proc.terminate()
+            return
+        time.sleep(0.5)
+
+
+def run_launcher(cmd, env, timeout):
+    """subprocess.run(cmd) of a launch, output captured; the returned object's `seconds` is the
+    launch's wall time. Past `timeout` the job is ended as a user ends one, SIGTERM to the
+    launcher (it ends its ranks and removes its files; a SIGKILL leaves the session folder above
+    behind, and ranks not yet in a group running), killed only 10 s later; then
+    subprocess.TimeoutExpired, with the output so far. A launcher that outlives all its ranks
+    (above) is ended and the launch run once more."""
+    for attempt in (1, 2):
+        verdict, start = [], time.monotonic()
+        with subprocess.Popen(cmd, env=env, cwd=MP_DIR, stdout=subprocess.PIPE,
+                              stderr=subprocess.PIPE, text=True) as proc:
+            threading.Thread(target=_watch_for_a_launcher_outliving_its_ranks, args=(proc, verdict),
+                             daemon=True).start()
             try:
-                out, err = proc.communicate(timeout=10)
+                out, err = proc.communicate(timeout=timeout)
             except subprocess.TimeoutExpired:
-                proc.kill()
-                out, err = proc.communicate()
-            raise subprocess.TimeoutExpired(cmd, timeout, out, err) from None
-    return subprocess.CompletedProcess(cmd, proc.returncode, out, err)
+                proc.terminate()
+                try:
+                    out, err = proc.communicate(timeout=10)
+                except subprocess.TimeoutExpired:
+                    proc.kill()
+                    out, err = proc.communicate()
+                raise subprocess.TimeoutExpired(cmd, timeout, out, err) from None
+        if not verdict:
+            done = subprocess.CompletedProcess(cmd, proc.returncode, out, err)
+            done.seconds = time.monotonic() - start
+            return done
+        test = os.environ.get("PYTEST_CURRENT_TEST", "?").split(" ")[0]
+        _launchers_outliving_ranks.append(f"{test}, launch {attempt}: {verdict[0]}")
+        if attempt == 2:
+            pytest.fail(f"twice in a row {verdict[0]} (Open MPI 5's prterun across hosts once in "
+                        f"about 13 such launches under load: LAUNCHER_OUTLIVES_RANKS_S in "
+                        f"tests/conftest.py); {' '.join(cmd)}\n{(out + err)[-3000:]}")
+
+
+@pytest.fixture(scope="session", autouse=True)
+def report_launchers_outliving_their_ranks():
+    yield
+    if _launchers_outliving_ranks:
+        print(f"\nconftest: {len(_launchers_outliving_ranks)} launcher(s) outlived every rank and "
+              f"were ended (each launch then ran once more): " + "; ".join(_launchers_outliving_ranks))
 
 
 def mpirun_path():

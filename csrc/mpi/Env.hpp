@@ -31,11 +31,11 @@ bool isFinalized();
 void finalizeIfOwned();
 // Ends the whole job: MPI_Abort(MPI_COMM_WORLD, code) when MPI is running, else _exit(code).
 // The standard promises MPI_Abort only a "best attempt"; Open MPI's PMIx_Abort has deadlocked
-// before (open-mpi/ompi#3225, several ranks aborting at once: ompi-release#101), and Open MPI 5
-// across two hosts once left the job running 120 s after the watchdogs' MPI_Abort (CI,
-// 2026-11-29; the waiting ranks' watchdogs fire together). So a backstop thread exits this
-// process after kAbortGraceSeconds if it is still here; the launcher then sees a rank die and
-// ends the job.
+// before (open-mpi/ompi#3225, several ranks aborting at once: ompi-release#101). So a backstop
+// thread exits this process after kAbortGraceSeconds if it is still here; the launcher then sees
+// a rank die and ends the job. (Open MPI 5 across two hosts leaving a job running after the
+// watchdogs' MPI_Abort, CI 2026-11-29 and 12-03, is another thing: every rank had gone, and its
+// launcher stayed; a plain mpi4py program does the same. docs/testing.md.)
 constexpr int kAbortGraceSeconds = 10;
 // Before MPI_Abort, at most this long for the launcher to read what this process wrote to its
 // stdout and stderr pipes (see waitUntilOutputIsRead in Env.cpp).
