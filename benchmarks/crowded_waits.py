@@ -4,6 +4,11 @@ TORCH_MPIGPU_MPI_YIELD=1 (waits test and sleep: mpi/Wait.hpp) and once with =0 (
 calls, which spin), and prints a table with the ratios.
 
     python benchmarks/crowded_waits.py [--ranks 3 4] [--steps 5] [--work-s 0.5] [--iters 300]
+                                       [--idle-load N]
+
+  --idle-load N  N busy loops of the idle scheduling class (chrt --idle) run meanwhile, as CI's
+                 background setups do: they take only CPU that no other process wants, but a
+                 rank that yields may hand them its core until the next tick.
 
   uneven work   STEPS rounds in which ranks 0 and 1 compute WORK_S of CPU (a Python loop, one
                 thread) and every rank then meets in dist.barrier(): wall time of the rounds.
@@ -79,14 +84,26 @@ def main():
     p.add_argument("--steps", type=int, default=5)
     p.add_argument("--work-s", type=float, default=0.5)
     p.add_argument("--iters", type=int, default=300)
+    p.add_argument("--idle-load", type=int, default=0, metavar="N")
     p.add_argument("--rank-main", action="store_true", help=argparse.SUPPRESS)
     args = p.parse_args()
     if args.rank_main:
         return rank_main(args.steps, args.work_s, args.iters)
     if min(args.ranks) < 3:
         sys.exit("--ranks: 3 or more (ranks 0 and 1 work, rank 2 reports)")
+    loops = [subprocess.Popen(["chrt", "--idle", "0", "sh", "-c", "while :; do :; done"])
+             for _ in range(args.idle_load)]
+    try:
+        measure(args)
+    finally:
+        for loop in loops:
+            loop.kill()
+
+
+def measure(args):
     print(f"{os.cpu_count()} cores; uneven work: {args.steps} rounds of {args.work_s} s on ranks 0 "
-          f"and 1 (ideal {args.steps * args.work_s:.2f} s)")
+          f"and 1 (ideal {args.steps * args.work_s:.2f} s); {args.idle_load} idle-class busy "
+          f"loop(s) beside")
     print("ranks | uneven work, sleeping / spinning (s) | ratio | barrier, sleeping / spinning (us)"
           " | ratio | rank 2's CPU while waiting, sleeping / spinning (s)")
     for np in args.ranks:

@@ -23,6 +23,19 @@ bool crowded() { return g_crowded.load(std::memory_order_relaxed); }
 
 uint64_t sleepingWaits() { return g_sleepingWaits.load(std::memory_order_relaxed); }
 
+Backoff::Backoff(std::chrono::microseconds yieldFor)
+    : start_(std::chrono::steady_clock::now()), yieldFor_(yieldFor), sleepUs_(kFirstSleepUs) {}
+
+void Backoff::pause() {
+  if (std::chrono::steady_clock::now() - start_ < yieldFor_) {
+    sched_yield();
+    return;
+  }
+  slept_ = true;
+  std::this_thread::sleep_for(std::chrono::microseconds(sleepUs_));
+  sleepUs_ = std::min(2 * sleepUs_, kMaxSleepUs);
+}
+
 void wait(MPI_Request* request, const char* op, int rank) {
   if (!crowded()) {
     MPIGPU_MPI_CHECK(MPI_Wait(request, MPI_STATUS_IGNORE), op, rank);
@@ -32,23 +45,13 @@ void wait(MPI_Request* request, const char* op, int rank) {
   MPIGPU_MPI_CHECK(MPI_Test(request, &done, MPI_STATUS_IGNORE), op, rank);
   if (done) return;
   // No second thread of ours polls beside this one (#25): callers of wait() sleep on the op
-  // when crowded (Engine::callerSpin). A peer a step behind is there within kYieldFor: test and
-  // yield (a peer on this CPU runs at once); then sleep between tests, longer and longer.
-  using Clock = std::chrono::steady_clock;
-  const auto start = Clock::now();
-  int sleepUs = kFirstSleepUs;
-  bool slept = false;
+  // when crowded (Engine::callerSpin).
+  Backoff backoff(kYieldFor);
   while (!done) {
-    if (Clock::now() - start < kYieldFor) {
-      sched_yield();
-    } else {
-      if (!slept) g_sleepingWaits.fetch_add(1, std::memory_order_relaxed);
-      slept = true;
-      std::this_thread::sleep_for(std::chrono::microseconds(sleepUs));
-      sleepUs = std::min(2 * sleepUs, kMaxSleepUs);
-    }
+    backoff.pause();
     MPIGPU_MPI_CHECK(MPI_Test(request, &done, MPI_STATUS_IGNORE), op, rank);
   }
+  if (backoff.slept()) g_sleepingWaits.fetch_add(1, std::memory_order_relaxed);
 }
 
 void arriveTogether(MPI_Comm comm, const char* op, int rank) {

@@ -31,15 +31,35 @@ void arriveTogether(const Comm& comm, const char* op);
 // MPI_Barrier, or (crowded) arriveTogether. Not counted in callCount().
 void barrierOn(MPI_Comm comm, const char* op, int rank);
 
-// A crowded wait tests and yields for kYieldFor (a peer a step behind), then sleeps between
-// tests, from kFirstSleepUs growing to kMaxSleepUs (a peer far behind costs a wake-up every
-// kMaxSleepUs, a few percent of a core).
-// Tried on 2026-12-03 and left: testing without a pause instead of yielding (for 10 ms) made
-// MPICH's barrier at 3-4 ranks on 2 cores 4-8 ms (its ranks never yield, so a spinning rank keeps
-// the core its peer needs); sleeping at once cost 4x in a barrier loop. The yield has a price
-// beside processes of the idle class (CI's background builds): a yield can hand them the core
-// until the next tick, and MPI's own collectives at 3 ranks in 24-byte pieces took 20 s there
-// against 7 s spinning (5 s either way on a quiet machine).
+// The pauses of one waiter between its checks (a crowded MPI wait, the node barrier): for the
+// first `yieldFor`, sched_yield (a peer on this CPU runs at once); then sleeps growing from
+// kFirstSleepUs to kMaxSleepUs (a peer far behind costs a wake-up every kMaxSleepUs, a few
+// percent of a core).
+class Backoff {
+ public:
+  explicit Backoff(std::chrono::microseconds yieldFor);
+  void pause();
+  bool slept() const { return slept_; }
+
+ private:
+  std::chrono::steady_clock::time_point start_;
+  std::chrono::microseconds yieldFor_;
+  int sleepUs_;
+  bool slept_ = false;
+};
+
+// A crowded MPI wait yields for kYieldFor (a peer a step behind).
+// Tried on 2026-12-03 and left (the 2-core VM, Open MPI 5, 3 ranks; benchmarks/crowded_waits.py
+// and MPI's own collectives in 24-byte pieces, test_collectives_with_mpis_own_algorithm[3-env1]):
+// - testing without a pause for 10 ms: MPICH's barrier at 3-4 ranks took 4-8 ms (its ranks never
+//   yield, so a spinning rank keeps the core its peer needs);
+// - sleeping 50 us at once: 4x in a barrier loop;
+// - 1 us sleeps instead of yields (timer slack lowered to 1 us): a barrier loop 170-200 us
+//   against 55-65 yielding; beside two idle-class busy loops (CI's background setups) the
+//   collectives took 38-43 s against 20-23 s yielding and 11-13 s spinning; a sleep every 16th
+//   yield: 21-23 s. The yield's price there (a yield can hand the core to the idle-class
+//   process until the next tick) stays; on a quiet machine yielding and spinning take the same
+//   (10 s).
 constexpr std::chrono::microseconds kYieldFor{2000};
 constexpr int kFirstSleepUs = 50;
 constexpr int kMaxSleepUs = 500;
