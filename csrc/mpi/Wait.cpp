@@ -23,8 +23,8 @@ bool crowded() { return g_crowded.load(std::memory_order_relaxed); }
 
 uint64_t sleepingWaits() { return g_sleepingWaits.load(std::memory_order_relaxed); }
 
-Backoff::Backoff(std::chrono::microseconds yieldFor)
-    : start_(std::chrono::steady_clock::now()), yieldFor_(yieldFor), sleepUs_(kFirstSleepUs) {}
+Backoff::Backoff(std::chrono::microseconds yieldFor, std::chrono::steady_clock::time_point start)
+    : start_(start), yieldFor_(yieldFor), sleepUs_(kFirstSleepUs) {}
 
 void Backoff::pause() {
   if (std::chrono::steady_clock::now() - start_ < yieldFor_) {

@@ -37,7 +37,9 @@ void barrierOn(MPI_Comm comm, const char* op, int rank);
 // percent of a core).
 class Backoff {
  public:
-  explicit Backoff(std::chrono::microseconds yieldFor);
+  // `start`: when the wait began (a caller that has read the clock already passes it)
+  explicit Backoff(std::chrono::microseconds yieldFor,
+                   std::chrono::steady_clock::time_point start = std::chrono::steady_clock::now());
   void pause();
   bool slept() const { return slept_; }
 

@@ -276,10 +276,11 @@ void SharedSegment::sync(const char* op, int rankForErrors, const std::atomic<bo
       spinLimit = 0;
       g_yieldsToPeerOnThisCpu.fetch_add(1, std::memory_order_relaxed);
     }
-    auto nextCheck = Clock::now() + std::chrono::milliseconds(200);
+    const auto start = Clock::now();
+    auto nextCheck = start + std::chrono::milliseconds(200);
     // oversubscribed: yields let the peer run; a peer far behind gets sleeps growing as MPI
     // waits do (a fixed 50 us cost 30% of a core in a 2 s wait, tests/mp/busy_wait.py)
-    mpi::Backoff backoff(std::chrono::milliseconds(5));
+    mpi::Backoff backoff(std::chrono::milliseconds(5), start);
     for (uint64_t spins = 0; __atomic_load_n(arrived, __ATOMIC_ACQUIRE) < epoch_; ++spins) {
       if (spins < spinLimit) {  // the peer is usually microseconds behind
         cpuRelax();
