@@ -16,6 +16,7 @@ MPIGPU_TEST_LAUNCHER picks the launcher (scripts/test.sh runs the multi-rank sui
 
 import os
 import re
+import resource
 import shutil
 import subprocess
 import sys
@@ -88,21 +89,37 @@ def pytest_collection_modifyitems(config, items):
         items[:] = [i for i in items if i not in one_rank]
 
 
-# MPIGPU_TEST_TIMINGS=FILE: each test's time and outcome, appended as it ends (by the controller
-# under pytest-xdist), and each tests/mp job's seconds by section: a run cut off at its budget
-# still says where its time went (scripts/gpu_check.sh, on a machine held for minutes).
+# MPIGPU_TEST_TIMINGS=FILE: each test's time, the CPU its launches took (where tests run one at a
+# time) and its outcome, appended as it ends (by the controller under pytest-xdist), and each
+# tests/mp job's seconds by section: a run cut off at its budget still says where its time went
+# (scripts/gpu_check.sh, on a machine held for minutes).
 TIMINGS = os.environ.get("MPIGPU_TEST_TIMINGS")
-_IS_XDIST_WORKER = False
+_IS_XDIST_WORKER = _IS_XDIST = False
 
 
 def pytest_configure(config):
-    global _IS_XDIST_WORKER
+    global _IS_XDIST_WORKER, _IS_XDIST
     _IS_XDIST_WORKER = hasattr(config, "workerinput")
+    # under xdist the tests run in workers: the controller's children are not theirs
+    _IS_XDIST = _IS_XDIST_WORKER or bool(getattr(config.option, "numprocesses", None))
+
+
+_children_cpu_seen = [0.0]
+
+
+def _children_cpu_since_last_report():
+    # CPU of the processes this one has waited for (launchers, and through them their ranks):
+    # what a test costs a machine that runs other work beside it, where wall time does not say
+    usage = resource.getrusage(resource.RUSAGE_CHILDREN)
+    total = usage.ru_utime + usage.ru_stime
+    spent, _children_cpu_seen[0] = total - _children_cpu_seen[0], total
+    return spent
 
 
 def pytest_runtest_logreport(report):
     if TIMINGS and not _IS_XDIST_WORKER and (report.when == "call" or report.failed):
-        _append_timing(f"{report.duration:7.1f} s  {report.outcome:7}  {report.nodeid}"
+        cpu = "" if _IS_XDIST else f"{_children_cpu_since_last_report():7.1f} s cpu  "
+        _append_timing(f"{report.duration:7.1f} s  {cpu}{report.outcome:7}  {report.nodeid}"
                        + ("" if report.when == "call" else f" ({report.when})"))
 
 
