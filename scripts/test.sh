@@ -113,7 +113,7 @@ start_background_setups() {  # names (mpich, cuda)
   ) &
   background_pid=$! background_names=" $* "
   at_exit+=("kill_tree $background_pid; rm -rf '$BACKGROUND_LOGS'")
-  echo "=== in the background, idle class: the setups of ${*} (at $((SECONDS / 60)) min $((SECONDS % 60)) s) ==="
+  echo "=== in the background (idle class, an autogroup of their own at nice 19): the setups of ${*} (at $((SECONDS / 60)) min $((SECONDS % 60)) s) ==="
 }
 wait_for_background_setup() {  # name; false when it was never started
   local name=$1 since=$SECONDS status finished

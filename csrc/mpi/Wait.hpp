@@ -62,6 +62,10 @@ class Backoff {
 //   yield: 21-23 s. The yield's price there (a yield can hand the core to the idle-class
 //   process until the next tick) stays; on a quiet machine yielding and spinning take the same
 //   (10 s).
+// Which neighbours take a yield's core (2026-12-04, benchmarks/results/
+// crowded_waits_background_load_2026-12-04.txt): idle-class or niced work of the job's own
+// autogroup; not a neighbour of normal priority, beside which yielding is what keeps the job
+// going (31.5 s against 78.9 spinning), nor niced work in an autogroup of its own.
 constexpr std::chrono::microseconds kYieldFor{2000};
 constexpr int kFirstSleepUs = 50;
 constexpr int kMaxSleepUs = 500;
