@@ -40,12 +40,10 @@ OMPI41_DIR="$ROOT/.deps/openmpi-4.1"
 at_exit=()  # commands run when the script ends, however it ends
 trap 'for command in "${at_exit[@]}"; do eval "$command" || true; done' EXIT
 
-# scripts/setup_env.sh; run by the background setups (below) in a session of its own, whose
-# autogroup has nice 19. In the tests' autogroup (idle class alone) a crowded rank's sched_yield
-# (mpi/Wait.hpp) handed its core to them until the next tick. Measured on the 2-core VM (2026-12-04, the 3-rank job of
-# test_collectives_with_mpis_own_algorithm[3-env1], 5.4 s quiet) beside two busy loops: idle
-# class 18 s, nice 19 61 s, in an autogroup of their own at nice 19 6.4-6.9 s (idle class or
-# not); the loops still took every cycle the tests left.
+# scripts/setup_env.sh; the background setups (below) run it in a session of its own, whose
+# autogroup has nice 19: in the tests' autogroup a crowded rank's sched_yield (mpi/Wait.hpp)
+# handed its core to them, idle class or not, until the next tick (a 3-rank job 5.4 s quiet, 18 s
+# beside them; benchmarks/results/crowded_waits_background_load_2026-12-04.txt)
 setup_env() {
   if [ -n "${SETUP_IN_BACKGROUND:-}" ]; then
     setsid -w sh -c 'echo 19 >/proc/self/autogroup 2>/dev/null; exec "$@"' sh "$ROOT/scripts/setup_env.sh"
