@@ -255,7 +255,7 @@ void ProcessGroupMPIGPU::makeComms(int hasGpu, MPI_Comm made) {
     MPIGPU_THROW_BACKEND("new_group", rank_, "MPI placed this process at rank ", commRank,
                          " of the new communicator, torch at ", rank_);
   }
-  mpi::arriveTogether(comm_.handle, "new_group", rank_);
+  comm_.arrive = algoComm_.arrive = mpi::agreeArrival(comm_.handle, "new_group", rank_);
   MPIGPU_MPI_CHECK(MPI_Comm_dup(comm_.handle, &algoComm_.handle), "new_group", rank_);
   mpi::noteMade(algoComm_.handle);
   int anyGpu = 0;

@@ -254,6 +254,19 @@ def test_auto_algorithm_choice_at_its_thresholds(np, env):
 ONE_RANK_PIECES = {"MPIGPU_TEST_HOST_PIECES_ON_RANK0": "24"}
 
 
+# Rank 0 alone crowded (a host with more ranks than cores beside hosts with a core per rank; 5
+# ranks on two 2-core hosts, 3 + 2, hung at start): MPI's own collectives, each of which begins
+# with an arrival barrier on crowded hosts, and the node algorithm's barriers.
+ONLY_RANK0_CROWDED = {"MPIGPU_TEST_ONLY_RANK0_CROWDED": "1"}
+
+
+def test_collectives_where_ranks_differ_in_crowding():
+    out = run_mpi("collectives.py", 3, env={"TORCH_MPIGPU_ALGO": "mpi", **ONLY_RANK0_CROWDED})
+    assert passed_counts(out, 3, COLLECTIVES | {"ranks that differ in crowding"}) > 1500
+    out = run_mpi("collectives.py", 3, env={"TORCH_MPIGPU_ALGO": "node", **ONLY_RANK0_CROWDED})
+    assert passed_counts(out, 3, COLLECTIVES | {"ranks that differ in crowding", FORCED_ALGORITHM}) > 1500
+
+
 @pytest.mark.parametrize("np, env", [(2, {}), (3, ONE_RANK_PIECES)])
 def test_collectives_with_mpis_own_algorithm(np, env):
     out = run_mpi("collectives.py", np, env={"TORCH_MPIGPU_ALGO": "mpi", **env})
@@ -263,8 +276,9 @@ def test_collectives_with_mpis_own_algorithm(np, env):
 
 # The node algorithm in its shapes: pieces much smaller than the ops (4 KiB per rank and half:
 # every size above 1024 floats is chunked; one-shot off or always), and nodes pretended on this
-# host so the hierarchical path runs (uniform 2 x 2 and 2 x 3; 3 + 2 ranks is not uniform: the
-# group falls back, and says so). all_gather through the slots (single copy never)
+# host so the hierarchical path runs (uniform 2 x 2 and 2 x 3; nodes of different counts, 3 + 2
+# and 2 + 1 + 1: all_reduce and reduce in as many lanes as the smallest node has ranks, the other
+# ops not node-aware, and the description says so). all_gather through the slots (single copy never)
 # or by reading the peers in place (single copy at every size: the cases here are small), and
 # the group falling back as one where one rank's probe fails.
 # id: nodes x ranks per node; (np, settings, the description)
@@ -284,7 +298,11 @@ NODE_SHAPES = {
     "2x2-4KiB-pieces": (4, {"TORCH_MPIGPU_PRETEND_NODES": "2",
                             "TORCH_MPIGPU_NODE_BUFFER_BYTES": "4096", **SLOTS_ONLY}, "2 nodes x 2 ranks"),
     "2x3-single-copy": (6, {"TORCH_MPIGPU_PRETEND_NODES": "2", **SINGLE_COPY}, "2 nodes x 3 ranks"),
-    "3+2-falls-back": (5, {"TORCH_MPIGPU_PRETEND_NODES": "2"}, "nodes of 2 to 3 ranks (not uniform)"),
+    "3+2-two-lanes": (5, {"TORCH_MPIGPU_PRETEND_NODES": "2", "TORCH_MPIGPU_NODE_BUFFER_BYTES": "4096"},
+                      "2 nodes of 2 to 3 ranks (not uniform), all_reduce and reduce across nodes in 2 lanes "
+                      "(other ops: not node-aware)"),
+    "2+1+1-one-lane": (4, {"TORCH_MPIGPU_PRETEND_NODES": "3", "TORCH_MPIGPU_NODE_BUFFER_BYTES": "4096"},
+                       "3 nodes of 1 to 2 ranks (not uniform), all_reduce and reduce across nodes in 1 lane"),
     # the device-slot code (what the CUDA IPC slots run) on host memory, hierarchical, 4 KiB
     # slots grown once to 8 KiB (larger ops still in pieces), ordered by the slots' own barrier
     # where device flags would order them
@@ -300,17 +318,17 @@ NODE_SHAPES = {
 }
 
 
-def node_collectives(np, env, shape, forced=True):
-    env = {**env, "MPIGPU_EXPECT_NODES": shape, **({"TORCH_MPIGPU_ALGO": "node"} if forced else {})}
+def node_collectives(np, env, shape):
+    env = {**env, "MPIGPU_EXPECT_NODES": shape, "TORCH_MPIGPU_ALGO": "node"}
     out = run_mpi("collectives.py", np, env=env)
-    behaviours = COLLECTIVES | {"the group's nodes"} | ({FORCED_ALGORITHM} if forced else set())
+    behaviours = COLLECTIVES | {"the group's nodes", FORCED_ALGORITHM}
     assert passed_counts(out, np, behaviours) > 1500
 
 
 @pytest.mark.parametrize("shape", NODE_SHAPES)
 def test_collectives_with_node_algorithm(shape):
     np, env, described = NODE_SHAPES[shape]
-    node_collectives(np, env, described, forced="falls-back" not in shape)
+    node_collectives(np, env, described)
 
 
 @pytest.mark.parametrize("np, placement", [(2, "same"), (3, "same"), (2, "apart")])
@@ -346,6 +364,15 @@ def test_collectives_node_across_the_hosts_as_placed(all_gather):
     node_collectives(4, {"TORCH_MPIGPU_NODE_BUFFER_BYTES": "4096",
                          **(SLOTS_ONLY if all_gather == "slots" else SINGLE_COPY)},
                      "2 nodes x 2 ranks" if two_hosts else "1 node x 4 ranks")
+
+
+def test_collectives_node_across_hosts_holding_different_counts():
+    # 3 ranks on the two simulated hosts: 2 + 1 (mpirun by node: ranks 0 and 2 on one host; srun
+    # by block: 0 and 1), all_reduce and reduce in one lane across them, 4 KiB pieces
+    if not LAUNCHER.startswith("two-hosts"):
+        pytest.skip("one host holds all 3 ranks (1 x 3: test_collectives_with_node_algorithm)")
+    node_collectives(3, {"TORCH_MPIGPU_NODE_BUFFER_BYTES": "4096"},
+                     "2 nodes of 1 to 2 ranks (not uniform), all_reduce and reduce across nodes in 1 lane")
 
 
 def test_cuda_awareness_probe_exchanges_and_agreement_on_host():

@@ -72,7 +72,7 @@ struct Facts {
   at::ScalarType dtype;
   int worldSize;
   bool groupHasGpu;
-  bool nodeSuits;   // the group has node-aware state that suits it (node::Node::suits)
+  bool nodeSuits;   // the group has node-aware state that suits it for this op (node::Node)
   bool spansNodes;  // the group's ranks are on more than one node (whatever the node state)
 };
 

@@ -149,23 +149,25 @@ void smallSum(NodeOp& o, const at::Tensor& in, const at::Tensor& out, int64_t of
   o.flip();
 }
 
-// Two-shot on one piece: the slices the peers reduce go to this rank's slot; this rank reduces
-// its own slice (its own input first, then the peers' slots round from the next rank) into its
-// slot, across nodes over MPI too; then every rank copies every slice.
+// Two-shot on one piece, in one slice per lane (the node's ranks, or across nodes that hold
+// different counts the first `lanes` of each node's): the slices the peers reduce go to this
+// rank's slot; a lane's rank reduces its own slice (its own input first, then the peers' slots
+// round from the next rank) into its slot, across nodes over MPI too; then every rank copies
+// every slice.
 void twoShotPiece(NodeOp& o, const at::Tensor& part, double scale) {
   const Topology& t = o.topo;
-  const int L = t.localSize, me = t.localRank;
+  const int L = t.localSize, me = t.localRank, lanes = t.lanes;
   const auto dtype = part.scalar_type();
   const int64_t m = part.numel();
-  const Blocks blk{m, L};
+  const Blocks blk{m, lanes};
   auto slice = [&](const at::Tensor& x, int b) {
     return x.narrow(0, blk.offset(b), blk.length(b));
   };
   const at::Tensor slot = o.slot(me, dtype, m);
-  for (int j = 0; j < L; ++j)
+  for (int j = 0; j < lanes; ++j)
     if (j != me) slice(slot, j).copy_(slice(part, j));
   o.sync();
-  if (blk.length(me) > 0) {
+  if (me < lanes && blk.length(me) > 0) {
     std::vector<at::Tensor> sources{slice(part, me)};
     for (int j = 1; j < L; ++j) sources.push_back(slice(o.slot((me + j) % L, dtype, m), me));
     at::Tensor mine = slice(slot, me);
@@ -178,7 +180,7 @@ void twoShotPiece(NodeOp& o, const at::Tensor& part, double scale) {
     }
   }
   o.sync();
-  for (int j = 0; j < L; ++j) slice(part, j).copy_(slice(o.slot(j, dtype, m), j));
+  for (int j = 0; j < lanes; ++j) slice(part, j).copy_(slice(o.slot(j, dtype, m), j));
 }
 
 // In place on the host tensor `buf`, in pieces of one slot.
@@ -187,7 +189,7 @@ void allreduceOnHost(NodeOp& o, const at::Tensor& buf) {
   const Topology& t = o.topo;
   const int L = t.localSize, me = t.localRank;
   const auto dtype = buf.scalar_type();
-  const double scale = finalScale(o.c, t.nodes * L);
+  const double scale = finalScale(o.c, t.size);
   if (small(o, buf)) return smallSum(o, buf, buf, 0, scale);
   const int64_t chunk = o.slotBytes() / buf.element_size();
   // one-shot: every rank reduces all slots in rank order (the same bits everywhere); two-shot:
@@ -381,12 +383,15 @@ void broadcastOnHost(NodeOp& o, const at::Tensor& buf, int root) {
 // another device copied to the host); the written ones are copied back. Every rank of the group
 // makes the same choice: it depends only on what was agreed when the group and slots were made.
 // `wantBytes`: the slot size in which the op would take one piece (device slots grow toward it).
+// `anyShape`: the op runs where nodes hold different numbers of the group's ranks too
+// (Node::suitsAllreduce).
 template <typename F>
 bool onNode(Context& c, std::vector<at::Tensor> tensors, std::vector<bool> written,
-            int64_t wantBytes, F&& fn) {
+            int64_t wantBytes, bool anyShape, F&& fn) {
   Node* node = c.node;
   const char* op = c.link.op();
-  SharedSegment* seg = node != nullptr && node->suits() ? node->segment(op) : nullptr;
+  const bool suits = node != nullptr && (anyShape ? node->suitsAllreduce() : node->suits());
+  SharedSegment* seg = suits ? node->segment(op) : nullptr;
   if (seg == nullptr) return false;
   node::DeviceSlots* dev =
       node->onDevice() ? node->deviceSlots(op, tensors[0].device(), wantBytes) : nullptr;
@@ -474,17 +479,17 @@ NodeWaits nodeWaits() {
 }
 
 bool nodeAllreduce(Context& c, const at::Tensor& buf) {
-  return onNode(c, {buf}, {true}, bytesOf(buf),
+  return onNode(c, {buf}, {true}, bytesOf(buf), /*anyShape=*/true,
                 [](NodeOp& o, std::vector<at::Tensor>& h) { allreduceOnHost(o, h[0]); });
 }
 
 bool nodeReduceScatter(Context& c, const at::Tensor& in, const at::Tensor& out) {
-  return onNode(c, {in, out}, {false, true}, bytesOf(in),
+  return onNode(c, {in, out}, {false, true}, bytesOf(in), /*anyShape=*/false,
                 [](NodeOp& o, std::vector<at::Tensor>& h) { reduceScatterOnHost(o, h[0], h[1]); });
 }
 
 bool nodeReduce(Context& c, const at::Tensor& buf, int root) {
-  return onNode(c, {buf}, {true}, bytesOf(buf),
+  return onNode(c, {buf}, {true}, bytesOf(buf), /*anyShape=*/true,
                 [root](NodeOp& o, std::vector<at::Tensor>& h) { reduceOnHost(o, h[0], root); });
 }
 
@@ -492,13 +497,13 @@ bool nodeAllgather(Context& c, const at::Tensor& in, const at::Tensor& out) {
   TORCH_INTERNAL_ASSERT(out.is_contiguous(), "mpigpu: all_gather's output must be contiguous");
   // the slot holds this rank's row of every node
   const int64_t nodes = c.node != nullptr ? c.node->topology().nodes : 1;
-  return onNode(c, {in, out}, {false, true}, nodes * bytesOf(in),
+  return onNode(c, {in, out}, {false, true}, nodes * bytesOf(in), /*anyShape=*/false,
                 [](NodeOp& o, std::vector<at::Tensor>& h) { allgatherOnHost(o, h[0], h[1]); });
 }
 
 bool nodeBroadcast(Context& c, const at::Tensor& buf, int root) {
   TORCH_INTERNAL_ASSERT(buf.is_contiguous(), "mpigpu: broadcast's buffer must be contiguous");
-  return onNode(c, {buf}, {true}, bytesOf(buf),
+  return onNode(c, {buf}, {true}, bytesOf(buf), /*anyShape=*/false,
                 [root](NodeOp& o, std::vector<at::Tensor>& h) { broadcastOnHost(o, h[0], root); });
 }
 

@@ -505,7 +505,7 @@ void alltoallv(const Comm& c, const char* op, const at::Tensor& input,
 
 void barrier(const Comm& c, const char* op) {
   ++g_calls;
-  barrierOn(c.handle, op, c.rank);
+  barrierOn(c, op);
 }
 
 bool cancelRequests(std::vector<MPI_Request>& requests) {

@@ -20,6 +20,10 @@ struct Comm {
   int rank = 0;
   int size = 1;
   int64_t maxCount = 2147483647;  // elements per MPI call
+  // Some member is crowded (mpi/Wait.hpp): its collectives begin with arriveTogether. Agreed
+  // when the group is made (agreeArrival) and inherited by the communicators made from it, so
+  // every member does the same.
+  bool arrive = false;
 };
 
 // Members-only creation (MPI_Group_incl + MPI_Comm_create_group on the job communicator,

@@ -291,7 +291,7 @@ Bootstrap bootstrapAddress(const std::string& myHost, int myPort, MPI_Comm comm)
   std::vector<char> mine(kHostLen, 0);
   std::strncpy(mine.data(), myHost.c_str(), kHostLen - 1);
   // the first rank here waits for the others to start (seconds, importing torch)
-  arriveTogether(comm, op, env.worldRank);
+  agreeArrival(comm, op, env.worldRank);
   MPIGPU_MPI_CHECK(
       MPI_Allgather(mine.data(), kHostLen, MPI_CHAR, all.data(), kHostLen, MPI_CHAR, comm), op,
       env.worldRank);
@@ -319,7 +319,7 @@ std::vector<std::string> allgatherStrings(const std::string& mine, MPI_Comm comm
   MPI_Comm_size(comm, &size);
   int myLength = static_cast<int>(mine.size());
   std::vector<int> lengths(size), offsets(size, 0);
-  arriveTogether(comm, op, env.worldRank);
+  agreeArrival(comm, op, env.worldRank);
   MPIGPU_MPI_CHECK(MPI_Allgather(&myLength, 1, MPI_INT, lengths.data(), 1, MPI_INT, comm), op,
                    env.worldRank);
   for (int r = 1; r < size; ++r) offsets[r] = offsets[r - 1] + lengths[r - 1];

@@ -54,23 +54,25 @@ void wait(MPI_Request* request, const char* op, int rank) {
   if (backoff.slept()) g_sleepingWaits.fetch_add(1, std::memory_order_relaxed);
 }
 
-void arriveTogether(MPI_Comm comm, const char* op, int rank) {
-  if (!crowded()) return;
+bool agreeArrival(MPI_Comm comm, const char* op, int rank) {
+  const int mine = crowded() ? 1 : 0;
+  int any = 0;
   MPI_Request request = MPI_REQUEST_NULL;
-  MPIGPU_MPI_CHECK(MPI_Ibarrier(comm, &request), op, rank);
+  MPIGPU_MPI_CHECK(MPI_Iallreduce(&mine, &any, 1, MPI_INT, MPI_MAX, comm, &request), op, rank);
   wait(&request, op, rank);
+  return any != 0;
 }
 
 void arriveTogether(const Comm& comm, const char* op) {
-  arriveTogether(comm.handle, op, comm.rank);
+  if (!comm.arrive) return;
+  MPI_Request request = MPI_REQUEST_NULL;
+  MPIGPU_MPI_CHECK(MPI_Ibarrier(comm.handle, &request), op, comm.rank);
+  wait(&request, op, comm.rank);
 }
 
-void barrierOn(MPI_Comm comm, const char* op, int rank) {
-  if (crowded()) {
-    arriveTogether(comm, op, rank);
-    return;
-  }
-  MPIGPU_MPI_CHECK(MPI_Barrier(comm), op, rank);
+void barrierOn(const Comm& comm, const char* op) {
+  if (comm.arrive) return arriveTogether(comm, op);
+  MPIGPU_MPI_CHECK(MPI_Barrier(comm.handle), op, comm.rank);
 }
 
 }  // namespace mpigpu::mpi

@@ -23,13 +23,19 @@ bool crowded();
 // and `rank`.
 void wait(MPI_Request* request, const char* op, int rank);
 
-// When crowded: returns once every rank of `comm` has called it (MPI_Ibarrier completed by
+// Whether any rank of `comm` is crowded, agreed over it (an MPI_Iallreduce completed by wait(),
+// so it is also an arrival). Crowding is this host's (and this rank's binding's) alone: a job can
+// hold a crowded host and one with a core per rank, and a collective that only some ranks
+// begin with a barrier never matches (5 ranks on two 2-core hosts, 3 + 2, hung at start).
+// Collective over `comm`.
+bool agreeArrival(MPI_Comm comm, const char* op, int rank);
+// Where comm.arrive: returns once every rank of `comm` has called it (MPI_Ibarrier completed by
 // wait()), so that the blocking MPI call that follows finds its peers there instead of spinning
-// while they compute, import or start. Nothing where cores suffice. Collective over `comm`.
-void arriveTogether(MPI_Comm comm, const char* op, int rank);
+// while they compute, import or start. Nothing where no member is crowded. Collective over
+// `comm`.
 void arriveTogether(const Comm& comm, const char* op);
-// MPI_Barrier, or (crowded) arriveTogether. Not counted in callCount().
-void barrierOn(MPI_Comm comm, const char* op, int rank);
+// MPI_Barrier, or (comm.arrive) arriveTogether. Not counted in callCount().
+void barrierOn(const Comm& comm, const char* op);
 
 // The pauses of one waiter between its checks (a crowded MPI wait, the node barrier): for the
 // first `yieldFor`, sched_yield (a peer on this CPU runs at once); then sleeps growing from

@@ -94,7 +94,7 @@ DeviceSlots* Node::deviceSlots(const char* op, const at::Device& where, int64_t 
 // Collective over the node: every rank calls it at the same point, with or without slots.
 void Node::retire(std::unique_ptr<DeviceSlots> slots, const char* op) {
   if (slots) slots->release();
-  mpi::barrierOn(topology_.nodeComm.handle, op, group_.rank);
+  mpi::barrierOn(topology_.nodeComm, op);
   slots.reset();
 }
 
@@ -141,14 +141,17 @@ void Node::free() {
 
 std::string Node::describe() const {
   std::string s = topology_.describe();
-  if (!suits()) return s;
+  if (!suitsAllreduce()) return s;
+  if (!suits())
+    s = c10::str(s, ", all_reduce and reduce across nodes in ", topology_.lanes,
+                 topology_.lanes == 1 ? " lane" : " lanes", " (other ops: not node-aware)");
   if (!unavailable_.empty()) return c10::str(s, ", shared memory unavailable: ", unavailable_);
   s = c10::str(s, ", shared memory ", host_.slotBytes, " bytes per rank and half",
                tried_ ? "" : " (made at the first node-aware op)");
-  if (singleCopy_)
+  if (suits() && singleCopy_)  // (all_gather: not node-aware where nodes hold different counts)
     s = c10::str(s, ", single copy (process_vm_readv) for all_gather from ", host_.singleCopyBytes,
                  " bytes");
-  else if (!noSingleCopy_.empty())
+  else if (suits() && !noSingleCopy_.empty())
     s = c10::str(s, ", single copy unavailable: ", noSingleCopy_);
   if (!allGpu_) return s;
   if (!deviceUnavailable_.empty())

@@ -56,35 +56,49 @@ void Topology::findNode(const mpi::Comm& group, int pretendNodes, const char* op
     shared = ls == 1 ? MPI_COMM_SELF : group.handle;
     nodeCommOwned = false;
   }
-  nodeComm = {shared, lr, ls, group.maxCount};
+  nodeComm = {shared, lr, ls, group.maxCount, group.arrive};
 }
 
 void Topology::split(const mpi::Comm& group, int pretendNodes, const char* op) {
   findNode(group, pretendNodes, op);
   const int rank = group.rank, lr = localRank, ls = localSize;
+  size = group.size;
   int range[2] = {-ls, ls};  // (-fewest, most) in one call
   MPIGPU_MPI_CHECK(MPI_Allreduce(MPI_IN_PLACE, range, 2, MPI_INT, MPI_MAX, group.handle), op, rank);
   fewest = -range[0];
   most = range[1];
   uniform = fewest == most;
-  nodes = uniform ? group.size / ls : 0;
+  lanes = fewest;
+  if (uniform) {
+    nodes = group.size / ls;
+  } else {  // every node has one local rank 0
+    nodes = lr == 0 ? 1 : 0;
+    MPIGPU_MPI_CHECK(MPI_Allreduce(MPI_IN_PLACE, &nodes, 1, MPI_INT, MPI_SUM, group.handle), op,
+                     rank);
+  }
   std::vector<int> crossMembers{rank};  // the cross communicator's group ranks, in its order
-  if (uniform && nodes > 1) {
-    if (ls == 1) {  // one rank per node: the cross communicator is the group, in its order
-      crossComm = {group.handle, rank, nodes, group.maxCount};
+  if (nodes > 1) {
+    if (uniform &&
+        ls == 1) {  // one rank per node: the cross communicator is the group, in its order
+      crossComm = {group.handle, rank, nodes, group.maxCount, group.arrive};
       crossCommOwned = false;
     } else {
       MPI_Comm cross = MPI_COMM_NULL;
-      MPIGPU_MPI_CHECK(MPI_Comm_split(group.handle, lr, rank, &cross), op, rank);
-      mpi::noteMade(cross);
-      int cr = 0;
-      MPI_Comm_rank(cross, &cr);
-      crossComm = {cross, cr, nodes, group.maxCount};
+      MPIGPU_MPI_CHECK(MPI_Comm_split(group.handle, lr < lanes ? lr : MPI_UNDEFINED, rank, &cross),
+                       op, rank);
+      if (cross != MPI_COMM_NULL) {
+        mpi::noteMade(cross);
+        int cr = 0;
+        MPI_Comm_rank(cross, &cr);
+        crossComm = {cross, cr, nodes, group.maxCount, group.arrive};
+      }
     }
-    crossMembers.resize(nodes);
-    MPIGPU_MPI_CHECK(
-        MPI_Allgather(&rank, 1, MPI_INT, crossMembers.data(), 1, MPI_INT, crossComm.handle), op,
-        rank);
+    if (uniform) {
+      crossMembers.resize(nodes);
+      MPIGPU_MPI_CHECK(
+          MPI_Allgather(&rank, 1, MPI_INT, crossMembers.data(), 1, MPI_INT, crossComm.handle), op,
+          rank);
+    }
   }
   if (uniform) {
     placement.resize(static_cast<size_t>(ls) * nodes);
@@ -108,7 +122,7 @@ void Topology::free() {
 }
 
 std::string Topology::describe() const {
-  if (!uniform) return c10::str("nodes of ", fewest, " to ", most, " ranks (not uniform)");
+  if (!uniform) return c10::str(nodes, " nodes of ", fewest, " to ", most, " ranks (not uniform)");
   return c10::str(nodes, nodes == 1 ? " node x " : " nodes x ", localSize,
                   localSize == 1 ? " rank" : " ranks");
 }

@@ -1,7 +1,8 @@
 // Which ranks of a group share a node, found once when the group is made: a node communicator
-// (MPI_Comm_split_type(MPI_COMM_TYPE_SHARED): ranks that can map the same memory) and, when every
-// node holds the same number of the group's ranks, a cross-node communicator per local index
-// (the ranks that hold the same place on every node). Node-aware algorithms
+// (MPI_Comm_split_type(MPI_COMM_TYPE_SHARED): ranks that can map the same memory) and, across
+// nodes, a cross-node communicator per local index that every node has (the ranks that hold the
+// same place on every node): each local index where every node holds the same number of the
+// group's ranks, else the first `lanes` (the fewest any node holds). Node-aware algorithms
 // (algorithms/NodeAlgorithms.cpp) read from here; subgroups get their own.
 #pragma once
 
@@ -14,19 +15,23 @@
 namespace mpigpu::node {
 
 struct Topology {
-  int nodes = 1;             // how many nodes the group spans (uniform groups only; else 0)
+  int size = 1;              // the group's ranks
+  int nodes = 1;             // how many nodes the group spans
   int localRank = 0;         // this rank's index among the group's ranks on its node
   int localSize = 1;         // the group's ranks on this node
   bool uniform = true;       // every node holds localSize of the group's ranks
   int fewest = 1, most = 1;  // ranks per node, over all nodes
-  mpi::Comm nodeComm;        // the group's ranks on this node, in group rank order
-  mpi::Comm crossComm;       // uniform and nodes > 1: same local index, one rank per node
+  // Local indices 0..lanes-1 have a cross-node communicator (lanes = fewest: every node has
+  // them); a rank at a higher index has none, and its data crosses nodes through a lower one's.
+  int lanes = 1;
+  mpi::Comm nodeComm;   // the group's ranks on this node, in group rank order
+  mpi::Comm crossComm;  // nodes > 1 and localRank < lanes: same local index, one rank per node
   // false where the handle is the group's own communicator (or MPI_COMM_SELF), not freed here
   bool nodeCommOwned = true, crossCommOwned = true;
-  // Uniform groups: every group rank by its place. placement[j * nodes + i] is the group rank of
-  // crossComm rank i as local index j sees it (one node: local j's group rank); this rank's
-  // cross-node peers are row localRank. Cross ranks follow group rank order per local index, so
-  // they need not name the same node for every j.
+  // Uniform groups (else empty): every group rank by its place. placement[j * nodes + i] is the
+  // group rank of crossComm rank i as local index j sees it (one node: local j's group rank); this
+  // rank's cross-node peers are row localRank. Cross ranks follow group rank order per local index,
+  // so they need not name the same node for every j.
   std::vector<int> placement;
 
   // Collective over `group`, on the group's engine thread. `pretendNodes` > 1 (a test-only
@@ -34,7 +39,7 @@ struct Topology {
   // hierarchical algorithms run on one machine.
   static Topology build(const mpi::Comm& group, int pretendNodes, const char* op);
   void free();  // the communicators made here (idempotent)
-  // "1 node x 4 ranks", "2 nodes x 2 ranks", "nodes of 1 to 3 ranks (not uniform)".
+  // "1 node x 4 ranks", "2 nodes x 2 ranks", "3 nodes of 1 to 3 ranks (not uniform)".
   std::string describe() const;
   // Where `groupRank` sits: its local index and its rank in that index's crossComm.
   std::pair<int, int> placeOf(int groupRank) const;

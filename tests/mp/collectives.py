@@ -8,7 +8,7 @@ import torch.distributed as dist
 
 import torch_mpi_gpu
 
-from common import (ALL_DTYPES, FLOAT_DTYPES, Checker, make_input,
+from common import (ALL_DTYPES, FLOAT_DTYPES, ONLY_RANK0_CROWDED, Checker, make_input,
                     reduced, reference_reduce, reduction_bound, run,
                     use_test_device)
 
@@ -57,6 +57,10 @@ def main():
     sizes = [0, 1, 7, 1000]
     seed = 1
     ops = list(RED_OPS) + ["premul_sum"]
+    if ONLY_RANK0_CROWDED:  # (the job got this far: it agreed on its arrivals)
+        c.section("ranks that differ in crowding")
+        c.true("only rank 0 waits as crowded", torch_mpi_gpu._C.oversubscribed() == (rank == 0),
+               f"oversubscribed() is {torch_mpi_gpu._C.oversubscribed()} on rank {rank}")
 
     c.section("reductions: every op x dtype x size")
     # all_reduce / reduce / reduce_scatter_tensor / reduce_scatter, every op x dtype x size
@@ -271,7 +275,8 @@ def main():
                 c.close(f"all_to_all in place {tag} from {s}", views[s], block(s, rank, n))
 
     described = dist.group.WORLD._get_backend(torch.device("cpu")).describe()
-    if OUR_ALGO == "node" and "shared memory" in described and "unavailable" not in described:
+    if OUR_ALGO == "node" and "shared memory" in described and "unavailable" not in described \
+            and "not uniform" not in described:  # (where nodes differ: all_reduce and reduce only)
         # broadcast, all_gather and all_gather_into_tensor twice per case, none of the others
         moved = torch_mpi_gpu._C.algorithm_runs().get("node", 0) - node_runs_before
         cases = (len(ALL_DTYPES) + 1) * len(sizes)

@@ -28,6 +28,13 @@ if THREAD_LEVEL:
     if granted != f"MPI_THREAD_{THREAD_LEVEL.upper()}":  # else the test would test another path
         raise RuntimeError(f"MPIGPU_TEST_THREAD_LEVEL={THREAD_LEVEL} but MPI granted {granted}")
 
+# MPIGPU_TEST_ONLY_RANK0_CROWDED=1: rank 0 alone waits as a rank of a crowded host does (more
+# ranks than cores), the others as ranks with a core each: a job across hosts that differ so.
+# Every collective that begins with an arrival barrier must agree on it over its communicator.
+ONLY_RANK0_CROWDED = os.environ.get("MPIGPU_TEST_ONLY_RANK0_CROWDED") == "1"
+if ONLY_RANK0_CROWDED:
+    torch_mpi_gpu._C.set_oversubscribed((torch_mpi_gpu.detect_launcher() or {}).get("rank") == 0)
+
 # MPIGPU_TEST_DEVICE=own...: the tests' own device (own_device.py), served by mpigpu before any
 # group exists (torch fixes a group's device types when it creates it)
 TEST_DEVICE = os.environ.get("MPIGPU_TEST_DEVICE", "cpu")
