@@ -367,12 +367,14 @@ def test_collectives_node_across_the_hosts_as_placed(all_gather):
 
 
 def test_collectives_node_across_hosts_holding_different_counts():
-    # 3 ranks on the two simulated hosts: 2 + 1 (mpirun by node: ranks 0 and 2 on one host; srun
-    # by block: 0 and 1), all_reduce and reduce in one lane across them, 4 KiB pieces
+    # 5 ranks on the two simulated 2-core hosts: 3 + 2 (mpirun by node: ranks 0, 2 and 4 on one
+    # host; srun by block), so one host is crowded and the other not (this job hung at start when
+    # only the crowded ranks began collectives with an arrival barrier); all_reduce and reduce in
+    # two lanes across the hosts, 4 KiB pieces
     if not LAUNCHER.startswith("two-hosts"):
-        pytest.skip("one host holds all 3 ranks (1 x 3: test_collectives_with_node_algorithm)")
-    node_collectives(3, {"TORCH_MPIGPU_NODE_BUFFER_BYTES": "4096"},
-                     "2 nodes of 1 to 2 ranks (not uniform), all_reduce and reduce across nodes in 1 lane")
+        pytest.skip("one host holds all 5 ranks (pretended nodes: test_collectives_with_node_algorithm)")
+    node_collectives(5, {"TORCH_MPIGPU_NODE_BUFFER_BYTES": "4096"},
+                     "2 nodes of 2 to 3 ranks (not uniform), all_reduce and reduce across nodes in 2 lanes")
 
 
 def test_cuda_awareness_probe_exchanges_and_agreement_on_host():

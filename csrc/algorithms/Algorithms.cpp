@@ -290,7 +290,10 @@ bool isHalf(at::ScalarType t) { return t == at::kHalf || t == at::kBFloat16; }
 // benchmarks/results/two_hosts/node_2hosts_x2.txt). all_gather and broadcast alike
 // (benchmarks/results/node_data_movement.txt): inside one node on par up to 2 KiB, then
 // 1.1-1.6x (all_gather) and 1.3-3.9x (broadcast) faster; across the hosts 1.0-2.3x faster from
-// 1 MiB, mixed at 256 KiB, 2-26x slower below 32 KiB.
+// 1 MiB, mixed at 256 KiB, 2-26x slower below 32 KiB. Hosts holding different numbers of
+// ranks (all_reduce and reduce in lanes; 2 + 1 and 3 + 2 ranks on the two simulated hosts,
+// benchmarks/results/two_hosts/node_2hosts_uneven_2026-12-04.txt): 1.6-2.5x faster than MPI's
+// own or the ring from 1 MiB, mixed at 256 KiB, so the same threshold.
 bool nodePicks(const Config& config, const Facts& f) {
   if (f.groupHasGpu || !f.nodeSuits || f.worldSize == 1 || config.nodeBufferBytes == 0)
     return false;
@@ -299,8 +302,9 @@ bool nodePicks(const Config& config, const Facts& f) {
 std::string nodeRule(const Config& config, bool groupHasGpu) {
   if (groupHasGpu || config.nodeBufferBytes == 0) return "";
   return c10::str(
-      "node (reductions, all_gather, broadcast) where more than one rank shares a node (the "
-      "same count on every node): at any size inside one node, from ",
+      "node (reductions, all_gather, broadcast; all_reduce and reduce only where nodes hold "
+      "different counts) where more than one rank shares a node: at any size inside one node, "
+      "from ",
       config.nodeAcrossMinBytes, " bytes across nodes");
 }
 
