@@ -63,16 +63,22 @@ bool agreeArrival(MPI_Comm comm, const char* op, int rank) {
   return any != 0;
 }
 
-void arriveTogether(const Comm& comm, const char* op) {
-  if (!comm.arrive) return;
+namespace {
+void ibarrier(MPI_Comm comm, const char* op, int rank) {
   MPI_Request request = MPI_REQUEST_NULL;
-  MPIGPU_MPI_CHECK(MPI_Ibarrier(comm.handle, &request), op, comm.rank);
-  wait(&request, op, comm.rank);
+  MPIGPU_MPI_CHECK(MPI_Ibarrier(comm, &request), op, rank);
+  wait(&request, op, rank);
+}
+}  // namespace
+
+void arriveTogether(const Comm& comm, const char* op) {
+  if (comm.arrive) ibarrier(comm.handle, op, comm.rank);
 }
 
-void barrierOn(const Comm& comm, const char* op) {
-  if (comm.arrive) return arriveTogether(comm, op);
-  MPIGPU_MPI_CHECK(MPI_Barrier(comm.handle), op, comm.rank);
+void barrierOn(const Comm& comm, const char* op, int rankForErrors) {
+  const int rank = rankForErrors >= 0 ? rankForErrors : comm.rank;
+  if (comm.arrive) return ibarrier(comm.handle, op, rank);
+  MPIGPU_MPI_CHECK(MPI_Barrier(comm.handle), op, rank);
 }
 
 }  // namespace mpigpu::mpi

@@ -34,8 +34,9 @@ bool agreeArrival(MPI_Comm comm, const char* op, int rank);
 // while they compute, import or start. Nothing where no member is crowded. Collective over
 // `comm`.
 void arriveTogether(const Comm& comm, const char* op);
-// MPI_Barrier, or (comm.arrive) arriveTogether. Not counted in callCount().
-void barrierOn(const Comm& comm, const char* op);
+// MPI_Barrier, or (comm.arrive) arriveTogether. Not counted in callCount(). An error names
+// `rankForErrors` (the group's rank where `comm` is a node's; -1: comm.rank).
+void barrierOn(const Comm& comm, const char* op, int rankForErrors = -1);
 
 // The pauses of one waiter between its checks (a crowded MPI wait, the node barrier): for the
 // first `yieldFor`, sched_yield (a peer on this CPU runs at once); then sleeps growing from

@@ -94,7 +94,7 @@ DeviceSlots* Node::deviceSlots(const char* op, const at::Device& where, int64_t 
 // Collective over the node: every rank calls it at the same point, with or without slots.
 void Node::retire(std::unique_ptr<DeviceSlots> slots, const char* op) {
   if (slots) slots->release();
-  mpi::barrierOn(topology_.nodeComm, op);
+  mpi::barrierOn(topology_.nodeComm, op, group_.rank);
   slots.reset();
 }
 

@@ -112,7 +112,7 @@ std::unique_ptr<SharedSegment> SharedSegment::create(const mpi::Comm& nodeComm, 
   const size_t bytes = seg->headerBytes_ + 2 * nodeComm.size * static_cast<size_t>(seg->slotBytes_);
   // Every rank of the node is here before a name exists: a rank that never comes (an op only
   // some ranks called, then abort, destroy or a kill) leaves nothing in /dev/shm.
-  mpi::barrierOn(nodeComm, op);
+  mpi::barrierOn(nodeComm, op, rankForErrors);
   char name[64] = {0};
   std::string error;
   int fd = -1;
@@ -142,7 +142,7 @@ std::unique_ptr<SharedSegment> SharedSegment::create(const mpi::Comm& nodeComm, 
   }
   if (fd >= 0) close(fd);
   // every rank has mapped it (or failed to): the name can go
-  mpi::barrierOn(nodeComm, op);
+  mpi::barrierOn(nodeComm, op, rankForErrors);
   if (nodeComm.rank == 0 && fd >= 0) shm_unlink(name);
   if (!made0 && error.empty()) error = "rank 0 of this node could not make the segment";
   if (!error.empty()) {
