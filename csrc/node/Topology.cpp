@@ -78,8 +78,8 @@ void Topology::split(const mpi::Comm& group, int pretendNodes, const char* op) {
   }
   std::vector<int> crossMembers{rank};  // the cross communicator's group ranks, in its order
   if (nodes > 1) {
-    if (uniform &&
-        ls == 1) {  // one rank per node: the cross communicator is the group, in its order
+    // one rank per node: the cross communicator is the group, in its order
+    if (uniform && ls == 1) {
       crossComm = {group.handle, rank, nodes, group.maxCount, group.arrive};
       crossCommOwned = false;
     } else {
