@@ -261,7 +261,40 @@ def report_removed_session_folders():
 # long later is ended and run again, once; the second time it fails the test. Where the ranks are
 # not the launcher's descendants (srun) this never applies.
 LAUNCHER_OUTLIVES_RANKS_S = 40
-_launchers_outliving_ranks = []
+
+# Open MPI 5.0 under srun --mpi=pmix across the two hosts: a rank can leave MPI_Init while a rank
+# of the other host is still inside it (the PMIx fences of MPI_Init are not one barrier there:
+# with one rank's fence releases held back 0.5 s, the other host's ranks left MPI_Init 1 s before
+# it, at 2+1 and 2+2 ranks). The first message it then sends (any program's first collective;
+# mpigpu's rendezvous) reaches the other while its MPI_COMM_WORLD is not yet set up in the ob1
+# PML, and that rank dies of a segmentation fault in mca_pml_ob1_recv_frag_callback_match, under
+# ompi_mpi_init: open-mpi/ompi#12495 (the same stack at 8 nodes under srun), #13559. Seen in CI
+# once (2026-12-04, the job of test_every_rank_signalled_with_sigterm_stops_cleanly_in_its_handler)
+# and here 3 of 55 runs of that test beside two busy loops; 0 of 100 plain mpi4py jobs and 0 of
+# 40 small mpigpu jobs under the same load. No call of mpigpu's can order it: a PMIx fence right
+# after MPI_Init returned on the early host before the late rank had reached it. So a launch with
+# a rank killed so runs once more, as above; twice in a row fails the test.
+_OPEN_MPI_INIT_RACE = re.compile(r"^\[([^\]\s]+)\] \[ ?\d+\] \S*\(mca_pml_ob1_recv_frag_callback_match\+",
+                                 re.MULTILINE)
+
+
+def died_in_open_mpi_init_race(output):
+    """Whether a rank's backtrace in `output` is Open MPI 5's start-up race above: the crash in
+    ob1's match callback and ompi_mpi_init in the same process's stack."""
+    return any(re.search(rf"^\[{re.escape(m.group(1))}\] \[ ?\d+\] \S*\(ompi_mpi_init\+", output,
+                         re.MULTILINE)
+               for m in _OPEN_MPI_INIT_RACE.finditer(output))
+
+
+OPEN_MPI_INIT_RACE = ("a rank died of Open MPI 5's start-up race (a segmentation fault in "
+                      "mca_pml_ob1_recv_frag_callback_match inside MPI_Init: open-mpi/ompi#12495; "
+                      "tests/conftest.py)")
+_launches_run_again = []
+
+
+def note_launch_run_again(attempt, why):
+    test = os.environ.get("PYTEST_CURRENT_TEST", "?").split(" ")[0]
+    _launches_run_again.append(f"{test}, launch {attempt}: {why}")
 
 
 def _rank_pids_under(launcher_pid):
@@ -307,8 +340,8 @@ def run_launcher(cmd, env, timeout):
     launch's wall time. Past `timeout` the job is ended as a user ends one, SIGTERM to the
     launcher (it ends its ranks and removes its files; a SIGKILL leaves the session folder above
     behind, and ranks not yet in a group running), killed only 10 s later; then
-    subprocess.TimeoutExpired, with the output so far. A launcher that outlives all its ranks
-    (above) is ended and the launch run once more."""
+    subprocess.TimeoutExpired, with the output so far. A launcher that outlives all its ranks,
+    and a launch with a rank killed by Open MPI 5's start-up race (both above), run once more."""
     for attempt in (1, 2):
         verdict, start = [], time.monotonic()
         with subprocess.Popen(cmd, env=env, cwd=MP_DIR, stdout=subprocess.PIPE,
@@ -325,24 +358,24 @@ def run_launcher(cmd, env, timeout):
                     proc.kill()
                     out, err = proc.communicate()
                 raise subprocess.TimeoutExpired(cmd, timeout, out, err) from None
+        if not verdict and proc.returncode != 0 and died_in_open_mpi_init_race(out + err):
+            verdict.append(OPEN_MPI_INIT_RACE)
         if not verdict:
             done = subprocess.CompletedProcess(cmd, proc.returncode, out, err)
             done.seconds = time.monotonic() - start
             return done
-        test = os.environ.get("PYTEST_CURRENT_TEST", "?").split(" ")[0]
-        _launchers_outliving_ranks.append(f"{test}, launch {attempt}: {verdict[0]}")
+        note_launch_run_again(attempt, verdict[0])
         if attempt == 2:
-            pytest.fail(f"twice in a row {verdict[0]} (Open MPI 5's prterun across hosts once in "
-                        f"about 13 such launches under load: LAUNCHER_OUTLIVES_RANKS_S in "
+            pytest.fail(f"twice in a row {verdict[0]} (each once in many launches under load: "
                         f"tests/conftest.py); {' '.join(cmd)}\n{(out + err)[-3000:]}")
 
 
 @pytest.fixture(scope="session", autouse=True)
-def report_launchers_outliving_their_ranks():
+def report_launches_run_again():
     yield
-    if _launchers_outliving_ranks:
-        print(f"\nconftest: {len(_launchers_outliving_ranks)} launcher(s) outlived every rank and "
-              f"were ended (each launch then ran once more): " + "; ".join(_launchers_outliving_ranks))
+    if _launches_run_again:
+        print(f"\nconftest: {len(_launches_run_again)} launch(es) met an MPI library's defect and "
+              f"ran once more: " + "; ".join(_launches_run_again))
 
 
 def mpirun_path():
