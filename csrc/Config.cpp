@@ -74,6 +74,7 @@ constexpr int64_t kHuge = int64_t{1} << 62;
 
 Config Config::fromEnv() {
   Config c;
+  c.sharedSettings = mpigpu::sharedSettings();
   c.maxElementsPerCall = parseInt("TORCH_MPIGPU_MAX_ELEMENTS_PER_CALL", 1, INT_MAX);
   c.debug = parseFlag("TORCH_MPIGPU_DEBUG");
   c.desyncCheck = parseFlag("TORCH_MPIGPU_DESYNC_CHECK");

@@ -106,6 +106,9 @@ struct Config {
   int64_t nodeAcrossMinBytes = 0;
   // Test-only: each real node is cut into this many pretend nodes (hierarchical code on one host).
   int pretendNodes = 1;
+  // The settings every rank must share (Settings.hpp: sharedSettings), as read with the rest;
+  // the group compares them across its ranks when it is made.
+  std::string sharedSettings;
 
   static Config fromEnv();
 };

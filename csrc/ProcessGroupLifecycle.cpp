@@ -5,8 +5,11 @@
 #include <c10/util/Logging.h>
 
 #include <algorithm>
+#include <map>
 #include <numeric>
 #include <sstream>
+#include <string>
+#include <vector>
 
 #include "Errors.hpp"
 #include "KeepUntilExit.hpp"
@@ -26,6 +29,60 @@ namespace {
 int tagFor(const std::string& groupName) {
   // Same on every member (group names are agreed by torch), distinct per group.
   return static_cast<int>(std::hash<std::string>{}(groupName) % 32000) + 1;
+}
+
+// FNV-1a of the shared settings: the same text gives the same digest on every rank; shifted to
+// be non-negative, so that its negation fits (one MAX reduction yields both extremes).
+int64_t digestOf(const std::string& text) {
+  uint64_t h = 1469598103934665603ULL;
+  for (const unsigned char ch : text) {
+    h ^= ch;
+    h *= 1099511628211ULL;
+  }
+  return static_cast<int64_t>(h >> 2);
+}
+
+// "0, 2-4": ranks in ascending order, runs joined.
+std::string rankRuns(const std::vector<int>& ranks) {
+  std::string out;
+  for (size_t i = 0; i < ranks.size();) {
+    size_t j = i;
+    while (j + 1 < ranks.size() && ranks[j + 1] == ranks[j] + 1) ++j;
+    if (!out.empty()) out += ", ";
+    out += j == i ? std::to_string(ranks[i]) : c10::str(ranks[i], "-", ranks[j]);
+    i = j + 1;
+  }
+  return out;
+}
+
+// Each shared setting whose value differs between the ranks (`byRank`: each rank's
+// sharedSettings lines), with every value and the ranks holding it.
+std::string settingsThatDiffer(const std::vector<std::string>& byRank) {
+  std::vector<std::string> names;  // in the table's order
+  std::map<std::string, std::map<std::string, std::vector<int>>> ranksByValue;
+  for (int r = 0; r < static_cast<int>(byRank.size()); ++r) {
+    std::istringstream lines(byRank[r]);
+    for (std::string line; std::getline(lines, line);) {
+      const auto eq = line.find('=');
+      const std::string name = line.substr(0, eq);
+      if (ranksByValue.count(name) == 0) names.push_back(name);
+      ranksByValue[name][eq == std::string::npos ? "" : line.substr(eq + 1)].push_back(r);
+    }
+  }
+  std::string out;
+  for (const auto& name : names) {
+    const auto& values = ranksByValue[name];
+    size_t holders = 0;
+    for (const auto& [value, ranks] : values) holders += ranks.size();
+    if (values.size() < 2 && holders == byRank.size()) continue;
+    std::string each;
+    for (const auto& [value, ranks] : values) {
+      each += c10::str(each.empty() ? "" : ", ", "`", value, "` on rank",
+                       ranks.size() > 1 ? "s " : " ", rankRuns(ranks));
+    }
+    out += c10::str(out.empty() ? "" : "; ", name, " is ", each);
+  }
+  return out;
 }
 
 // The members' ranks in the job communicator (mpi/Env.hpp: MPI_COMM_WORLD, or the program's own
@@ -256,12 +313,30 @@ void ProcessGroupMPIGPU::makeComms(int hasGpu, MPI_Comm made) {
                          " of the new communicator, torch at ", rank_);
   }
   comm_.arrive = algoComm_.arrive = mpi::agreeArrival(comm_.handle, "new_group", rank_);
+  // One reduction, two agreements: whether any member has a GPU, and whether the settings that
+  // choose the group's collectives are the same on every rank (the largest and smallest digest).
+  // Where they differ, ranks would choose different collectives and hang or compute wrong
+  // results: every rank learns which differ, from every rank's values, and raises the same error.
+  const int64_t digest = digestOf(config_.sharedSettings);
+  const int64_t mine[3] = {hasGpu, digest, -digest};
+  int64_t most[3] = {0, 0, 0};
+  MPIGPU_MPI_CHECK(MPI_Allreduce(mine, most, 3, MPI_INT64_T, MPI_MAX, comm_.handle), "new_group",
+                   rank_);
+  if (most[1] != -most[2]) {
+    const std::string differ =
+        settingsThatDiffer(mpi::allgatherStrings(config_.sharedSettings, comm_.handle));
+    MPIGPU_THROW_BACKEND(
+        "new_group", rank_, "settings that every rank of a group must share differ between the ",
+        size_, " ranks of group '", groupName_, "': ", differ,
+        ". They choose the group's collectives, so its ranks would not match (a hang or wrong "
+        "results). Give every rank the same value: set them before the launch, which passes the "
+        "environment to every rank (Open MPI's mpirun: -x NAME; srun and MPICH's mpiexec pass it "
+        "whole), not per rank inside the program; docs/settings.md lists which settings each "
+        "rank may keep its own.");
+  }
   MPIGPU_MPI_CHECK(MPI_Comm_dup(comm_.handle, &algoComm_.handle), "new_group", rank_);
   mpi::noteMade(algoComm_.handle);
-  int anyGpu = 0;
-  MPIGPU_MPI_CHECK(MPI_Allreduce(&hasGpu, &anyGpu, 1, MPI_INT, MPI_MAX, comm_.handle), "new_group",
-                   rank_);
-  groupHasGpu_ = anyGpu != 0;
+  groupHasGpu_ = most[0] != 0;
   paths_->confirm(algoComm_, groupHasGpu_, "new_group");
   if (size_ > 1) readNodes(hasGpu);
 }

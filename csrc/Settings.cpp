@@ -2,6 +2,7 @@
 
 #include <c10/util/Exception.h>
 
+#include <cstdlib>
 #include <iterator>
 
 namespace mpigpu {
@@ -9,17 +10,17 @@ namespace mpigpu {
 namespace {
 
 const SettingSpec kSettings[] = {
-    {"TORCH_MPIGPU_TIMEOUT", "", "the group's timeout (30 min)", ReadAt::GroupCreation,
+    {"TORCH_MPIGPU_TIMEOUT", "", "the group's timeout (30 min)", ReadAt::GroupCreationPerRank,
      "seconds before `Work.wait()` gives up on an op"},
-    {"TORCH_MPIGPU_TIMEOUT_ACTION", "abort", "", ReadAt::GroupCreation,
+    {"TORCH_MPIGPU_TIMEOUT_ACTION", "abort", "", ReadAt::GroupCreationPerRank,
      "a collective past its timeout is reported; `abort`: then end the job (MPI_Abort), "
      "`report`: only report"},
     {"TORCH_MPIGPU_INLINE_BYTES", "1099511627776", "`1099511627776` (no limit)",
-     ReadAt::GroupCreation,
+     ReadAt::GroupCreationPerRank,
      "blocking host ops up to this size run on the calling thread when the group is idle, and "
      "host send/recv up to this size are posted there and tested by `wait()`; `0`: always on the "
      "worker"},
-    {"TORCH_MPIGPU_DEBUG", "0", "", ReadAt::GroupCreation,
+    {"TORCH_MPIGPU_DEBUG", "0", "", ReadAt::GroupCreationPerRank,
      "`1`: log each group's setup (MPI library, thread level, paths) and every op queued, through "
      "c10 logging at INFO level (shown with `TORCH_CPP_LOG_LEVEL=INFO`; each line starts with the "
      "group's name, rank and world rank)"},
@@ -78,7 +79,7 @@ const SettingSpec kSettings[] = {
     {"TORCH_MPIGPU_NODE_TEST_DEVICE_SLOTS", "0", "", ReadAt::GroupCreation,
      "tests only: `1` runs the node algorithm's device-slot code (what the CUDA IPC slots use) "
      "on host shared memory in groups without a GPU, so CPU CI covers it"},
-    {"TORCH_MPIGPU_TEST_HOST_PIECE_BYTES", "0", "", ReadAt::GroupCreation,
+    {"TORCH_MPIGPU_TEST_HOST_PIECE_BYTES", "0", "", ReadAt::GroupCreationPerRank,
      "tests only: this rank's host paths cut all_reduce, reduce (MPI's own) and broadcast into MPI "
      "calls of this many bytes, as a staging GPU rank does; set on some ranks only, it checks "
      "that every rank of the group cuts the same pieces"},
@@ -90,7 +91,7 @@ const SettingSpec kSettings[] = {
      "peers' buffers in place (Linux cross-memory attach, `process_vm_readv`: one "
      "copy instead of two through the shared slots) where the kernel lets every rank of the "
      "group do so (`info` says why not); `1099511627776`: never"},
-    {"TORCH_MPIGPU_TEST_NO_SINGLE_COPY", "0", "", ReadAt::GroupCreation,
+    {"TORCH_MPIGPU_TEST_NO_SINGLE_COPY", "0", "", ReadAt::GroupCreationPerRank,
      "tests only: `1` fails this rank's single-copy probe, as where the kernel forbids it; the "
      "group then copies through the slots as one"},
     {"TORCH_MPIGPU_NODE_ACROSS_MIN_BYTES", "262144", "", ReadAt::GroupCreation,
@@ -176,9 +177,20 @@ const SettingSpec& setting(std::string_view name) {
                         " is read but missing from csrc/Settings.cpp");
 }
 
+std::string sharedSettings() {
+  std::string lines;
+  for (const auto& spec : kSettings) {
+    if (spec.readAt != ReadAt::GroupCreation) continue;
+    const char* set = std::getenv(spec.name);
+    lines += c10::str(spec.name, "=", set != nullptr ? set : spec.defaultValue, "\n");
+  }
+  return lines;
+}
+
 const char* readAtName(ReadAt readAt) {
   switch (readAt) {
     case ReadAt::GroupCreation: return "group creation";
+    case ReadAt::GroupCreationPerRank: return "group creation (each rank its own)";
     case ReadAt::FirstOp: return "first op";
     case ReadAt::Import: return "import";
     case ReadAt::Rendezvous: return "rendezvous";

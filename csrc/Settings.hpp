@@ -4,13 +4,24 @@
 // (`python -m torch_mpi_gpu.config --markdown`; a test checks they agree).
 #pragma once
 
+#include <string>
 #include <string_view>
 #include <vector>
 
 namespace mpigpu {
 
-// When a setting takes effect, so users know when changing it still matters.
-enum class ReadAt { GroupCreation, FirstOp, Import, Rendezvous, UncaughtException, Build };
+// When a setting takes effect, so users know when changing it still matters. Settings read at
+// group creation must be the same on every rank of the group (they choose its collectives),
+// checked when the group is made; GroupCreationPerRank ones only shape what each rank does alone.
+enum class ReadAt {
+  GroupCreation,
+  GroupCreationPerRank,
+  FirstOp,
+  Import,
+  Rendezvous,
+  UncaughtException,
+  Build
+};
 
 struct SettingSpec {
   const char* name;
@@ -24,5 +35,8 @@ const std::vector<SettingSpec>& settings();
 // The row of `name`; a name missing from the table is a bug here, reported as such.
 const SettingSpec& setting(std::string_view name);
 const char* readAtName(ReadAt readAt);
+// The settings every rank of a group must share, as lines `NAME=value` in table order (the
+// table's default where unset), read now.
+std::string sharedSettings();
 
 }  // namespace mpigpu

@@ -377,6 +377,18 @@ def test_collectives_node_across_hosts_holding_different_counts():
                      "2 nodes of 2 to 3 ranks (not uniform), all_reduce and reduce across nodes in 2 lanes")
 
 
+def test_settings_every_rank_must_share_are_compared_when_a_group_is_made():
+    # one rank's TORCH_MPIGPU_ALGO (default group) or FUSION_BYTES (subgroup) differing: every
+    # rank's creation raises, naming the setting, each value and its ranks; a setting each rank
+    # keeps its own may differ; with the values made equal, the groups are made and work
+    out = run_mpi("settings_agreement.py", 3)
+    assert passed_counts(out, 3, {
+        "the default group with a shared setting differing",
+        "the default group, the setting then the same",
+        "a subgroup with a shared setting differing",
+        "a subgroup, the setting then the same; one each rank keeps its own differing"}) >= 11
+
+
 def test_cuda_awareness_probe_exchanges_and_agreement_on_host():
     # the probe's exchanges and agreement (mpi/DirectProbe.hpp) on host buffers; on a GPU,
     # test_gpu.py's test_cuda_awareness_probe runs it for real
