@@ -30,8 +30,9 @@ algo::Facts ProcessGroupMPIGPU::factsOf(algo::OpKind kind,
                                         const std::vector<at::Tensor>& tensors) const {
   int64_t bytes = 0;
   for (const auto& t : tensors) bytes += t.numel() * static_cast<int64_t>(t.element_size());
-  const bool toAll = kind == algo::OpKind::Allreduce || kind == algo::OpKind::Reduce;
-  const bool nodeSuits = node_ && (toAll ? node_->suitsAllreduce() : node_->suits());
+  const bool anyShape = kind == algo::OpKind::Allreduce || kind == algo::OpKind::Reduce ||
+                        kind == algo::OpKind::Broadcast;
+  const bool nodeSuits = node_ && (anyShape ? node_->suitsAnyShape() : node_->suits());
   return {kind, bytes, tensors[0].scalar_type(), size_, groupHasGpu_, nodeSuits, spansNodes_};
 }
 

@@ -187,7 +187,7 @@ void twoShotPiece(NodeOp& o, const at::Tensor& part, double scale) {
 void allreduceOnHost(NodeOp& o, const at::Tensor& buf) {
   prescale(o.c, buf, /*inPlace=*/true);
   const Topology& t = o.topo;
-  const int L = t.localSize, me = t.localRank;
+  const int me = t.localRank;
   const auto dtype = buf.scalar_type();
   const double scale = finalScale(o.c, t.size);
   if (small(o, buf)) return smallSum(o, buf, buf, 0, scale);
@@ -355,27 +355,33 @@ void allgatherOnHost(NodeOp& o, const at::Tensor& in, const at::Tensor& out) {
 }
 
 // The root's `buf` to every rank: across nodes over MPI among the root's local index first,
-// then inside each node from that index's slot, piece by piece.
+// then inside each node from that index's slot, piece by piece. Where nodes hold different
+// counts and the root is above the lanes, its node gets it first and lane 0 carries it across.
 void broadcastOnHost(NodeOp& o, const at::Tensor& buf, int root) {
   const Topology& t = o.topo;
-  const auto [rootLocal, rootCross] = t.placeOf(root);
-  const bool source = t.localRank == rootLocal;
-  if (t.nodes > 1 && source) {
-    acrossNodes(o, buf, [&](at::Tensor h) { mpi::broadcast(t.crossComm, o.op, h, rootCross); });
-  }
+  const Topology::Carrier c = t.carrierOf(root);
   // Through the slots, not single copy (as all_gather): here the root's copy of one piece into
   // its slot overlaps the readers' copies of the last, where reading the root's buffer in place
   // leaves all the copying to the readers, and the kernel's copy is slower than memcpy. Measured
   // with 2 ranks: single copy 1.2x faster to 512 KiB, 1.2-1.7x slower from 2 MiB
   // (benchmarks/results/node_single_copy_2026-11-29.txt).
   const ByteSpan data = spanOf(o, buf);
-  forPieces(buf.numel() * buf.element_size(), o.slotBytes(), [&](int64_t off, int64_t m) {
-    const ByteSpan slot = slotSpan(o, rootLocal, m);
-    if (source) slot.copyFrom(0, data, off, m);
-    o.sync();
-    if (!source) data.copyFrom(off, slot, 0, m);
-    o.flip();
-  });
+  auto fromSlotOf = [&](int local) {
+    const bool source = t.localRank == local;
+    forPieces(buf.numel() * buf.element_size(), o.slotBytes(), [&](int64_t off, int64_t m) {
+      const ByteSpan slot = slotSpan(o, local, m);
+      if (source) slot.copyFrom(0, data, off, m);
+      o.sync();
+      if (!source) data.copyFrom(off, slot, 0, m);
+      o.flip();
+    });
+  };
+  const bool relayed = c.lane != c.rootLocal;
+  if (relayed && c.onRootNode) fromSlotOf(c.rootLocal);
+  if (t.nodes > 1 && t.localRank == c.lane) {
+    acrossNodes(o, buf, [&](at::Tensor h) { mpi::broadcast(t.crossComm, o.op, h, c.crossRoot); });
+  }
+  if (!(relayed && c.onRootNode)) fromSlotOf(c.lane);
 }
 
 // Runs fn(op context, tensors where the node works on them): in device slots where every member
@@ -384,13 +390,13 @@ void broadcastOnHost(NodeOp& o, const at::Tensor& buf, int root) {
 // makes the same choice: it depends only on what was agreed when the group and slots were made.
 // `wantBytes`: the slot size in which the op would take one piece (device slots grow toward it).
 // `anyShape`: the op runs where nodes hold different numbers of the group's ranks too
-// (Node::suitsAllreduce).
+// (Node::suitsAnyShape).
 template <typename F>
 bool onNode(Context& c, std::vector<at::Tensor> tensors, std::vector<bool> written,
             int64_t wantBytes, bool anyShape, F&& fn) {
   Node* node = c.node;
   const char* op = c.link.op();
-  const bool suits = node != nullptr && (anyShape ? node->suitsAllreduce() : node->suits());
+  const bool suits = node != nullptr && (anyShape ? node->suitsAnyShape() : node->suits());
   SharedSegment* seg = suits ? node->segment(op) : nullptr;
   if (seg == nullptr) return false;
   node::DeviceSlots* dev =
@@ -503,7 +509,7 @@ bool nodeAllgather(Context& c, const at::Tensor& in, const at::Tensor& out) {
 
 bool nodeBroadcast(Context& c, const at::Tensor& buf, int root) {
   TORCH_INTERNAL_ASSERT(buf.is_contiguous(), "mpigpu: broadcast's buffer must be contiguous");
-  return onNode(c, {buf}, {true}, bytesOf(buf), /*anyShape=*/false,
+  return onNode(c, {buf}, {true}, bytesOf(buf), /*anyShape=*/true,
                 [root](NodeOp& o, std::vector<at::Tensor>& h) { broadcastOnHost(o, h[0], root); });
 }
 

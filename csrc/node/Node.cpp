@@ -141,9 +141,9 @@ void Node::free() {
 
 std::string Node::describe() const {
   std::string s = topology_.describe();
-  if (!suitsAllreduce()) return s;
+  if (!suitsAnyShape()) return s;
   if (!suits())
-    s = c10::str(s, ", all_reduce and reduce across nodes in ", topology_.lanes,
+    s = c10::str(s, ", all_reduce, reduce and broadcast across nodes in ", topology_.lanes,
                  topology_.lanes == 1 ? " lane" : " lanes", " (other ops: not node-aware)");
   if (!unavailable_.empty()) return c10::str(s, ", shared memory unavailable: ", unavailable_);
   s = c10::str(s, ", shared memory ", host_.slotBytes, " bytes per rank and half",

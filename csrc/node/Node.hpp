@@ -41,9 +41,10 @@ class Node {
   // Whether the node-aware algorithms suit this group's shape: more than one rank on a node, the
   // same number on every node. The same answer on every rank.
   bool suits() const { return topology_.uniform && topology_.localSize > 1; }
-  // all_reduce and reduce also where nodes hold different numbers of ranks (some more than one):
-  // each node's sum crosses nodes in `lanes` slices. The same answer on every rank.
-  bool suitsAllreduce() const { return suits() || (!topology_.uniform && topology_.most > 1); }
+  // all_reduce, reduce and broadcast also where nodes hold different numbers of ranks (some more
+  // than one): each node's sum crosses nodes in `lanes` slices, a broadcast in one lane. The same
+  // answer on every rank.
+  bool suitsAnyShape() const { return suits() || (!topology_.uniform && topology_.most > 1); }
   // The segment, made by the first call (collective over the group: every rank agrees whether it
   // exists, so all fall back together). Null: unavailable; describe() says why.
   SharedSegment* segment(const char* op);

@@ -100,6 +100,16 @@ void Topology::split(const mpi::Comm& group, int pretendNodes, const char* op) {
           rank);
     }
   }
+  if (!uniform && nodes > 1) {
+    leader = rank;  // nodeComm keeps group rank order: its rank 0 is local index 0
+    MPIGPU_MPI_CHECK(MPI_Bcast(&leader, 1, MPI_INT, 0, nodeComm.handle), op, rank);
+    const int mine[3] = {lr, crossComm.handle != MPI_COMM_NULL ? crossComm.rank : -1, leader};
+    std::vector<int> all(static_cast<size_t>(3) * group.size);
+    MPIGPU_MPI_CHECK(MPI_Allgather(mine, 3, MPI_INT, all.data(), 3, MPI_INT, group.handle), op,
+                     rank);
+    places.resize(group.size);
+    for (int r = 0; r < group.size; ++r) places[r] = {all[3 * r], all[3 * r + 1], all[3 * r + 2]};
+  }
   if (uniform) {
     placement.resize(static_cast<size_t>(ls) * nodes);
     MPIGPU_MPI_CHECK(MPI_Allgather(crossMembers.data(), nodes, MPI_INT, placement.data(), nodes,
@@ -113,6 +123,17 @@ std::pair<int, int> Topology::placeOf(int groupRank) const {
   TORCH_INTERNAL_ASSERT(at < static_cast<int64_t>(placement.size()), "mpigpu: rank ", groupRank,
                         " is not in the group's placement");
   return {static_cast<int>(at / nodes), static_cast<int>(at % nodes)};
+}
+
+Topology::Carrier Topology::carrierOf(int root) const {
+  if (places.empty()) {  // uniform (or one node): the root's own local index carries it
+    const auto [rootLocal, rootCross] = placeOf(root);
+    return {rootLocal, rootLocal, rootCross, true};
+  }
+  const Place& r = places.at(root);
+  const bool inLane = r.local < lanes;
+  return {r.local, inLane ? r.local : 0, inLane ? r.cross : places.at(r.leader).cross,
+          r.leader == leader};
 }
 
 void Topology::free() {

@@ -33,6 +33,22 @@ struct Topology {
   // rank's cross-node peers are row localRank. Cross ranks follow group rank order per local index,
   // so they need not name the same node for every j.
   std::vector<int> placement;
+  // Groups that span nodes holding different counts (else empty): every group rank's local
+  // index, its rank in that index's crossComm (-1: above the lanes, none) and its node's leader
+  // (the group rank of the node's local index 0, which names the node).
+  struct Place {
+    int local = 0, cross = -1, leader = 0;
+  };
+  std::vector<Place> places;
+  int leader = 0;  // this rank's node's leader, where `places` is kept
+  // How `root`'s data reaches every node: `lane` carries it across (crossRoot: the root's node in
+  // that lane's crossComm); where the root is above the lanes (lane != rootLocal), it first goes
+  // to every rank of the root's node, lane 0's included.
+  struct Carrier {
+    int rootLocal = 0, lane = 0, crossRoot = 0;
+    bool onRootNode = true;  // this rank is on the root's node
+  };
+  Carrier carrierOf(int root) const;
 
   // Collective over `group`, on the group's engine thread. `pretendNodes` > 1 (a test-only
   // setting) cuts each real node into that many nodes of consecutive ranks, so the
