@@ -251,11 +251,14 @@ class RunningJob:
         """The matches of `pattern` in the output once there are `count`; fails the test if the
         job ends or `timeout` passes first (or_fail=False: returns None)."""
         deadline = time.monotonic() + timeout
-        while time.monotonic() < deadline:
+        while True:
+            ended = self.proc.poll() is not None
+            if ended:
+                self.reader.join(10)  # what the job wrote before it ended, whole
             found = re.findall(pattern, self.output())
             if len(found) >= count:
                 return found
-            if self.proc.poll() is not None:
+            if ended or time.monotonic() >= deadline:
                 break
             time.sleep(0.2)
         if not or_fail:
@@ -279,8 +282,6 @@ class RunningJob:
         ready = r"rank (\d+) pid (\d+) waiting"
         found = self.wait_for(self.np, ready, or_fail=False)
         if found is None:
-            if self.proc.poll() is not None:
-                self.reader.join(10)  # the output whole
             if not conftest.died_in_open_mpi_init_race(self.output()):
                 self.wait_for(self.np, ready, timeout=0)  # fails the test with the output
             conftest.note_launch_run_again(1, conftest.OPEN_MPI_INIT_RACE)
