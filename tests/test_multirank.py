@@ -227,6 +227,8 @@ AUTO_ALGORITHM = {"fp16/bf16 all_reduce: the ring from HOST_HALF_RING_BYTES",
 NO_NODE = {"TORCH_MPIGPU_NODE_BUFFER_BYTES": "0"}
 # every rank a node of its own: the group spans nodes, and the node algorithm has nothing to share
 NODE_EACH = {"TORCH_MPIGPU_PRETEND_NODES": "3"}
+# 3 + 2 ranks: nodes holding different counts (auto's threshold across nodes lowered to 8 KiB)
+NODES_UNEVEN = {"TORCH_MPIGPU_PRETEND_NODES": "2", "TORCH_MPIGPU_NODE_ACROSS_MIN_BYTES": "8192"}
 
 
 # rank 0's pid names its segment; a killed job's segment of that name left in /dev/shm (CI met
@@ -235,15 +237,17 @@ STALE_NAME = {"MPIGPU_TEST_STALE_SEGMENT": "1"}
 
 
 @pytest.mark.parametrize("np, env", [(1, {}), (2, NO_NODE), (3, NO_NODE), (2, {}), (3, {}),
-                                     (3, NODE_EACH), (3, STALE_NAME)])
+                                     (3, NODE_EACH), (3, STALE_NAME), (5, NODES_UNEVEN)])
 def test_auto_algorithm_choice_at_its_thresholds(np, env):
     out = run_mpi("auto_algorithm.py", np, env=env)
     gpu = {"a member has a GPU: MPI's own below ALGO_MIN_BYTES, then the ring"}
     node = {"ranks sharing a node: the node algorithm for reductions, all_gather and broadcast"}
     fp32 = ("fp32 all_reduce across nodes: the ring from HOST_ACROSS_RING_BYTES" if env is NODE_EACH
             else "fp32 all_reduce inside one node: MPI's own at any size")
+    uneven = {"nodes holding different counts: the node algorithm for all_reduce and broadcast "
+              "from NODE_ACROSS_MIN_BYTES, not for all_gather"}
     want = (gpu if torch.cuda.is_available() else node if np > 1 and env in ({}, STALE_NAME)
-            else AUTO_ALGORITHM | {fp32})
+            else uneven if env is NODES_UNEVEN else AUTO_ALGORITHM | {fp32})
     assert passed_counts(out, np, want) >= 2
     assert "no shared-memory segment" not in out, out[-3000:]
 
