@@ -30,10 +30,8 @@ algo::Facts ProcessGroupMPIGPU::factsOf(algo::OpKind kind,
                                         const std::vector<at::Tensor>& tensors) const {
   int64_t bytes = 0;
   for (const auto& t : tensors) bytes += t.numel() * static_cast<int64_t>(t.element_size());
-  const bool anyShape = kind == algo::OpKind::Allreduce || kind == algo::OpKind::Reduce ||
-                        kind == algo::OpKind::Broadcast;
-  const bool nodeSuits = node_ && (anyShape ? node_->suitsAnyShape() : node_->suits());
-  return {kind, bytes, tensors[0].scalar_type(), size_, groupHasGpu_, nodeSuits, spansNodes_};
+  return {kind, bytes, tensors[0].scalar_type(), size_, groupHasGpu_, node_ && node_->suits(),
+          spansNodes_};
 }
 
 const algo::Algorithm* ProcessGroupMPIGPU::chooseAlgo(

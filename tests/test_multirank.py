@@ -304,10 +304,9 @@ NODE_SHAPES = {
                             "TORCH_MPIGPU_NODE_BUFFER_BYTES": "4096", **SLOTS_ONLY}, "2 nodes x 2 ranks"),
     "2x3-single-copy": (6, {"TORCH_MPIGPU_PRETEND_NODES": "2", **SINGLE_COPY}, "2 nodes x 3 ranks"),
     "3+2-two-lanes": (5, {"TORCH_MPIGPU_PRETEND_NODES": "2", "TORCH_MPIGPU_NODE_BUFFER_BYTES": "4096"},
-                      "2 nodes of 2 to 3 ranks (not uniform), all_reduce, reduce and broadcast across nodes in 2 lanes "
-                      "(other ops: not node-aware)"),
+                      "2 nodes of 2 to 3 ranks (not uniform), across nodes in 2 lanes"),
     "2+1+1-one-lane": (4, {"TORCH_MPIGPU_PRETEND_NODES": "3", "TORCH_MPIGPU_NODE_BUFFER_BYTES": "4096"},
-                       "3 nodes of 1 to 2 ranks (not uniform), all_reduce, reduce and broadcast across nodes in 1 lane"),
+                       "3 nodes of 1 to 2 ranks (not uniform), across nodes in 1 lane"),
     # the device-slot code (what the CUDA IPC slots run) on host memory, hierarchical, 4 KiB
     # slots grown once to 8 KiB (larger ops still in pieces), ordered by the slots' own barrier
     # where device flags would order them
@@ -379,7 +378,7 @@ def test_collectives_node_across_hosts_holding_different_counts():
     if not LAUNCHER.startswith("two-hosts"):
         pytest.skip("one host holds all 5 ranks (pretended nodes: test_collectives_with_node_algorithm)")
     node_collectives(5, {"TORCH_MPIGPU_NODE_BUFFER_BYTES": "4096"},
-                     "2 nodes of 2 to 3 ranks (not uniform), all_reduce, reduce and broadcast across nodes in 2 lanes")
+                     "2 nodes of 2 to 3 ranks (not uniform), across nodes in 2 lanes")
 
 
 def test_settings_every_rank_must_share_are_compared_when_a_group_is_made():

@@ -208,6 +208,58 @@ void allreduceOnHost(NodeOp& o, const at::Tensor& buf) {
   });
 }
 
+// Nodes holding different counts, each piece in two steps: a lane's rank sums on its node the
+// blocks of every rank that crosses nodes in its lane (Topology::carried, on every node), and
+// MPI_Reduce_scatter among the lane's ranks leaves it its node's share, its own block first; then
+// it hands the rest to its node's ranks above the lanes through its slot.
+void reduceScatterUneven(NodeOp& o, const at::Tensor& input, const at::Tensor& out) {
+  const Topology& t = o.topo;
+  const int L = t.localSize, me = t.localRank, lanes = t.lanes, p = t.size;
+  const auto dtype = out.scalar_type();
+  const int64_t m = out.numel();
+  const at::Tensor rows = input.view({p, m});
+  const double scale = finalScale(o.c, p);
+  std::vector<int> blocks;      // a lane's rank's: in its crossComm's order of nodes
+  std::vector<int64_t> counts;  // of those blocks per node
+  if (me < lanes) {
+    for (int n : t.laneNodes[me]) {
+      const std::vector<int> c = t.carried(n, me);
+      blocks.insert(blocks.end(), c.begin(), c.end());
+      counts.push_back(static_cast<int64_t>(c.size()));
+    }
+  }
+  const int lane = me % lanes, q = me / lanes;  // this rank's result: block q of what `lane` gets
+  const int64_t ours = static_cast<int64_t>(t.carried(t.node, lane).size());
+  const int64_t cols = std::max<int64_t>(1, o.slotBytes() / (out.element_size() * p));
+  forPieces(m, cols, [&](int64_t off, int64_t w) {
+    o.slot(me, dtype, p * w).view({p, w}).copy_(rows.narrow(1, off, w));
+    o.sync();
+    at::Tensor back;  // this node's blocks of the lane, reduced over every node
+    if (me < lanes) {
+      at::Tensor sums = at::empty({static_cast<int64_t>(blocks.size()) * w}, out.options());
+      for (size_t k = 0; k < blocks.size(); ++k)
+        combineAll(o.c, sums.narrow(0, k * w, w), slotRanges(o, dtype, p * w, blocks[k] * w, w, 0),
+                   1.0);
+      std::vector<int64_t> elems;
+      for (int64_t c : counts) elems.push_back(c * w);
+      back = at::empty({ours * w}, out.options());
+      at::Tensor received = forMpi(o, back);
+      mpi::reduceScatterV(t.crossComm, o.op, forMpi(o, sums), received, elems, plainSum(o.c.red),
+                          /*counted=*/false);
+      fromMpi(back, received);
+      combineAll(o.c, out.narrow(0, off, w), {back.narrow(0, 0, w)}, scale);
+    }
+    o.flip();
+    if (L == lanes) return;  // no rank of this node above the lanes
+    if (me < lanes && ours > 1) o.slot(me, dtype, (ours - 1) * w).copy_(back.narrow(0, w, (ours - 1) * w));
+    o.sync();
+    if (me >= lanes)
+      combineAll(o.c, out.narrow(0, off, w), {o.slot(lane, dtype, (ours - 1) * w).narrow(0, (q - 1) * w, w)},
+                 scale);
+    o.flip();
+  });
+}
+
 // `in` holds size x out.numel() elements in group rank order; this rank's block reduced to out.
 void reduceScatterOnHost(NodeOp& o, const at::Tensor& in, const at::Tensor& out) {
   const Topology& t = o.topo;
@@ -216,6 +268,7 @@ void reduceScatterOnHost(NodeOp& o, const at::Tensor& in, const at::Tensor& out)
   const int64_t m = out.numel();
   const at::Tensor input = prescale(o.c, in, /*inPlace=*/false);
   if (small(o, input)) return smallSum(o, input, out, me * m, finalScale(o.c, p));
+  if (!t.uniform) return reduceScatterUneven(o, input, out);
   const at::Tensor rows = input.view({p, m});
   const int64_t cols = std::max<int64_t>(1, o.slotBytes() / (out.element_size() * p));
   const double scale = finalScale(o.c, p);
@@ -286,35 +339,113 @@ ByteSpan slotSpan(const NodeOp& o, int r, int64_t bytes) {
   return {nullptr, o.slot(r, at::kByte, bytes)};
 }
 
-// Host all_gather in one copy: each rank publishes the N rows it holds (`mine`) and reads every
-// peer's straight into `out` (process_vm_readv), where the slots cost two copies of each row
-// (into the writer's slot, out of it). The second barrier keeps each `mine` unchanged until
-// every peer has read it. Rows are read from the next local rank round, so peers do not all
-// read one rank first.
-void allgatherSingleCopy(NodeOp& o, const at::Tensor& held, const at::Tensor& out) {
-  const Topology& t = o.topo;
-  const int L = t.localSize, me = t.localRank, N = t.nodes;
-  const int64_t rowBytes = held.numel() / N * held.element_size();
+// Rows a local rank holds for its node: row `held` of what it holds goes to row `to` of every
+// rank's output. rows[j]: local rank j's.
+struct RowMove {
+  int64_t held, to;
+};
+using RowsOnNode = std::vector<std::vector<RowMove>>;
+
+// Every local rank's rows to every rank of the node, in one copy: each rank publishes what it
+// holds and reads every peer's rows straight into `out` (process_vm_readv), where the slots cost
+// two copies of each row (into the writer's slot, out of it). The second barrier keeps `held`
+// unchanged until every peer has read it. Rows are read from the next local rank round, so peers
+// do not all read one rank first.
+void shareRowsInPlace(NodeOp& o, const at::Tensor& held, const RowsOnNode& rows, int64_t rowBytes,
+                      const at::Tensor& out) {
+  const int L = o.topo.localSize, me = o.topo.localRank;
   auto* dst = static_cast<uint8_t*>(out.data_ptr());
-  // Rows inside `out` anywhere but this rank's own row (all_gather_into_tensor(out, out[k]), k
-  // another rank): the reads into `out` would overwrite them before the peers have read them.
-  const bool ownRow = N == 1 && held.const_data_ptr() == dst + t.placement[me] * rowBytes;
-  const at::Tensor mine = overlaps(held, out) && !ownRow ? held.clone() : held;
-  const auto* src = static_cast<const uint8_t*>(mine.const_data_ptr());
+  const auto* src = static_cast<const uint8_t*>(held.const_data_ptr());
   o.seg.publish(src);
   o.sync();
   for (int k = 0; k < L; ++k) {
     const int j = (me + k) % L;
-    for (int i = 0; i < N; ++i) {
-      uint8_t* to = dst + t.placement[static_cast<size_t>(j) * N + i] * rowBytes;
+    for (const RowMove& mv : rows[j]) {
+      uint8_t* to = dst + mv.to * rowBytes;
       if (j != me) {
-        o.seg.readPublished(j, to, i * rowBytes, rowBytes, o.op, o.rank);
-      } else if (to != src + i * rowBytes) {  // in place (input a view of its own row): done
-        std::memcpy(to, src + i * rowBytes, rowBytes);
+        o.seg.readPublished(j, to, mv.held * rowBytes, rowBytes, o.op, o.rank);
+      } else if (to != src + mv.held * rowBytes) {  // in place (held as a view of its row): done
+        std::memcpy(to, src + mv.held * rowBytes, rowBytes);
       }
     }
   }
   o.sync();
+}
+
+// The same through the slots, in pieces: each piece is the same byte range of every row a rank
+// holds.
+void shareRows(NodeOp& o, const at::Tensor& held, const RowsOnNode& rows, int64_t rowBytes,
+               const at::Tensor& out) {
+  const int L = o.topo.localSize, me = o.topo.localRank;
+  const int64_t eb = out.element_size();
+  size_t most = 1;
+  for (const auto& r : rows) most = std::max(most, r.size());
+  MPIGPU_CHECK_VALUE(static_cast<int64_t>(most) * eb <= o.slotBytes(), o.op, o.rank,
+                     "a node's slot (", o.slotBytes(), " bytes) must hold one element of each of ",
+                     most, " rows; raise TORCH_MPIGPU_NODE_BUFFER_BYTES");
+  // A held row inside `out` anywhere but its own place (all_gather_into_tensor(out, out[k]), k
+  // another rank): the copies into `out` would overwrite it before the peers have read it.
+  const auto* dst = static_cast<const uint8_t*>(out.const_data_ptr());
+  const bool inItsPlace = rows[me].size() == 1 && held.numel() * held.element_size() == rowBytes &&
+                          held.const_data_ptr() == dst + rows[me][0].to * rowBytes;
+  const at::Tensor mine = overlaps(held, out) && !inItsPlace ? held.clone() : held;
+  if (o.onHost() && o.node.singleCopy(rowBytes)) return shareRowsInPlace(o, mine, rows, rowBytes, out);
+  const ByteSpan from = spanOf(o, mine), into = spanOf(o, out);
+  const int64_t width = std::max<int64_t>(eb, o.slotBytes() / static_cast<int64_t>(most) / eb * eb);
+  forPieces(rowBytes, width, [&](int64_t off, int64_t w) {
+    if (!rows[me].empty()) {
+      const ByteSpan mySlot = slotSpan(o, me, static_cast<int64_t>(rows[me].size()) * w);
+      for (size_t i = 0; i < rows[me].size(); ++i)
+        mySlot.copyFrom(i * w, from, rows[me][i].held * rowBytes + off, w);
+    }
+    o.sync();
+    for (int j = 0; j < L; ++j) {
+      if (rows[j].empty()) continue;
+      const ByteSpan theirs = slotSpan(o, j, static_cast<int64_t>(rows[j].size()) * w);
+      for (size_t i = 0; i < rows[j].size(); ++i)
+        into.copyFrom(rows[j][i].to * rowBytes + off, theirs, i * w, w);
+    }
+    o.flip();
+  });
+}
+
+// Nodes holding different counts: every rank's row to its node first (these rows are final),
+// then each lane's share of the node's rows (Topology::carried) to the other nodes in one
+// MPI_Allgatherv among the lane's ranks, then what each lane got to the rest of its node. Each
+// node's rows cross the network once per other node, as with the same count on every node.
+void allgatherUneven(NodeOp& o, const at::Tensor& in, const at::Tensor& out) {
+  const Topology& t = o.topo;
+  const int L = t.localSize, me = t.localRank, lanes = t.lanes;
+  const int64_t numel = in.numel(), rowBytes = numel * in.element_size();
+  const std::vector<int>& ours = t.members[t.node];
+  RowsOnNode own(L);
+  for (int j = 0; j < L; ++j) own[j] = {{0, ours[j]}};
+  shareRows(o, in.contiguous(), own, rowBytes, out);
+  // what lane j gets: every node's rows of that lane, in its crossComm order (ours skipped: here)
+  RowsOnNode others(L);
+  for (int j = 0; j < lanes; ++j) {
+    int64_t at = 0;
+    for (int n : t.laneNodes[j])
+      for (int r : t.carried(n, j)) {
+        if (n != t.node) others[j].push_back({at, r});
+        ++at;
+      }
+  }
+  at::Tensor received = at::empty({0}, out.options());
+  if (me < lanes) {
+    const std::vector<int> sent = t.carried(t.node, me);
+    const at::Tensor which = at::tensor(std::vector<int64_t>(sent.begin(), sent.end()),
+                                        at::TensorOptions().dtype(at::kLong))
+                                 .to(out.device());
+    const at::Tensor send = forMpi(o, out.view({t.size, numel}).index_select(0, which).view({-1}));
+    std::vector<int64_t> counts;
+    for (int n : t.laneNodes[me]) counts.push_back(static_cast<int64_t>(t.carried(n, me).size()) * numel);
+    at::Tensor gathered = at::empty({static_cast<int64_t>(others[me].size() + sent.size()) * numel},
+                                    send.options());
+    mpi::allgatherv(t.crossComm, o.op, send, gathered, counts, /*counted=*/false);
+    received = gathered.to(out.device());
+  }
+  shareRows(o, received, others, rowBytes, out);
 }
 
 // `out` (contiguous, size x in.numel() elements, group rank order) gets every rank's `in`.
@@ -323,11 +454,8 @@ void allgatherSingleCopy(NodeOp& o, const at::Tensor& held, const at::Tensor& ou
 // ring), then the node's ranks share what they hold through the slots.
 void allgatherOnHost(NodeOp& o, const at::Tensor& in, const at::Tensor& out) {
   const Topology& t = o.topo;
-  const int L = t.localSize, me = t.localRank, N = t.nodes;
-  const int64_t eb = in.element_size(), rowBytes = in.numel() * eb;
-  MPIGPU_CHECK_VALUE(N * eb <= o.slotBytes(), o.op, o.rank, "a node's slot (", o.slotBytes(),
-                     " bytes) must hold one element per node (", N,
-                     "); raise TORCH_MPIGPU_NODE_BUFFER_BYTES");
+  if (!t.uniform) return allgatherUneven(o, in, out);
+  const int L = t.localSize, N = t.nodes;
   at::Tensor mine = in.contiguous();
   if (N > 1) {
     const at::Tensor send = forMpi(o, mine);
@@ -335,23 +463,10 @@ void allgatherOnHost(NodeOp& o, const at::Tensor& in, const at::Tensor& out) {
     mpi::allgather(t.crossComm, o.op, send, gathered, /*counted=*/false);
     mine = gathered.to(in.device());
   }
-  if (o.onHost() && o.node.singleCopy(rowBytes)) return allgatherSingleCopy(o, mine, out);
-  const ByteSpan src = spanOf(o, mine), dst = spanOf(o, out);
-  // each piece: the same byte range of the N rows this rank holds
-  const int64_t width = std::max<int64_t>(eb, o.slotBytes() / N / eb * eb);
-  forPieces(rowBytes, width, [&](int64_t off, int64_t w) {
-    const ByteSpan mySlot = slotSpan(o, me, N * w);
-    for (int i = 0; i < N; ++i) mySlot.copyFrom(i * w, src, i * rowBytes + off, w);
-    o.sync();
-    for (int j = 0; j < L; ++j) {
-      const ByteSpan theirs = slotSpan(o, j, N * w);
-      for (int i = 0; i < N; ++i) {
-        const int64_t row = t.placement[static_cast<size_t>(j) * N + i];
-        dst.copyFrom(row * rowBytes + off, theirs, i * w, w);
-      }
-    }
-    o.flip();
-  });
+  RowsOnNode rows(L);
+  for (int j = 0; j < L; ++j)
+    for (int i = 0; i < N; ++i) rows[j].push_back({i, t.placement[static_cast<size_t>(j) * N + i]});
+  shareRows(o, mine, rows, in.numel() * in.element_size(), out);
 }
 
 // The root's `buf` to every rank: across nodes over MPI among the root's local index first,
@@ -389,15 +504,12 @@ void broadcastOnHost(NodeOp& o, const at::Tensor& buf, int root) {
 // another device copied to the host); the written ones are copied back. Every rank of the group
 // makes the same choice: it depends only on what was agreed when the group and slots were made.
 // `wantBytes`: the slot size in which the op would take one piece (device slots grow toward it).
-// `anyShape`: the op runs where nodes hold different numbers of the group's ranks too
-// (Node::suitsAnyShape).
 template <typename F>
 bool onNode(Context& c, std::vector<at::Tensor> tensors, std::vector<bool> written,
-            int64_t wantBytes, bool anyShape, F&& fn) {
+            int64_t wantBytes, F&& fn) {
   Node* node = c.node;
   const char* op = c.link.op();
-  const bool suits = node != nullptr && (anyShape ? node->suitsAnyShape() : node->suits());
-  SharedSegment* seg = suits ? node->segment(op) : nullptr;
+  SharedSegment* seg = node != nullptr && node->suits() ? node->segment(op) : nullptr;
   if (seg == nullptr) return false;
   node::DeviceSlots* dev =
       node->onDevice() ? node->deviceSlots(op, tensors[0].device(), wantBytes) : nullptr;
@@ -485,31 +597,47 @@ NodeWaits nodeWaits() {
 }
 
 bool nodeAllreduce(Context& c, const at::Tensor& buf) {
-  return onNode(c, {buf}, {true}, bytesOf(buf), /*anyShape=*/true,
+  return onNode(c, {buf}, {true}, bytesOf(buf),
                 [](NodeOp& o, std::vector<at::Tensor>& h) { allreduceOnHost(o, h[0]); });
 }
 
 bool nodeReduceScatter(Context& c, const at::Tensor& in, const at::Tensor& out) {
-  return onNode(c, {in, out}, {false, true}, bytesOf(in), /*anyShape=*/false,
+  return onNode(c, {in, out}, {false, true}, bytesOf(in),
                 [](NodeOp& o, std::vector<at::Tensor>& h) { reduceScatterOnHost(o, h[0], h[1]); });
 }
 
 bool nodeReduce(Context& c, const at::Tensor& buf, int root) {
-  return onNode(c, {buf}, {true}, bytesOf(buf), /*anyShape=*/true,
+  return onNode(c, {buf}, {true}, bytesOf(buf),
                 [root](NodeOp& o, std::vector<at::Tensor>& h) { reduceOnHost(o, h[0], root); });
 }
 
+namespace {
+
+// The most rows one rank's slot holds in an all_gather: its row of every node where every node
+// holds the same count, else what the fullest lane gets from every node.
+int64_t rowsInSlot(const Topology& t) {
+  if (t.uniform) return t.nodes;
+  int64_t most = 1;
+  for (int j = 0; j < t.lanes; ++j) {
+    int64_t rows = 0;
+    for (int n : t.laneNodes[j]) rows += static_cast<int64_t>(t.carried(n, j).size());
+    most = std::max(most, rows);
+  }
+  return most;
+}
+
+}  // namespace
+
 bool nodeAllgather(Context& c, const at::Tensor& in, const at::Tensor& out) {
   TORCH_INTERNAL_ASSERT(out.is_contiguous(), "mpigpu: all_gather's output must be contiguous");
-  // the slot holds this rank's row of every node
-  const int64_t nodes = c.node != nullptr ? c.node->topology().nodes : 1;
-  return onNode(c, {in, out}, {false, true}, nodes * bytesOf(in), /*anyShape=*/false,
+  const int64_t rows = c.node != nullptr ? rowsInSlot(c.node->topology()) : 1;
+  return onNode(c, {in, out}, {false, true}, rows * bytesOf(in),
                 [](NodeOp& o, std::vector<at::Tensor>& h) { allgatherOnHost(o, h[0], h[1]); });
 }
 
 bool nodeBroadcast(Context& c, const at::Tensor& buf, int root) {
   TORCH_INTERNAL_ASSERT(buf.is_contiguous(), "mpigpu: broadcast's buffer must be contiguous");
-  return onNode(c, {buf}, {true}, bytesOf(buf), /*anyShape=*/true,
+  return onNode(c, {buf}, {true}, bytesOf(buf),
                 [root](NodeOp& o, std::vector<at::Tensor>& h) { broadcastOnHost(o, h[0], root); });
 }
 

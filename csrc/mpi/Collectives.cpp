@@ -238,7 +238,7 @@ void inRounds(const Comm& c, const std::vector<int64_t>& counts, Round call) {
 }  // namespace
 
 void allgatherv(const Comm& c, const char* op, const at::Tensor& in, at::Tensor& out,
-                const std::vector<int64_t>& counts) {
+                const std::vector<int64_t>& counts, bool counted) {
   const MPI_Datatype type = transportType(in.scalar_type(), op, c.rank);
   const std::vector<int64_t> displ = displacements(counts);
   if (displ.back() + counts.back() == 0) return;
@@ -258,7 +258,7 @@ void allgatherv(const Comm& c, const char* op, const at::Tensor& in, at::Tensor&
              const void* mine = direct && ownBlock ? MPI_IN_PLACE
                                 : rc[c.rank] > 0   ? bytes(src) + base * es
                                                    : bytes(src);
-             ++g_calls;
+             if (counted) ++g_calls;
              MPIGPU_MPI_CHECK(MPI_Allgatherv(mine, rc[c.rank], type, bytes(tmp), rc.data(),
                                              rd.data(), type, c.handle),
                               op, c.rank);
@@ -272,7 +272,7 @@ void allgatherv(const Comm& c, const char* op, const at::Tensor& in, at::Tensor&
 }
 
 void reduceScatterV(const Comm& c, const char* op, const at::Tensor& in, at::Tensor& out,
-                    const std::vector<int64_t>& counts, const Reduction& red) {
+                    const std::vector<int64_t>& counts, const Reduction& red, bool counted) {
   const std::vector<int64_t> displ = displacements(counts);
   if (displ.back() + counts.back() == 0) return;
   arriveTogether(c, op);
@@ -289,7 +289,7 @@ void reduceScatterV(const Comm& c, const char* op, const at::Tensor& in, at::Ten
              }
              settle(piece);
              char* mine = bytes(result) + (rc[c.rank] > 0 ? base * es : 0);
-             ++g_calls;
+             if (counted) ++g_calls;
              MPIGPU_MPI_CHECK(
                  MPI_Reduce_scatter(bytes(piece), mine, rc.data(), red.type, red.op, c.handle), op,
                  c.rank);

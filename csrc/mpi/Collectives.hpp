@@ -61,14 +61,14 @@ void allgather(const Comm& c, const char* op, const at::Tensor& in, at::Tensor& 
 // Blocks of different sizes: rank p contributes counts[p] elements (every rank passes the same
 // counts; `in` holds counts[c.rank]), packed in rank order into `out`.
 void allgatherv(const Comm& c, const char* op, const at::Tensor& in, at::Tensor& out,
-                const std::vector<int64_t>& counts);
+                const std::vector<int64_t>& counts, bool counted = true);
 void gather(const Comm& c, const char* op, const at::Tensor& in, at::Tensor* out, int root);
 void scatter(const Comm& c, const char* op, const at::Tensor* in, at::Tensor& out, int root);
 // Blocks of different sizes: rank p gets the reduction of every rank's counts[p] elements at
 // offset counts[0] + ... + counts[p-1] of `in` (every rank passes the same counts; `out` holds
 // counts[c.rank]).
 void reduceScatterV(const Comm& c, const char* op, const at::Tensor& in, at::Tensor& out,
-                    const std::vector<int64_t>& counts, const Reduction& red);
+                    const std::vector<int64_t>& counts, const Reduction& red, bool counted = true);
 // `in` holds size * out.numel() elements.
 void reduceScatter(const Comm& c, const char* op, const at::Tensor& in, at::Tensor& out,
                    const Reduction& red, bool counted = true);

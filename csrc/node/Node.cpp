@@ -141,17 +141,16 @@ void Node::free() {
 
 std::string Node::describe() const {
   std::string s = topology_.describe();
-  if (!suitsAnyShape()) return s;
-  if (!suits())
-    s = c10::str(s, ", all_reduce, reduce and broadcast across nodes in ", topology_.lanes,
-                 topology_.lanes == 1 ? " lane" : " lanes", " (other ops: not node-aware)");
+  if (!suits()) return s;
+  if (!topology_.uniform)
+    s = c10::str(s, ", across nodes in ", topology_.lanes, topology_.lanes == 1 ? " lane" : " lanes");
   if (!unavailable_.empty()) return c10::str(s, ", shared memory unavailable: ", unavailable_);
   s = c10::str(s, ", shared memory ", host_.slotBytes, " bytes per rank and half",
                tried_ ? "" : " (made at the first node-aware op)");
-  if (suits() && singleCopy_)  // (all_gather: not node-aware where nodes hold different counts)
+  if (singleCopy_)
     s = c10::str(s, ", single copy (process_vm_readv) for all_gather from ", host_.singleCopyBytes,
                  " bytes");
-  else if (suits() && !noSingleCopy_.empty())
+  else if (!noSingleCopy_.empty())
     s = c10::str(s, ", single copy unavailable: ", noSingleCopy_);
   if (!allGpu_) return s;
   if (!deviceUnavailable_.empty())

@@ -38,13 +38,10 @@ class Node {
   // Whether a host all_gather of `bytes` per rank reads the peers' buffers in place
   // (SharedSegment::readPublished). After segment(); the same on every rank.
   bool singleCopy(int64_t bytes) const { return singleCopy_ && bytes >= host_.singleCopyBytes; }
-  // Whether the node-aware algorithms suit this group's shape: more than one rank on a node, the
-  // same number on every node. The same answer on every rank.
-  bool suits() const { return topology_.uniform && topology_.localSize > 1; }
-  // all_reduce, reduce and broadcast also where nodes hold different numbers of ranks (some more
-  // than one): each node's sum crosses nodes in `lanes` slices, a broadcast in one lane. The same
-  // answer on every rank.
-  bool suitsAnyShape() const { return suits() || (!topology_.uniform && topology_.most > 1); }
+  // Whether the node-aware algorithms suit this group's shape: more than one of its ranks on
+  // some node. Where nodes hold different numbers of ranks, data crosses nodes in `lanes` (the
+  // fewest any node holds) per node. The same answer on every rank.
+  bool suits() const { return topology_.most > 1; }
   // The segment, made by the first call (collective over the group: every rank agrees whether it
   // exists, so all fall back together). Null: unavailable; describe() says why.
   SharedSegment* segment(const char* op);

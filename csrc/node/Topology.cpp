@@ -109,6 +109,18 @@ void Topology::split(const mpi::Comm& group, int pretendNodes, const char* op) {
                      rank);
     places.resize(group.size);
     for (int r = 0; r < group.size; ++r) places[r] = {all[3 * r], all[3 * r + 1], all[3 * r + 2]};
+    members.assign(nodes, {});
+    laneNodes.assign(lanes, std::vector<int>(nodes));
+    for (int r = 0; r < group.size; ++r) {
+      const Place& at = places[r];
+      const int n = places[at.leader].cross;
+      // nodeComm keeps group rank order, so a node's ranks come in local order
+      TORCH_INTERNAL_ASSERT(static_cast<int>(members[n].size()) == at.local,
+                            "mpigpu: the node's ranks are not in local order");
+      members[n].push_back(r);
+      if (at.local < lanes) laneNodes[at.local][at.cross] = n;
+    }
+    node = places[leader].cross;
   }
   if (uniform) {
     placement.resize(static_cast<size_t>(ls) * nodes);
@@ -134,6 +146,12 @@ Topology::Carrier Topology::carrierOf(int root) const {
   const bool inLane = r.local < lanes;
   return {r.local, inLane ? r.local : 0, inLane ? r.cross : places.at(r.leader).cross,
           r.leader == leader};
+}
+
+std::vector<int> Topology::carried(int n, int lane) const {
+  std::vector<int> v;
+  for (size_t k = lane; k < members.at(n).size(); k += lanes) v.push_back(members[n][k]);
+  return v;
 }
 
 void Topology::free() {

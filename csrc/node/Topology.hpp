@@ -41,6 +41,15 @@ struct Topology {
   };
   std::vector<Place> places;
   int leader = 0;  // this rank's node's leader, where `places` is kept
+  // Where `places` is kept, nodes are numbered by their leader's rank in lane 0 (every node has
+  // a local index 0): members[n] are node n's group ranks in local order, laneNodes[j][i] the
+  // node of crossComm rank i in lane j, and `node` this rank's.
+  std::vector<std::vector<int>> members;
+  std::vector<std::vector<int>> laneNodes;
+  int node = 0;
+  // The group ranks of node `n` whose data crosses nodes in lane `lane` (local indices lane,
+  // lane + lanes, ...: every rank above the lanes has one lane), in local order.
+  std::vector<int> carried(int n, int lane) const;
   // How `root`'s data reaches every node: `lane` carries it across (crossRoot: the root's node in
   // that lane's crossComm); where the root is above the lanes (lane != rootLocal), it first goes
   // to every rank of the root's node, lane 0's included.
