@@ -251,11 +251,12 @@ void reduceScatterUneven(NodeOp& o, const at::Tensor& input, const at::Tensor& o
     }
     o.flip();
     if (L == lanes) return;  // no rank of this node above the lanes
-    if (me < lanes && ours > 1) o.slot(me, dtype, (ours - 1) * w).copy_(back.narrow(0, w, (ours - 1) * w));
+    if (me < lanes && ours > 1)
+      o.slot(me, dtype, (ours - 1) * w).copy_(back.narrow(0, w, (ours - 1) * w));
     o.sync();
     if (me >= lanes)
-      combineAll(o.c, out.narrow(0, off, w), {o.slot(lane, dtype, (ours - 1) * w).narrow(0, (q - 1) * w, w)},
-                 scale);
+      combineAll(o.c, out.narrow(0, off, w),
+                 {o.slot(lane, dtype, (ours - 1) * w).narrow(0, (q - 1) * w, w)}, scale);
     o.flip();
   });
 }
@@ -389,7 +390,8 @@ void shareRows(NodeOp& o, const at::Tensor& held, const RowsOnNode& rows, int64_
   const bool inItsPlace = rows[me].size() == 1 && held.numel() * held.element_size() == rowBytes &&
                           held.const_data_ptr() == dst + rows[me][0].to * rowBytes;
   const at::Tensor mine = overlaps(held, out) && !inItsPlace ? held.clone() : held;
-  if (o.onHost() && o.node.singleCopy(rowBytes)) return shareRowsInPlace(o, mine, rows, rowBytes, out);
+  if (o.onHost() && o.node.singleCopy(rowBytes))
+    return shareRowsInPlace(o, mine, rows, rowBytes, out);
   const ByteSpan from = spanOf(o, mine), into = spanOf(o, out);
   const int64_t width = std::max<int64_t>(eb, o.slotBytes() / static_cast<int64_t>(most) / eb * eb);
   forPieces(rowBytes, width, [&](int64_t off, int64_t w) {
@@ -439,9 +441,10 @@ void allgatherUneven(NodeOp& o, const at::Tensor& in, const at::Tensor& out) {
                                  .to(out.device());
     const at::Tensor send = forMpi(o, out.view({t.size, numel}).index_select(0, which).view({-1}));
     std::vector<int64_t> counts;
-    for (int n : t.laneNodes[me]) counts.push_back(static_cast<int64_t>(t.carried(n, me).size()) * numel);
-    at::Tensor gathered = at::empty({static_cast<int64_t>(others[me].size() + sent.size()) * numel},
-                                    send.options());
+    for (int n : t.laneNodes[me])
+      counts.push_back(static_cast<int64_t>(t.carried(n, me).size()) * numel);
+    at::Tensor gathered =
+        at::empty({static_cast<int64_t>(others[me].size() + sent.size()) * numel}, send.options());
     mpi::allgatherv(t.crossComm, o.op, send, gathered, counts, /*counted=*/false);
     received = gathered.to(out.device());
   }

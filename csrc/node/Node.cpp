@@ -143,7 +143,8 @@ std::string Node::describe() const {
   std::string s = topology_.describe();
   if (!suits()) return s;
   if (!topology_.uniform)
-    s = c10::str(s, ", across nodes in ", topology_.lanes, topology_.lanes == 1 ? " lane" : " lanes");
+    s = c10::str(s, ", across nodes in ", topology_.lanes,
+                 topology_.lanes == 1 ? " lane" : " lanes");
   if (!unavailable_.empty()) return c10::str(s, ", shared memory unavailable: ", unavailable_);
   s = c10::str(s, ", shared memory ", host_.slotBytes, " bytes per rank and half",
                tried_ ? "" : " (made at the first node-aware op)");

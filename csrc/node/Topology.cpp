@@ -100,34 +100,38 @@ void Topology::split(const mpi::Comm& group, int pretendNodes, const char* op) {
           rank);
     }
   }
-  if (!uniform && nodes > 1) {
-    leader = rank;  // nodeComm keeps group rank order: its rank 0 is local index 0
-    MPIGPU_MPI_CHECK(MPI_Bcast(&leader, 1, MPI_INT, 0, nodeComm.handle), op, rank);
-    const int mine[3] = {lr, crossComm.handle != MPI_COMM_NULL ? crossComm.rank : -1, leader};
-    std::vector<int> all(static_cast<size_t>(3) * group.size);
-    MPIGPU_MPI_CHECK(MPI_Allgather(mine, 3, MPI_INT, all.data(), 3, MPI_INT, group.handle), op,
-                     rank);
-    places.resize(group.size);
-    for (int r = 0; r < group.size; ++r) places[r] = {all[3 * r], all[3 * r + 1], all[3 * r + 2]};
-    members.assign(nodes, {});
-    laneNodes.assign(lanes, std::vector<int>(nodes));
-    for (int r = 0; r < group.size; ++r) {
-      const Place& at = places[r];
-      const int n = places[at.leader].cross;
-      // nodeComm keeps group rank order, so a node's ranks come in local order
-      TORCH_INTERNAL_ASSERT(static_cast<int>(members[n].size()) == at.local,
-                            "mpigpu: the node's ranks are not in local order");
-      members[n].push_back(r);
-      if (at.local < lanes) laneNodes[at.local][at.cross] = n;
-    }
-    node = places[leader].cross;
-  }
+  if (!uniform && nodes > 1) placeEveryRank(group, op);
   if (uniform) {
     placement.resize(static_cast<size_t>(ls) * nodes);
     MPIGPU_MPI_CHECK(MPI_Allgather(crossMembers.data(), nodes, MPI_INT, placement.data(), nodes,
                                    MPI_INT, nodeComm.handle),
                      op, rank);
   }
+}
+
+// Groups whose nodes hold different counts: every rank's place, and the nodes' members and
+// order in each lane (collective over the group).
+void Topology::placeEveryRank(const mpi::Comm& group, const char* op) {
+  const int rank = group.rank;
+  leader = rank;  // nodeComm keeps group rank order: its rank 0 is local index 0
+  MPIGPU_MPI_CHECK(MPI_Bcast(&leader, 1, MPI_INT, 0, nodeComm.handle), op, rank);
+  const int mine[3] = {localRank, crossComm.handle != MPI_COMM_NULL ? crossComm.rank : -1, leader};
+  std::vector<int> all(static_cast<size_t>(3) * group.size);
+  MPIGPU_MPI_CHECK(MPI_Allgather(mine, 3, MPI_INT, all.data(), 3, MPI_INT, group.handle), op, rank);
+  places.resize(group.size);
+  for (int r = 0; r < group.size; ++r) places[r] = {all[3 * r], all[3 * r + 1], all[3 * r + 2]};
+  members.assign(nodes, {});
+  laneNodes.assign(lanes, std::vector<int>(nodes));
+  for (int r = 0; r < group.size; ++r) {
+    const Place& at = places[r];
+    const int n = places[at.leader].cross;
+    // nodeComm keeps group rank order, so a node's ranks come in local order
+    TORCH_INTERNAL_ASSERT(static_cast<int>(members[n].size()) == at.local,
+                          "mpigpu: the node's ranks are not in local order");
+    members[n].push_back(r);
+    if (at.local < lanes) laneNodes[at.local][at.cross] = n;
+  }
+  node = places[leader].cross;
 }
 
 std::pair<int, int> Topology::placeOf(int groupRank) const {

@@ -72,6 +72,7 @@ struct Topology {
  private:
   void split(const mpi::Comm& group, int pretendNodes, const char* op);
   void findNode(const mpi::Comm& group, int pretendNodes, const char* op);  // nodeComm, local*
+  void placeEveryRank(const mpi::Comm& group, const char* op);  // places, members, laneNodes
 };
 
 }  // namespace mpigpu::node
