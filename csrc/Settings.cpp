@@ -95,9 +95,8 @@ const SettingSpec kSettings[] = {
      "tests only: `1` fails this rank's single-copy probe, as where the kernel forbids it; the "
      "group then copies through the slots as one"},
     {"TORCH_MPIGPU_NODE_ACROSS_MIN_BYTES", "262144", "", ReadAt::GroupCreation,
-     "auto, groups that span nodes: reductions, all_gather and broadcast (all_reduce, reduce and "
-     "broadcast where nodes hold different counts) from this size take the node algorithm "
-     "(hierarchical), smaller ones MPI's own"},
+     "auto, groups that span nodes: reductions, all_gather and broadcast from this size take the "
+     "node algorithm (hierarchical), smaller ones MPI's own"},
     {"TORCH_MPIGPU_PRETEND_NODES", "1", "", ReadAt::GroupCreation,
      "test-only: cut each node into this many nodes of consecutive ranks, so the hierarchical "
      "algorithms run on one host"},

@@ -244,8 +244,7 @@ def test_auto_algorithm_choice_at_its_thresholds(np, env):
     node = {"ranks sharing a node: the node algorithm for reductions, all_gather and broadcast"}
     fp32 = ("fp32 all_reduce across nodes: the ring from HOST_ACROSS_RING_BYTES" if env is NODE_EACH
             else "fp32 all_reduce inside one node: MPI's own at any size")
-    uneven = {"nodes holding different counts: the node algorithm for all_reduce and broadcast "
-              "from NODE_ACROSS_MIN_BYTES, not for all_gather"}
+    uneven = {"nodes holding different counts: the node algorithm for every op from NODE_ACROSS_MIN_BYTES"}
     want = (gpu if torch.cuda.is_available() else node if np > 1 and env in ({}, STALE_NAME)
             else uneven if env is NODES_UNEVEN else AUTO_ALGORITHM | {fp32})
     assert passed_counts(out, np, want) >= 2
@@ -281,10 +280,10 @@ def test_collectives_with_mpis_own_algorithm(np, env):
 # The node algorithm in its shapes: pieces much smaller than the ops (4 KiB per rank and half:
 # every size above 1024 floats is chunked; one-shot off or always), and nodes pretended on this
 # host so the hierarchical path runs (uniform 2 x 2 and 2 x 3; nodes of different counts, 3 + 2
-# and 2 + 1 + 1: all_reduce and reduce in as many lanes as the smallest node has ranks, broadcast
-# in one lane (from a root above the lanes through its node first), the other
-# ops not node-aware, and the description says so). all_gather through the slots (single copy never)
-# or by reading the peers in place (single copy at every size: the cases here are small), and
+# and 2 + 1 + 1: every op in as many lanes as the smallest node has ranks, a broadcast in one lane
+# (from a root above the lanes through its node first), and the description says so). all_gather
+# through the slots (single copy never) or by reading the peers in place (single copy at every
+# size: the cases here are small; 2 x 3 and 3 + 2), and
 # the group falling back as one where one rank's probe fails.
 # id: nodes x ranks per node; (np, settings, the description)
 SLOTS_ONLY = {"TORCH_MPIGPU_NODE_SINGLE_COPY_BYTES": str(1 << 40), "MPIGPU_EXPECT_SINGLE_COPY_READS": "none"}
@@ -303,7 +302,8 @@ NODE_SHAPES = {
     "2x2-4KiB-pieces": (4, {"TORCH_MPIGPU_PRETEND_NODES": "2",
                             "TORCH_MPIGPU_NODE_BUFFER_BYTES": "4096", **SLOTS_ONLY}, "2 nodes x 2 ranks"),
     "2x3-single-copy": (6, {"TORCH_MPIGPU_PRETEND_NODES": "2", **SINGLE_COPY}, "2 nodes x 3 ranks"),
-    "3+2-two-lanes": (5, {"TORCH_MPIGPU_PRETEND_NODES": "2", "TORCH_MPIGPU_NODE_BUFFER_BYTES": "4096"},
+    "3+2-two-lanes-single-copy": (5, {"TORCH_MPIGPU_PRETEND_NODES": "2", "TORCH_MPIGPU_NODE_BUFFER_BYTES": "4096",
+                                      **SINGLE_COPY},
                       "2 nodes of 2 to 3 ranks (not uniform), across nodes in 2 lanes"),
     "2+1+1-one-lane": (4, {"TORCH_MPIGPU_PRETEND_NODES": "3", "TORCH_MPIGPU_NODE_BUFFER_BYTES": "4096"},
                        "3 nodes of 1 to 2 ranks (not uniform), across nodes in 1 lane"),

@@ -295,7 +295,8 @@ bool isHalf(at::ScalarType t) { return t == at::kHalf || t == at::kBFloat16; }
 // benchmarks/results/two_hosts/node_2hosts_uneven_2026-12-04.txt): 1.6-2.5x faster than MPI's
 // own or the ring from 1 MiB, mixed at 256 KiB, so the same threshold; broadcast there (in one
 // lane; node_2hosts_uneven_broadcast_2026-12-04.txt): at 3 + 2 1.6-1.7x faster at 256 KiB and
-// 2.0-3.2x from 1 MiB, at 2 + 1 on par, mixed below 256 KiB.
+// 2.0-3.2x from 1 MiB, at 2 + 1 on par, mixed below 256 KiB; reduce_scatter and all_gather there
+// (node_2hosts_uneven_rs_ag_2026-12-04.txt): at 3 + 2 XXX.
 bool nodePicks(const Config& config, const Facts& f) {
   if (f.groupHasGpu || !f.nodeSuits || f.worldSize == 1 || config.nodeBufferBytes == 0)
     return false;
@@ -304,9 +305,8 @@ bool nodePicks(const Config& config, const Facts& f) {
 std::string nodeRule(const Config& config, bool groupHasGpu) {
   if (groupHasGpu || config.nodeBufferBytes == 0) return "";
   return c10::str(
-      "node (reductions, all_gather, broadcast; all_reduce, reduce and broadcast only where "
-      "nodes hold different counts) where more than one rank shares a node: at any size inside "
-      "one node, from ",
+      "node (reductions, all_gather, broadcast) where more than one rank shares a node: at any "
+      "size inside one node, from ",
       config.nodeAcrossMinBytes, " bytes across nodes");
 }
 

@@ -12,8 +12,8 @@
 //              reduces every slot, small ops) or two-shot (each reduces its 1/p slice, then all
 //              copy the slices). Across nodes, hierarchical: reduce inside the node, the slice
 //              over MPI between same-local-index ranks, gather inside the node (where nodes hold
-//              different counts: one slice per local index every node has). all_gather and
-//              broadcast too (same counts only): over MPI between same-local-index ranks, then
+//              different counts: one slice per local index every node has, a lane). all_gather,
+//              reduce_scatter and broadcast too: over MPI between same-local-index ranks, then
 //              through the slots
 //   ring       reduce-scatter + all-gather around the ring: 2(p-1) steps of n/p elements each,
 //              bandwidth-optimal for any rank count

@@ -1,7 +1,7 @@
 """The automatic algorithm choice on host tensors (TORCH_MPIGPU_ALGO=auto, no GPU in the group).
 Where more than one rank shares a node (the same count on every node, read from the group's
 description), the node algorithm takes every reduction of any size and dtype; where nodes hold
-different counts, all_reduce and broadcast from NODE_ACROSS_MIN_BYTES, all_gather never. Elsewhere
+different counts, every op from NODE_ACROSS_MIN_BYTES. Elsewhere
 (TORCH_MPIGPU_NODE_BUFFER_BYTES=0, one rank per node, a single rank), the rules at their thresholds: fp16/bf16 all_reduce and reduce_scatter take our ring from
 TORCH_MPIGPU_HOST_HALF_RING_BYTES, any reduce_scatter from TORCH_MPIGPU_HOST_RS_RING_BYTES, in
 groups that span nodes any all_reduce from TORCH_MPIGPU_HOST_ACROSS_RING_BYTES, and everything
@@ -22,14 +22,14 @@ from common import Checker, make_input, reduced, run
 STALE = b"left by a killed job"
 
 
-UNEVEN = ("nodes holding different counts: the node algorithm for all_reduce and broadcast from "
-          "NODE_ACROSS_MIN_BYTES, not for all_gather")
+UNEVEN = "nodes holding different counts: the node algorithm for every op from NODE_ACROSS_MIN_BYTES"
 
 
-def uneven_nodes(c, rank, world, ran, all_reduce):
-    """Nodes holding different numbers of ranks: all_reduce and broadcast (from every root, those
-    above the lanes included) take the node algorithm from NODE_ACROSS_MIN_BYTES, MPI's own just
-    below; all_gather never (its hierarchical form needs the same count on every node)."""
+def uneven_nodes(c, rank, world, ran, all_reduce, reduce_scatter):
+    """Nodes holding different numbers of ranks: all_reduce, reduce_scatter, all_gather and
+    broadcast (from every root, those above the lanes included) take the node algorithm from
+    NODE_ACROSS_MIN_BYTES, MPI's own just below (reduce_scatter's ring starts higher, at
+    HOST_RS_RING_BYTES)."""
     c.section(UNEVEN)
     n = int(torch_mpi_gpu.config.get("TORCH_MPIGPU_NODE_ACROSS_MIN_BYTES")) // 4
     for numel, want in ((n - 1, False), (n, True)):
@@ -42,11 +42,15 @@ def uneven_nodes(c, rank, world, ran, all_reduce):
             node = ran("node", lambda: dist.broadcast(b, src=root))
             c.true(f"broadcast of {numel * 4} bytes from {root}: {which}", node == want)
             c.close(f"broadcast of {numel * 4} bytes from {root}", b, inputs[root])
-    inputs = [make_input(99, r, n, torch.float32) for r in range(world)]
-    out = torch.empty(world * n)
-    node = ran("node", lambda: dist.all_gather_into_tensor(out, inputs[rank]))
-    c.true(f"all_gather of {n * 4} bytes per rank: not node", not node)
-    c.close("all_gather result", out, torch.cat(inputs))
+        # the op's bytes: reduce_scatter's input (every rank's block), all_gather's output
+        per_rank = -(-numel // world) if want else numel // world
+        node = ran("node", lambda: reduce_scatter(torch.float32, per_rank, 97))
+        c.true(f"fp32 reduce_scatter of {per_rank * world * 4} bytes: {which}", node == want)
+        inputs = [make_input(99, r, per_rank, torch.float32) for r in range(world)]
+        out = torch.empty(world * per_rank)
+        node = ran("node", lambda: dist.all_gather_into_tensor(out, inputs[rank]))
+        c.true(f"all_gather of {per_rank * world * 4} bytes: {which}", node == want)
+        c.close(f"all_gather of {per_rank * world * 4} bytes", out, torch.cat(inputs))
     return c.finish()
 
 
@@ -113,7 +117,7 @@ def checks(c, rank, world, stale):
 
     described = dist.group.WORLD._get_backend(torch.device("cpu")).describe()
     if "(not uniform)" in described and int(torch_mpi_gpu.config.get("TORCH_MPIGPU_NODE_BUFFER_BYTES")) > 0:
-        return uneven_nodes(c, rank, world, ran, all_reduce)
+        return uneven_nodes(c, rank, world, ran, all_reduce, reduce_scatter)
     shape = re.search(r"nodes: (\d+) nodes? x (\d+) ranks?", described)
     shares_nodes = shape is None or int(shape[2]) > 1  # one rank per node: nothing to share
     if world > 1 and int(torch_mpi_gpu.config.get("TORCH_MPIGPU_NODE_BUFFER_BYTES")) > 0 and shares_nodes:
