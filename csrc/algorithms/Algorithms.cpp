@@ -296,7 +296,10 @@ bool isHalf(at::ScalarType t) { return t == at::kHalf || t == at::kBFloat16; }
 // own or the ring from 1 MiB, mixed at 256 KiB, so the same threshold; broadcast there (in one
 // lane; node_2hosts_uneven_broadcast_2026-12-04.txt): at 3 + 2 1.6-1.7x faster at 256 KiB and
 // 2.0-3.2x from 1 MiB, at 2 + 1 on par, mixed below 256 KiB; reduce_scatter and all_gather there
-// (node_2hosts_uneven_rs_ag_2026-12-04.txt): at 3 + 2 XXX.
+// (node_2hosts_uneven_rs_ag_2026-12-04.txt): at 3 + 2 from 1 MiB on par to 2.4x faster than
+// what auto took before (1.6-2.4x at 16 MiB); at 2 + 1 reduce_scatter 1.3-1.6x at 16 MiB,
+// all_gather 1.2x there and on par to 1.2x slower at 4 MiB (MPI's own crosses the link once too
+// with one rank on the far host); mixed at 256 KiB: the same threshold.
 bool nodePicks(const Config& config, const Facts& f) {
   if (f.groupHasGpu || !f.nodeSuits || f.worldSize == 1 || config.nodeBufferBytes == 0)
     return false;
