@@ -580,6 +580,15 @@ def test_desync_detected_with_debug(np):
     assert passed_counts(run_mpi("desync.py", np, env={"TORCH_MPIGPU_DESYNC_CHECK": "1"}), np) >= 10
 
 
+# The node algorithm forced where nodes hold different counts (pretended on this host): every op
+# in lanes, in 4 KiB pieces, with the random cases' sizes, dtypes and async interleavings
+@pytest.mark.parametrize("np, pretend_nodes", [(5, 2), (7, 3)], ids=["3+2", "3+2+2"])
+def test_random_ops_with_node_algorithm_on_nodes_holding_different_counts(np, pretend_nodes):
+    env = {"MPIGPU_RANDOM_CASES": "500", **algo_env("node"), "TORCH_MPIGPU_NODE_BUFFER_BYTES": "4096",
+           "TORCH_MPIGPU_PRETEND_NODES": str(pretend_nodes)}
+    assert passed_counts(run_mpi("random_ops.py", np, env=env, timeout=900), np) >= 500
+
+
 @pytest.mark.parametrize("np", RANKS)
 def test_random_ops_against_reference(np):
     # 1000 seeded random cases per world size; MPIGPU_RANDOM_CASES=20000 for a long run
