@@ -373,8 +373,9 @@ void shareRowsInPlace(NodeOp& o, const at::Tensor& held, const RowsOnNode& rows,
   o.sync();
 }
 
-// The same through the slots, in pieces: each piece is the same byte range of every row a rank
-// holds.
+// Every local rank's rows to every rank of the node: in one copy where the node allows it
+// (shareRowsInPlace), else through the slots in pieces, each the same byte range of every row a
+// rank holds.
 void shareRows(NodeOp& o, const at::Tensor& held, const RowsOnNode& rows, int64_t rowBytes,
                const at::Tensor& out) {
   const int L = o.topo.localSize, me = o.topo.localRank;
