@@ -30,8 +30,8 @@ algo::Facts ProcessGroupMPIGPU::factsOf(algo::OpKind kind,
                                         const std::vector<at::Tensor>& tensors) const {
   int64_t bytes = 0;
   for (const auto& t : tensors) bytes += t.numel() * static_cast<int64_t>(t.element_size());
-  return {kind,       bytes, tensors[0].scalar_type(), size_, groupHasGpu_, node_ && node_->suits(),
-          spansNodes_};
+  const bool nodeSuits = node_ && node_->suits();
+  return {kind, bytes, tensors[0].scalar_type(), size_, groupHasGpu_, nodeSuits, spansNodes_};
 }
 
 const algo::Algorithm* ProcessGroupMPIGPU::chooseAlgo(
