@@ -19,6 +19,10 @@ NCCL_TARBALL="${NCCL_TARBALL:-$ROOT/.carry/nccl-2.30.7-sm90.tar.xz}"
 ALLREDUCE_BUDGET_S="${ALLREDUCE_BUDGET_S:-120}"
 OTHERS_BUDGET_S="${OTHERS_BUDGET_S:-70}"
 TEST_BUDGET_S="${TEST_BUDGET_S:-300}"
+# CALL_BUDGET_S: the seconds this whole call may take (the run's timeout_s less a margin for the
+# transfers); the tests get what is left of it, at most TEST_BUDGET_S, so a lease spent on a slow
+# build or benchmark still ends with a test log rather than a killed call. 0: no such limit.
+CALL_BUDGET_S="${CALL_BUDGET_S:-0}"
 # GPU_TESTS: what pytest runs at the end (files and -k, from tests/), TEST_RUNS times in a row
 # (each run's log kept; at the budget pytest gets SIGINT, so the log still ends with each failure's
 # message); BENCH=0 skips the NCCL reference and the benchmarks (a quick check of a change, or
@@ -176,8 +180,15 @@ case "$SANITIZER" in
 esac
 
 status=0
+# what is left of CALL_BUDGET_S for the tests: less pytest's 30 s to write its report after SIGINT
+# and 15 s to collect the background sanitizer
+tests_budget() {
+  local left=$((CALL_BUDGET_S - SECONDS - 45))
+  if [ "$CALL_BUDGET_S" -gt 0 ] && [ "$left" -lt "$TEST_BUDGET_S" ]; then echo $((left > 30 ? left : 30)); else echo "$TEST_BUDGET_S"; fi
+}
 for run in $(seq 1 "$TEST_RUNS"); do
-  step "GPU tests, run $run of $TEST_RUNS: $GPU_TESTS (budget ${TEST_BUDGET_S}s)"
+  budget=$(tests_budget)
+  step "GPU tests, run $run of $TEST_RUNS: $GPU_TESTS (budget ${budget}s)"
   eval "test_args=($GPU_TESTS)"  # a shell-quoted list of pytest arguments ("-k 'a or b'")
   # the tests in TEST_WORKERS processes at once (pytest-xdist, on the lent image): each is its
   # own mpirun, and the 16 cores and one GPU hold four at a time
@@ -186,7 +197,7 @@ for run in $(seq 1 "$TEST_RUNS"); do
   # off at the budget prints no --durations, yet says where its time went
   timings="/tmp/test_gpu_run$run.timings"
   rm -f "$timings"
-  (cd "$ROOT/tests" && MPIGPU_TEST_TIMINGS="$timings" timeout -s INT -k 30 "$TEST_BUDGET_S" \
+  (cd "$ROOT/tests" && MPIGPU_TEST_TIMINGS="$timings" timeout -s INT -k 30 "$budget" \
     python -m pytest -v -rs --durations=0 -p no:cacheprovider "${test_args[@]}") > "$OUT/test_gpu_run$run.log" 2>&1
   rc=$?
   { echo "=== run $run: each test as it ended (seconds, outcome), and its jobs' seconds by section"
@@ -194,6 +205,17 @@ for run in $(seq 1 "$TEST_RUNS"); do
   tail -25 "$OUT/test_gpu_run$run.log"
   [ "$rc" = 0 ] || status=$rc
 done
-if [ -n "${sanitizer_pid:-}" ]; then wait "$sanitizer_pid"; fi
+if [ -n "${sanitizer_pid:-}" ]; then
+  # the sanitizer's own steps are time-boxed; past the call's budget it is cut short, and its
+  # log says how far it got
+  if [ "$CALL_BUDGET_S" -gt 0 ]; then
+    for _ in $(seq 1 $((CALL_BUDGET_S - SECONDS > 0 ? CALL_BUDGET_S - SECONDS : 1))); do
+      kill -0 "$sanitizer_pid" 2>/dev/null || break
+      sleep 1
+    done
+    kill -- "$sanitizer_pid" 2>/dev/null && echo "sanitizer cut short at the call's budget"
+  fi
+  wait "$sanitizer_pid"
+fi
 step done
 exit "$status"
