@@ -460,10 +460,11 @@ def sparse_coo(seed, r, size, sparse_dim, dtype, device):
     coalesced), small integer values so every sum is exact in every dtype."""
     g = torch.Generator().manual_seed(seed * 31 + r)
     nnz = 2 * r + (r > 0)
-    idx = torch.stack([torch.randint(0, size[d], (nnz,), generator=g) for d in range(sparse_dim)])
+    # drawn on the host (the generator's device) whatever the default device (CUDA on GPU runs)
+    idx = torch.stack([torch.randint(0, size[d], (nnz,), generator=g, device="cpu") for d in range(sparse_dim)])
     if nnz > 1:
         idx[:, -1] = idx[:, 0]  # a duplicate entry
-    vals = torch.randint(-3, 4, (nnz, *size[sparse_dim:]), generator=g).to(dtype)
+    vals = torch.randint(-3, 4, (nnz, *size[sparse_dim:]), generator=g, device="cpu").to(dtype)
     return torch.sparse_coo_tensor(idx, vals, size, device="cpu", check_invariants=True).to(device)
 
 

@@ -77,8 +77,9 @@ class Bag(torch.nn.Module):
 
 def sparse_batches(world):
     g = torch.Generator().manual_seed(2)
-    return [(torch.randint(0, 50, (PER_RANK * world, 5), generator=g),
-             torch.randn(PER_RANK * world, 4, generator=g)) for _ in range(STEPS)]
+    # on the host (the generator's device) whatever the default device; train_sparse moves them
+    return [(torch.randint(0, 50, (PER_RANK * world, 5), generator=g, device="cpu"),
+             torch.randn(PER_RANK * world, 4, generator=g, device="cpu")) for _ in range(STEPS)]
 
 
 def train_sparse(rank, world, dev):
