@@ -32,6 +32,15 @@ P = {
     "hosts_link_Bps": Param(10e9 / 8, "spec: the simulated hosts' link, tc tbf 10 Gbit/s each way"),
     # the lent H200 shared by 2 ranks (issue #22, scripts/gpu_check.sh runs)
     "shared_handoff_s": Param(150e-6, "measured: kernel in A, sync, host flag, kernel in B, one GPU time-sliced"),
+    # the node algorithm in CUDA IPC slots on that GPU, 2026-12-04 (gpu_h200_2026-12-04/):
+    # one-shot ops (4 switches) took 564-579 us from 16 B to 64 KiB, two-shot (6) 866-867 us
+    # from 256 KiB to 4 MiB, where the bytes are a few microseconds
+    "shared_switch_s": Param(143e-6, "measured: one switch between the ranks' time slices, from "
+                                     "the node algorithm's small ops (566 us / 4, 866 us / 6)"),
+    "shared_mem_Bps": Param(2.1e12, "measured: bytes read + written per second over a whole "
+                                    "op, from its 16 MiB two-shot (929 us: 858 switching, 9 x 16 MiB)"),
+    "shared_mem_large_Bps": Param(3.3e12, "measured: the same from its 256 MiB two-shot (1591 us: "
+                                          "733 us for 9 x 256 MiB; large copies run faster)"),
     "gpu_copy_Bps": Param(16 * MIB / 20e-6, "measured: the H200 copies 16 MiB in ~20 us"),
     "today_ring_handoffs_16m": Param(6.5, "measured: today's ring at 16 MiB, 2 ranks: 6-7 hand-offs"),
     # a real node: 8 GPUs, each its own, NVSwitch; and nodes joined by one 400 Gb/s NIC per GPU
@@ -108,15 +117,37 @@ def checks():
     return rows
 
 
+# One GPU shared by the ranks (the lent machine): their kernels never overlap, and each time the
+# GPU turns from one process's work to another's it waits out a time slice. An op costs its
+# switches plus its bytes (read + written, every rank's added: they run one after another).
+# all_reduce of n bytes, L ranks, in CUDA IPC slots ordered from the host:
+#   one-shot: all copy in, all reduce every slot: 2L switches, traffic (L + 1 + L) n per rank;
+#   two-shot: copy in, reduce 1/L, copy out: 3L switches, about 9n at L = 2;
+#   leader (NODE_REDUCE_BY=leader): peers copy in, the first rank reduces into its slot and
+#   copies to its output, peers copy out: 2 switches (peers -> leader -> peers; a peer's copy out
+#   and its next copy in run back to back), the same 9n at L = 2.
+
+def shared_gpu(n, switches, traffic, mem_Bps=None):
+    return switches * v("shared_switch_s") + traffic * n / (mem_Bps or v("shared_mem_Bps"))
+
+
+def shared_gpu_checks():
+    """(configuration, predicted, measured, source) on the lent H200, 2 ranks, 2026-12-04."""
+    src = "gpu_h200_2026-12-04 (gpu_check.sh)"
+    return [("1 shared H200 x 2 ranks, node IPC one-shot, 64 KiB", shared_gpu(64 * KIB, 4, 5), 566.2e-6, src),
+            ("1 shared H200 x 2 ranks, node IPC two-shot, 4 MiB", shared_gpu(4 * MIB, 6, 9), 866.8e-6, src),
+            ("1 shared H200 x 2 ranks, node IPC two-shot, 16 MiB", shared_gpu(16 * MIB, 6, 9), 929.4e-6, src),
+            ("1 shared H200 x 2 ranks, node IPC two-shot, 64 MiB", shared_gpu(64 * MIB, 6, 9), 1044.0e-6, src),
+            ("1 shared H200 x 2 ranks, node IPC two-shot, 256 MiB", shared_gpu(256 * MIB, 6, 9), 1591.4e-6, src)]
+
+
 def shared_gpu_predictions():
-    """The lent GPU shared by 2 ranks, for the CUDA IPC path when it lands (#22's targets): the
-    host-ordered two-shot pays two hand-offs; bytes at the GPU's copy rate (copy in, reduce,
-    copy out: about 3 passes)."""
+    """The leader form on the lent GPU, 2 ranks (#22's targets; not yet run there)."""
     rows = []
-    for n in (16 * MIB, 256 * MIB):
-        pred = 2 * v("shared_handoff_s") + 3 * n / v("gpu_copy_Bps")
-        rows.append((f"1 shared H200 x 2 ranks, node IPC two-shot, {fmt_b(n)}", pred,
-                     "<= 0.45 ms" if n == 16 * MIB else "<= 1.0 ms"))
+    for n, target in ((16 * MIB, "<= 0.45 ms"), (256 * MIB, "<= 1.0 ms")):
+        rows.append((f"1 shared H200 x 2 ranks, node IPC leader, {fmt_b(n)}", shared_gpu(n, 2, 9), target))
+    rows.append(("  the same, bytes at the 256 MiB op's rate", shared_gpu(256 * MIB, 2, 9, v("shared_mem_large_Bps")),
+                 "<= 1.0 ms"))
     return rows
 
 
@@ -158,9 +189,9 @@ def report():
     lines = ["# all_reduce cost model (benchmarks/cost_model.py): measured components, predicted times", ""]
     lines.append("## Checks against what runs here (predicted / measured)")
     lines.append(f"{'configuration':52} {'predicted':>10} {'measured':>10} {'ratio':>6}  source")
-    for name, pred, meas, src in checks():
+    for name, pred, meas, src in checks() + shared_gpu_checks():
         lines.append(f"{name:52} {fmt_s(pred):>10} {fmt_s(meas):>10} {pred / meas:6.2f}  {src}")
-    lines += ["", "## Predictions for the lent GPU, when the CUDA IPC path lands (#22's targets)"]
+    lines += ["", "## Predictions for the lent GPU: the node's first rank reducing for both (#22's targets)"]
     for name, pred, target in shared_gpu_predictions():
         lines.append(f"{name:52} {fmt_s(pred):>10}   target {target}")
     lines += ["", "## Predictions, fp32 (nothing here was measured on such a machine)",

@@ -21,6 +21,10 @@ enum class CudaProbe : int8_t { Auto, Off, Fail };
 // How the node algorithm's ranks wait for each other in device slots
 // (TORCH_MPIGPU_NODE_DEVICE_ORDER=auto|host|device; node/DeviceSlots.hpp).
 enum class NodeDeviceOrder : int8_t { Auto, Host, Device };
+// Who reduces in the node algorithm's one-node all_reduce and reduce_scatter
+// (TORCH_MPIGPU_NODE_REDUCE_BY=auto|each|leader; algorithms/NodeAlgorithms.cpp): every rank its
+// share, or the node's first rank all of it while its peers only copy in and out.
+enum class NodeReduceBy : int8_t { Auto, Each, Leader };
 // How receives from any source meet MPI (TORCH_MPIGPU_ANY_SOURCE_RECV=auto|post|probe;
 // mpi/AnySource.hpp).
 enum class AnySourceRecv : int8_t { Auto, Post, Probe };
@@ -97,6 +101,7 @@ struct Config {
   int64_t nodeDeviceBufferBytes = 0;
   int64_t nodeDeviceBufferMaxBytes = 0;  // ... grown on demand up to this
   NodeDeviceOrder nodeDeviceOrder = NodeDeviceOrder::Auto;
+  NodeReduceBy nodeReduceBy = NodeReduceBy::Auto;
   // Tests only: groups without a GPU run the device-slot code on host memory.
   bool nodeTestDeviceSlots = false;
   // Tests only: this rank's host paths cut all_reduce/reduce/broadcast into MPI calls of this

@@ -43,9 +43,11 @@ SANITIZER_BUDGET_S="${SANITIZER_BUDGET_S:-60}"
 SANITIZER_NODE_BUDGET_S="${SANITIZER_NODE_BUDGET_S:-40}"
 # What the all_reduce sweep compares (bench --backends); the default is the full comparison.
 # mpigpu[ALGO=node]: the node algorithm in CUDA IPC device slots (#22; auto does not take it on
-# GPUs until this sweep has measured it), ordered from the host (auto: the ranks share the GPU)
-# and by device flags (forced; each barrier waits for the other process's time slice here).
-ALLREDUCE_BACKENDS="${ALLREDUCE_BACKENDS:-mpigpu,mpigpu[ALGO=node],mpigpu[ALGO=node;NODE_DEVICE_ORDER=device],mpigpu[ALGO=mpi],mpigpu[ALGO=ring;CUDA_REDUCE=direct],mpigpu[ALGO=allgather;CUDA_REDUCE=direct],mpigpu[ALGO=rhd;CUDA_REDUCE=direct],MPI,gloo-host}"
+# GPUs until this sweep has measured it), ordered from the host (auto: the ranks share the GPU),
+# the node's first rank reducing for both (auto there) or each rank its share (NODE_REDUCE_BY=each:
+# 2026-12-04's form), and by device flags (forced; each barrier waits for the other process's
+# time slice here).
+ALLREDUCE_BACKENDS="${ALLREDUCE_BACKENDS:-mpigpu,mpigpu[ALGO=node],mpigpu[ALGO=node;NODE_REDUCE_BY=each],mpigpu[ALGO=node;NODE_DEVICE_ORDER=device],mpigpu[ALGO=mpi],mpigpu[ALGO=ring;CUDA_REDUCE=direct],mpigpu[ALGO=allgather;CUDA_REDUCE=direct],mpigpu[ALGO=rhd;CUDA_REDUCE=direct],MPI,gloo-host}"
 mkdir -p "$OUT" /tmp/ompi /tmp/nccl
 exec > >(tee "$OUT/gpu_check.log") 2>&1
 export PYTHONUNBUFFERED=1
@@ -142,7 +144,7 @@ bench "$ALLREDUCE_BUDGET_S" allreduce_cuda_2ranks --ops allreduce -b 16 -e 256M 
   --backends "$(backends "$ALLREDUCE_BACKENDS")"
 # the other ops: mpigpu's defaults against the previous default, raw MPI and NCCL
 bench "$OTHERS_BUDGET_S" others_cuda_2ranks --ops reduce_scatter,allgather,broadcast -b 16 -e 256M -f 8 -n 20 \
-  --backends "mpigpu,mpigpu[ALGO=node],mpigpu[ALGO=mpi]${MPI_OK:+,$MPI_OK}"
+  --backends "mpigpu,mpigpu[ALGO=node],mpigpu[ALGO=node;NODE_REDUCE_BY=each],mpigpu[ALGO=mpi]${MPI_OK:+,$MPI_OK}"
 
 fi
 

@@ -305,6 +305,21 @@ NODE_SHAPES = {
     "3+2-two-lanes-single-copy": (5, {"TORCH_MPIGPU_PRETEND_NODES": "2", "TORCH_MPIGPU_NODE_BUFFER_BYTES": "4096",
                                       **SINGLE_COPY},
                       "2 nodes of 2 to 3 ranks (not uniform), across nodes in 2 lanes"),
+    # one-node all_reduce and reduce_scatter reduced by the node's first rank, its peers copying
+    # in and out: forced on host slots, and auto's choice in device slots ordered from the host
+    # (ranks sharing a GPU), here the device-slot code on host memory
+    "1x3-leader-reduces-4KiB-pieces": (3, {"TORCH_MPIGPU_NODE_REDUCE_BY": "leader",
+                                           "TORCH_MPIGPU_NODE_BUFFER_BYTES": "4096",
+                                           "MPIGPU_EXPECT_LEADER": "1", **SLOTS_ONLY}, "1 node x 3 ranks"),
+    "device-slot-code-on-host-1x4-host-order-leader": (4, {"TORCH_MPIGPU_NODE_TEST_DEVICE_SLOTS": "1",
+                                                           "TORCH_MPIGPU_NODE_DEVICE_ORDER": "host",
+                                                           "TORCH_MPIGPU_NODE_DEVICE_BUFFER_BYTES": "4096",
+                                                           "TORCH_MPIGPU_NODE_DEVICE_BUFFER_MAX_BYTES": "8192",
+                                                           "MPIGPU_EXPECT_SLOTS": "device slots 8192 bytes per "
+                                                           "rank and half (grown from 4096, at most 8192)",
+                                                           "MPIGPU_EXPECT_ORDER": "ordered from the host",
+                                                           "MPIGPU_EXPECT_LEADER": "1"},
+                                                       "1 node x 4 ranks"),
     "2+1+1-one-lane": (4, {"TORCH_MPIGPU_PRETEND_NODES": "3", "TORCH_MPIGPU_NODE_BUFFER_BYTES": "4096"},
                        "3 nodes of 1 to 2 ranks (not uniform), across nodes in 1 lane"),
     # the device-slot code (what the CUDA IPC slots run) on host memory, hierarchical, 4 KiB
@@ -317,7 +332,8 @@ NODE_SHAPES = {
                                              "MPIGPU_EXPECT_SLOTS": "device slots 8192 bytes per "
                                              "rank and half (grown from 4096, at most 8192)",
                                              "TORCH_MPIGPU_NODE_DEVICE_ORDER": "device",
-                                             "MPIGPU_EXPECT_ORDER": "ordered by the slots themselves"},
+                                             "MPIGPU_EXPECT_ORDER": "ordered by the slots themselves",
+                                             "MPIGPU_EXPECT_LEADER": "0"},
                                          "2 nodes x 2 ranks"),
 }
 
@@ -587,6 +603,14 @@ def test_random_ops_with_node_algorithm_on_nodes_holding_different_counts(np, pr
     env = {"MPIGPU_RANDOM_CASES": "500", **algo_env("node"), "TORCH_MPIGPU_NODE_BUFFER_BYTES": "4096",
            "TORCH_MPIGPU_PRETEND_NODES": str(pretend_nodes)}
     assert passed_counts(run_mpi("random_ops.py", np, env=env, timeout=900), np) >= 500
+
+
+# The leader form (NODE_REDUCE_BY=leader: the node's first rank reduces one-node all_reduce and
+# reduce_scatter for all) with the random cases' sizes, dtypes, views and async interleavings
+def test_random_ops_with_node_algorithm_reduced_by_the_leader():
+    env = {"MPIGPU_RANDOM_CASES": "500", **algo_env("node"), "TORCH_MPIGPU_NODE_BUFFER_BYTES": "4096",
+           "TORCH_MPIGPU_NODE_REDUCE_BY": "leader"}
+    assert passed_counts(run_mpi("random_ops.py", 3, env=env, timeout=900), 3) >= 500
 
 
 @pytest.mark.parametrize("np", RANKS)

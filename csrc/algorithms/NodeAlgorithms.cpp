@@ -183,6 +183,28 @@ void twoShotPiece(NodeOp& o, const at::Tensor& part, double scale) {
   for (int j = 0; j < lanes; ++j) slice(part, j).copy_(slice(o.slot(j, dtype, m), j));
 }
 
+// Leader form (Node::leaderReduces): the node's first rank reduces every piece for all. Its peers
+// copy their inputs into their slots; it reads them and its own input in place, in rank order (the
+// one-shot's order and bits), into its own slot; they copy the result out. On a GPU that the ranks
+// share, only two switches between their time slices per piece (peers -> leader -> peers), where
+// one-shot takes four and two-shot six (benchmarks/cost_model.py).
+void leaderPiece(NodeOp& o, const at::Tensor& part, double scale) {
+  const int L = o.topo.localSize, me = o.topo.localRank;
+  const auto dtype = part.scalar_type();
+  const int64_t m = part.numel();
+  if (me != 0) o.slot(me, dtype, m).copy_(part);
+  o.sync();
+  const at::Tensor result = o.slot(0, dtype, m);
+  if (me == 0) {
+    std::vector<at::Tensor> sources{part};
+    for (int j = 1; j < L; ++j) sources.push_back(o.slot(j, dtype, m));
+    combineAll(o.c, result, sources, scale);
+    part.copy_(result);
+  }
+  o.sync();
+  if (me != 0) part.copy_(result);
+}
+
 // In place on the host tensor `buf`, in pieces of one slot.
 void allreduceOnHost(NodeOp& o, const at::Tensor& buf) {
   prescale(o.c, buf, /*inPlace=*/true);
@@ -195,9 +217,12 @@ void allreduceOnHost(NodeOp& o, const at::Tensor& buf) {
   // one-shot: every rank reduces all slots in rank order (the same bits everywhere); two-shot:
   // each rank reduces its 1/L, then all copy every slice
   const bool oneShot = t.nodes == 1 && buf.numel() * buf.element_size() <= o.node.oneShotBytes();
+  const bool leader = t.nodes == 1 && o.node.leaderReduces(o.dev);
   forPieces(buf.numel(), chunk, [&](int64_t off, int64_t m) {
     at::Tensor part = buf.narrow(0, off, m);
-    if (oneShot) {
+    if (leader) {
+      leaderPiece(o, part, scale);
+    } else if (oneShot) {
       o.slot(me, dtype, m).copy_(part);
       o.sync();
       combineAll(o.c, part, slotRanges(o, dtype, m, 0, m, 0), scale);
@@ -261,6 +286,30 @@ void reduceScatterUneven(NodeOp& o, const at::Tensor& input, const at::Tensor& o
   });
 }
 
+// Leader form of a one-node reduce_scatter piece (leaderPiece): `cols` is this rank's p x w
+// columns of the input, `dst` its w results. The leader sums block j of every rank (its own
+// input in place, then the peers' slots, in rank order: the bits of the form where each rank
+// reduces its own) into block j of its own slot, its own block straight into `dst`; each peer
+// copies its block out.
+void reduceScatterLeaderPiece(NodeOp& o, const at::Tensor& cols, const at::Tensor& dst,
+                              double scale) {
+  const int L = o.topo.localSize, me = o.topo.localRank;
+  const auto dtype = dst.scalar_type();
+  const int64_t w = dst.numel();
+  if (me != 0) o.slot(me, dtype, L * w).view({L, w}).copy_(cols);
+  o.sync();
+  const at::Tensor results = o.slot(0, dtype, L * w).view({L, w});
+  if (me == 0) {
+    for (int j = 0; j < L; ++j) {
+      std::vector<at::Tensor> sources{cols[j]};
+      for (int r = 1; r < L; ++r) sources.push_back(o.slot(r, dtype, L * w).view({L, w})[j]);
+      combineAll(o.c, j == 0 ? dst : results[j], sources, scale);
+    }
+  }
+  o.sync();
+  if (me != 0) dst.copy_(results[me]);
+}
+
 // `in` holds size x out.numel() elements in group rank order; this rank's block reduced to out.
 void reduceScatterOnHost(NodeOp& o, const at::Tensor& in, const at::Tensor& out) {
   const Topology& t = o.topo;
@@ -273,6 +322,15 @@ void reduceScatterOnHost(NodeOp& o, const at::Tensor& in, const at::Tensor& out)
   const at::Tensor rows = input.view({p, m});
   const int64_t cols = std::max<int64_t>(1, o.slotBytes() / (out.element_size() * p));
   const double scale = finalScale(o.c, p);
+  if (t.nodes == 1 && o.node.leaderReduces(o.dev)) {
+    // the leader reads its input in place after writing its output: apart, if they overlap
+    const at::Tensor held = me == 0 && overlaps(input, out) ? rows.clone() : rows;
+    forPieces(m, cols, [&](int64_t off, int64_t w) {
+      reduceScatterLeaderPiece(o, held.narrow(1, off, w), out.narrow(0, off, w), scale);
+      o.flip();
+    });
+    return;
+  }
   forPieces(m, cols, [&](int64_t off, int64_t w) {
     o.slot(me, dtype, p * w).view({p, w}).copy_(rows.narrow(1, off, w));
     o.sync();

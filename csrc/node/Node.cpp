@@ -153,7 +153,7 @@ std::string Node::describe() const {
                  " bytes");
   else if (!noSingleCopy_.empty())
     s = c10::str(s, ", single copy unavailable: ", noSingleCopy_);
-  if (!allGpu_) return s;
+  if (!allGpu_) return leaderReduces(nullptr) ? s + ", one-node reductions by its first rank" : s;
   if (!deviceUnavailable_.empty())
     return c10::str(s, ", device slots unavailable: ", deviceUnavailable_);
   const std::string grown =
@@ -161,9 +161,13 @@ std::string Node::describe() const {
           ? c10::str(" (grown from ", firstDeviceSlotBytes_, ", at most ", deviceSpec_.maxSlotBytes,
                      ")")
           : c10::str(" (grown on demand up to ", deviceSpec_.maxSlotBytes, ")");
-  return c10::str(s, ", device slots ", deviceSpec_.slotBytes, " bytes per rank and half",
-                  deviceSlots_ ? grown + ", " + deviceSlots_->ordering()
-                               : std::string(" (made at the first node op)"));
+  if (!deviceSlots_)
+    return c10::str(s, ", device slots ", deviceSpec_.slotBytes,
+                    " bytes per rank and half (made at the first node op)");
+  return c10::str(
+      s, ", device slots ", deviceSpec_.slotBytes, " bytes per rank and half", grown, ", ",
+      deviceSlots_->ordering(),
+      leaderReduces(deviceSlots_.get()) ? ", one-node reductions by its first rank" : "");
 }
 
 }  // namespace mpigpu::node
