@@ -123,7 +123,7 @@ def checks():
 # all_reduce of n bytes, L ranks, in CUDA IPC slots ordered from the host:
 #   one-shot: all copy in, all reduce every slot: 2L switches, traffic (L + 1 + L) n per rank;
 #   two-shot: copy in, reduce 1/L, copy out: 3L switches, about 9n at L = 2;
-#   leader (NODE_REDUCE_BY=leader): peers copy in, the first rank reduces into its slot and
+#   leader (NODE_LEADER=1): peers copy in, the first rank reduces into its slot and
 #   copies to its output, peers copy out: 2 switches (peers -> leader -> peers; a peer's copy out
 #   and its next copy in run back to back), the same 9n at L = 2.
 

@@ -116,10 +116,9 @@ Config Config::fromEnv() {
                                                    {{"auto", NodeDeviceOrder::Auto},
                                                     {"host", NodeDeviceOrder::Host},
                                                     {"device", NodeDeviceOrder::Device}});
-  c.nodeReduceBy =
-      parseChoice<NodeReduceBy>("TORCH_MPIGPU_NODE_REDUCE_BY", {{"auto", NodeReduceBy::Auto},
-                                                                {"each", NodeReduceBy::Each},
-                                                                {"leader", NodeReduceBy::Leader}});
+  c.nodeLeader = parseChoice<NodeLeader>(
+      "TORCH_MPIGPU_NODE_LEADER",
+      {{"auto", NodeLeader::Auto}, {"1", NodeLeader::On}, {"0", NodeLeader::Off}});
   c.testHostPieceBytes = parseInt("TORCH_MPIGPU_TEST_HOST_PIECE_BYTES", 0, kTiB);
   c.nodeAcrossMinBytes = parseInt("TORCH_MPIGPU_NODE_ACROSS_MIN_BYTES", 0, kHuge);
   c.pretendNodes = static_cast<int>(parseInt("TORCH_MPIGPU_PRETEND_NODES", 1, 1 << 20));

@@ -21,10 +21,12 @@ enum class CudaProbe : int8_t { Auto, Off, Fail };
 // How the node algorithm's ranks wait for each other in device slots
 // (TORCH_MPIGPU_NODE_DEVICE_ORDER=auto|host|device; node/DeviceSlots.hpp).
 enum class NodeDeviceOrder : int8_t { Auto, Host, Device };
-// Who reduces in the node algorithm's one-node all_reduce and reduce_scatter
-// (TORCH_MPIGPU_NODE_REDUCE_BY=auto|each|leader; algorithms/NodeAlgorithms.cpp): every rank its
-// share, or the node's first rank all of it while its peers only copy in and out.
-enum class NodeReduceBy : int8_t { Auto, Each, Leader };
+// The node algorithm's leader form (TORCH_MPIGPU_NODE_LEADER=auto|1|0;
+// algorithms/NodeAlgorithms.cpp): the node's first rank reduces one-node all_reduce and
+// reduce_scatter for all and takes all_gather's rows after its peers have placed theirs, so each
+// peer's device work comes in one turn per op (a GPU the ranks share switches twice, not 4-6
+// times).
+enum class NodeLeader : int8_t { Auto, On, Off };
 // How receives from any source meet MPI (TORCH_MPIGPU_ANY_SOURCE_RECV=auto|post|probe;
 // mpi/AnySource.hpp).
 enum class AnySourceRecv : int8_t { Auto, Post, Probe };
@@ -101,7 +103,7 @@ struct Config {
   int64_t nodeDeviceBufferBytes = 0;
   int64_t nodeDeviceBufferMaxBytes = 0;  // ... grown on demand up to this
   NodeDeviceOrder nodeDeviceOrder = NodeDeviceOrder::Auto;
-  NodeReduceBy nodeReduceBy = NodeReduceBy::Auto;
+  NodeLeader nodeLeader = NodeLeader::Auto;
   // Tests only: groups without a GPU run the device-slot code on host memory.
   bool nodeTestDeviceSlots = false;
   // Tests only: this rank's host paths cut all_reduce/reduce/broadcast into MPI calls of this

@@ -76,12 +76,13 @@ const SettingSpec kSettings[] = {
      "process: ranks sharing a GPU); `device`: a kernel on the op's stream marks its arrival in "
      "the peers' flags and waits for theirs (no host round trip: ranks with GPUs of their own); "
      "`auto`: `device` where every rank of the node has a GPU of its own, else `host`"},
-    {"TORCH_MPIGPU_NODE_REDUCE_BY", "auto", "", ReadAt::GroupCreation,
-     "node algorithm on one node, all_reduce and reduce_scatter: who reduces. `each`: every rank "
-     "(one-shot, or two-shot: each its 1/p); `leader`: the node's first rank reduces everything, "
-     "reading its peers' slots, and its peers only copy in and out (on a GPU that ranks share, "
-     "their time slices alternate twice per op instead of six times); `auto`: `leader` in device "
-     "slots ordered from the host (ranks sharing a GPU), else `each`"},
+    {"TORCH_MPIGPU_NODE_LEADER", "auto", "", ReadAt::GroupCreation,
+     "node algorithm: the leader form. `1`: the node's first rank reduces one-node all_reduce and "
+     "reduce_scatter for all (reading its peers' slots; they only copy in and out) and takes "
+     "all_gather's rows after its peers have placed theirs, so each peer's device work comes in "
+     "one turn per op: on a GPU that the ranks share, their time slices switch twice per op "
+     "instead of 4-6 times; `0`: every rank reduces its share (one-shot or two-shot); `auto`: `1` "
+     "in device slots ordered from the host (ranks sharing a GPU), else `0`"},
     {"TORCH_MPIGPU_NODE_TEST_DEVICE_SLOTS", "0", "", ReadAt::GroupCreation,
      "tests only: `1` runs the node algorithm's device-slot code (what the CUDA IPC slots use) "
      "on host shared memory in groups without a GPU, so CPU CI covers it"},

@@ -29,7 +29,8 @@ CALL_BUDGET_S="${CALL_BUDGET_S:-0}"
 # #24's runs; on the H200 on 2026-11-28 one run of test_gpu.py at 4 workers outlasted 160 s, so
 # three runs need more than one call); SANITIZER=0 skips compute-sanitizer (memcheck,
 # racecheck, synccheck over a short CUDA soak at 2 ranks, SANITIZER_BUDGET_S each; memcheck and
-# racecheck again over the node algorithm's device slots, SANITIZER_NODE_BUDGET_S each);
+# racecheck again over the node algorithm's device slots, ordered from the host and on the
+# device, SANITIZER_NODE_BUDGET_S each);
 # SANITIZER=background runs those alongside the tests (they check correctness, not time), so they
 # cost the lease no time of their own; BUILD=0 reuses the build a previous call on the
 # same warm machine installed (a second call for the benchmarks).
@@ -44,10 +45,10 @@ SANITIZER_NODE_BUDGET_S="${SANITIZER_NODE_BUDGET_S:-40}"
 # What the all_reduce sweep compares (bench --backends); the default is the full comparison.
 # mpigpu[ALGO=node]: the node algorithm in CUDA IPC device slots (#22; auto does not take it on
 # GPUs until this sweep has measured it), ordered from the host (auto: the ranks share the GPU),
-# the node's first rank reducing for both (auto there) or each rank its share (NODE_REDUCE_BY=each:
+# the node's first rank reducing for both (auto there) or each rank its share (NODE_LEADER=0:
 # 2026-12-04's form), and by device flags (forced; each barrier waits for the other process's
 # time slice here).
-ALLREDUCE_BACKENDS="${ALLREDUCE_BACKENDS:-mpigpu,mpigpu[ALGO=node],mpigpu[ALGO=node;NODE_REDUCE_BY=each],mpigpu[ALGO=node;NODE_DEVICE_ORDER=device],mpigpu[ALGO=mpi],mpigpu[ALGO=ring;CUDA_REDUCE=direct],mpigpu[ALGO=allgather;CUDA_REDUCE=direct],mpigpu[ALGO=rhd;CUDA_REDUCE=direct],MPI,gloo-host}"
+ALLREDUCE_BACKENDS="${ALLREDUCE_BACKENDS:-mpigpu,mpigpu[ALGO=node],mpigpu[ALGO=node;NODE_LEADER=0],mpigpu[ALGO=node;NODE_DEVICE_ORDER=device],mpigpu[ALGO=mpi],mpigpu[ALGO=ring;CUDA_REDUCE=direct],mpigpu[ALGO=allgather;CUDA_REDUCE=direct],mpigpu[ALGO=rhd;CUDA_REDUCE=direct],MPI,gloo-host}"
 mkdir -p "$OUT" /tmp/ompi /tmp/nccl
 exec > >(tee "$OUT/gpu_check.log") 2>&1
 export PYTHONUNBUFFERED=1
@@ -144,7 +145,7 @@ bench "$ALLREDUCE_BUDGET_S" allreduce_cuda_2ranks --ops allreduce -b 16 -e 256M 
   --backends "$(backends "$ALLREDUCE_BACKENDS")"
 # the other ops: mpigpu's defaults against the previous default, raw MPI and NCCL
 bench "$OTHERS_BUDGET_S" others_cuda_2ranks --ops reduce_scatter,allgather,broadcast -b 16 -e 256M -f 8 -n 20 \
-  --backends "mpigpu,mpigpu[ALGO=node],mpigpu[ALGO=node;NODE_REDUCE_BY=each],mpigpu[ALGO=mpi]${MPI_OK:+,$MPI_OK}"
+  --backends "mpigpu,mpigpu[ALGO=node],mpigpu[ALGO=node;NODE_LEADER=0],mpigpu[ALGO=mpi]${MPI_OK:+,$MPI_OK}"
 
 fi
 
@@ -164,11 +165,14 @@ sanitize() {
       >> "$OUT/sanitizer.log" 2>&1
     echo "=== $tool exit $?" | tee -a "$OUT/sanitizer.log"
   done
-  # the node algorithm's CUDA IPC slots, ordered by the device-flag barrier kernel (#22)
+  # the node algorithm's CUDA IPC slots (#22): memcheck ordered from the host (auto there: the
+  # leader form, the first rank reducing for both), racecheck ordered by the device-flag kernel
   for tool in memcheck racecheck; do
-    step "compute-sanitizer --tool $tool, node algorithm (device slots, device flags), 20 soak cases, 2 ranks (budget ${SANITIZER_NODE_BUDGET_S}s)"
+    order=host
+    [ "$tool" = racecheck ] && order=device
+    step "compute-sanitizer --tool $tool, node algorithm (device slots, ordered: $order), 20 soak cases, 2 ranks (budget ${SANITIZER_NODE_BUDGET_S}s)"
     (cd "$ROOT/tests/mp" && MPIGPU_TEST_DEVICE=cuda MPIGPU_RANDOM_CASES=20 MPIGPU_SOAK_MAX_ELEMENTS=20000 \
-      TORCH_MPIGPU_ALGO=node TORCH_MPIGPU_NODE_DEVICE_ORDER=device TORCH_MPIGPU_NODE_DEVICE_BUFFER_BYTES=65536 \
+      TORCH_MPIGPU_ALGO=node TORCH_MPIGPU_NODE_DEVICE_ORDER=$order TORCH_MPIGPU_NODE_DEVICE_BUFFER_BYTES=65536 \
       timeout "$SANITIZER_NODE_BUDGET_S" mpirun --oversubscribe -np 2 \
       "$CUDA_HOME/bin/compute-sanitizer" --tool "$tool" --error-exitcode 9 python device_soak.py) \
       >> "$OUT/sanitizer.log" 2>&1

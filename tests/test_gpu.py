@@ -250,27 +250,27 @@ NODE_ORDER = {"auto": "ordered from the host: ranks of the node share a GPU",
 
 # (3 ranks ordered from the host run as 2 + 1 pretended nodes: the hierarchical path on device
 # slots, MPI between the nodes, in lanes as where nodes hold different counts). One node ordered
-# from the host: auto has the node's first rank reduce for all (NODE_REDUCE_BY, fewer switches
-# between the ranks' time slices); `each` keeps one-shot and two-shot covered there.
-@pytest.mark.parametrize("np, order, shape, reduce_by", [
+# from the host: auto takes the leader form (NODE_LEADER: the node's first rank reduces for all,
+# fewer switches between the ranks' time slices); `0` keeps one-shot and two-shot covered there.
+@pytest.mark.parametrize("np, order, shape, leader", [
     (2, "auto", "1 node x 2 ranks", "auto"),
-    (3, "auto", "1 node x 3 ranks", "each"),
+    (3, "auto", "1 node x 3 ranks", "0"),
     (3, "auto", "2 nodes of 1 to 2 ranks (not uniform), across nodes in 1 lane", "auto"),
     (2, "device", "1 node x 2 ranks", "auto"),
     (3, "device", "1 node x 3 ranks", "auto")],
-    ids=["2-auto-leader", "3-auto-each", "3-auto-2+1-nodes", "2-device", "3-device"])
-def test_node_algorithm_cuda(np, order, shape, reduce_by):
+    ids=["2-auto-leader", "3-auto-no-leader", "3-auto-2+1-nodes", "2-device", "3-device"])
+def test_node_algorithm_cuda(np, order, shape, leader):
     # the node algorithm on CUDA tensors: device slots mapped into the peers by CUDA IPC; 64 KiB
     # slots, so most ops go in pieces. Unavailable IPC would run the ring, and the
     # forced-algorithm check would fail.
     env = {"MPIGPU_TEST_DEVICE": "cuda", "TORCH_MPIGPU_ALGO": "node",
            "TORCH_MPIGPU_NODE_DEVICE_BUFFER_BYTES": "65536", "MPIGPU_EXPECT_NODES": shape,
-           "TORCH_MPIGPU_NODE_DEVICE_ORDER": order, "TORCH_MPIGPU_NODE_REDUCE_BY": reduce_by}
+           "TORCH_MPIGPU_NODE_DEVICE_ORDER": order, "TORCH_MPIGPU_NODE_LEADER": leader}
     if "nodes of" in shape:  # (the lone rank's node orders itself by flags: a GPU of its own)
         env["TORCH_MPIGPU_PRETEND_NODES"] = "2"
     else:
         env["MPIGPU_EXPECT_ORDER"] = NODE_ORDER[order]
-        env["MPIGPU_EXPECT_LEADER"] = "1" if order == "auto" and reduce_by == "auto" else "0"
+        env["MPIGPU_EXPECT_LEADER"] = "1" if order == "auto" and leader == "auto" else "0"
     out = run_mpi("collectives.py", np, env=env, timeout=600)
     assert passed_counts(out, np, COLLECTIVES | {"the group's nodes", FORCED_ALGORITHM}) > 1500
     assert "no device slots" not in out, out[-3000:]

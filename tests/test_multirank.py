@@ -305,13 +305,14 @@ NODE_SHAPES = {
     "3+2-two-lanes-single-copy": (5, {"TORCH_MPIGPU_PRETEND_NODES": "2", "TORCH_MPIGPU_NODE_BUFFER_BYTES": "4096",
                                       **SINGLE_COPY},
                       "2 nodes of 2 to 3 ranks (not uniform), across nodes in 2 lanes"),
-    # one-node all_reduce and reduce_scatter reduced by the node's first rank, its peers copying
-    # in and out: forced on host slots, and auto's choice in device slots ordered from the host
-    # (ranks sharing a GPU), here the device-slot code on host memory
-    "1x3-leader-reduces-4KiB-pieces": (3, {"TORCH_MPIGPU_NODE_REDUCE_BY": "leader",
+    # the leader form (one-node all_reduce and reduce_scatter reduced by the node's first rank,
+    # its peers copying in and out; all_gather's rows placed by the peers first): forced on host
+    # slots, and auto's choice in device slots ordered from the host (ranks sharing a GPU), here
+    # the device-slot code on host memory
+    "1x3-leader-form-4KiB-pieces": (3, {"TORCH_MPIGPU_NODE_LEADER": "1",
                                            "TORCH_MPIGPU_NODE_BUFFER_BYTES": "4096",
                                            "MPIGPU_EXPECT_LEADER": "1", **SLOTS_ONLY}, "1 node x 3 ranks"),
-    "device-slot-code-on-host-1x4-host-order-leader": (4, {"TORCH_MPIGPU_NODE_TEST_DEVICE_SLOTS": "1",
+    "device-slot-code-on-host-1x4-host-order-leader-form": (4, {"TORCH_MPIGPU_NODE_TEST_DEVICE_SLOTS": "1",
                                                            "TORCH_MPIGPU_NODE_DEVICE_ORDER": "host",
                                                            "TORCH_MPIGPU_NODE_DEVICE_BUFFER_BYTES": "4096",
                                                            "TORCH_MPIGPU_NODE_DEVICE_BUFFER_MAX_BYTES": "8192",
@@ -605,12 +606,15 @@ def test_random_ops_with_node_algorithm_on_nodes_holding_different_counts(np, pr
     assert passed_counts(run_mpi("random_ops.py", np, env=env, timeout=900), np) >= 500
 
 
-# The leader form (NODE_REDUCE_BY=leader: the node's first rank reduces one-node all_reduce and
-# reduce_scatter for all) with the random cases' sizes, dtypes, views and async interleavings
-def test_random_ops_with_node_algorithm_reduced_by_the_leader():
+# The leader form (NODE_LEADER=1: the node's first rank reduces one-node all_reduce and
+# reduce_scatter for all, and takes all_gather's rows after its peers placed theirs) with the
+# random cases' sizes, dtypes, views and async interleavings: on one node, and on nodes holding
+# different counts (3 + 2 pretended: all_gather's rows shared in the leader form on each node)
+@pytest.mark.parametrize("np, pretend_nodes", [(3, 1), (5, 2)], ids=["1x3", "3+2"])
+def test_random_ops_with_node_algorithm_in_the_leader_form(np, pretend_nodes):
     env = {"MPIGPU_RANDOM_CASES": "500", **algo_env("node"), "TORCH_MPIGPU_NODE_BUFFER_BYTES": "4096",
-           "TORCH_MPIGPU_NODE_REDUCE_BY": "leader"}
-    assert passed_counts(run_mpi("random_ops.py", 3, env=env, timeout=900), 3) >= 500
+           "TORCH_MPIGPU_NODE_LEADER": "1", "TORCH_MPIGPU_PRETEND_NODES": str(pretend_nodes)}
+    assert passed_counts(run_mpi("random_ops.py", np, env=env, timeout=900), np) >= 500
 
 
 @pytest.mark.parametrize("np", RANKS)

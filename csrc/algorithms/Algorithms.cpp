@@ -300,6 +300,14 @@ bool isHalf(at::ScalarType t) { return t == at::kHalf || t == at::kBFloat16; }
 // what auto took before (1.6-2.4x at 16 MiB); at 2 + 1 reduce_scatter 1.3-1.6x at 16 MiB,
 // all_gather 1.2x there and on par to 1.2x slower at 4 MiB (MPI's own crosses the link once too
 // with one rank on the far host); mixed at 256 KiB: the same threshold.
+// Groups with a GPU: not yet. On the lent H200 shared by 2 ranks (2026-12-04,
+// benchmarks/results/gpu_h200_2026-12-04/call1_gpu_check.log) the node algorithm in CUDA IPC
+// slots, each rank reducing, took 0.85-0.90x auto's time for all_reduce at 4-64 MiB, 0.81-0.87x
+// for reduce_scatter at 4-32 MiB and 0.93-0.94x for all_gather, but was 1.6-5.7x slower below
+// 4 MiB, 1.06-1.09x slower at 256 MiB, and broadcast 3-11x slower (MPI's own is one IPC copy in
+// the receiver's process: no switch between the ranks' time slices). Its cost there is its
+// switches (benchmarks/cost_model.py); the leader form (NODE_LEADER), which cuts them to two
+// per op, has not run on a GPU yet.
 bool nodePicks(const Config& config, const Facts& f) {
   if (f.groupHasGpu || !f.nodeSuits || f.worldSize == 1 || config.nodeBufferBytes == 0)
     return false;

@@ -183,7 +183,7 @@ void twoShotPiece(NodeOp& o, const at::Tensor& part, double scale) {
   for (int j = 0; j < lanes; ++j) slice(part, j).copy_(slice(o.slot(j, dtype, m), j));
 }
 
-// Leader form (Node::leaderReduces): the node's first rank reduces every piece for all. Its peers
+// Leader form (Node::leaderForm): the node's first rank reduces every piece for all. Its peers
 // copy their inputs into their slots; it reads them and its own input in place, in rank order (the
 // one-shot's order and bits), into its own slot; they copy the result out. On a GPU that the ranks
 // share, only two switches between their time slices per piece (peers -> leader -> peers), where
@@ -217,7 +217,7 @@ void allreduceOnHost(NodeOp& o, const at::Tensor& buf) {
   // one-shot: every rank reduces all slots in rank order (the same bits everywhere); two-shot:
   // each rank reduces its 1/L, then all copy every slice
   const bool oneShot = t.nodes == 1 && buf.numel() * buf.element_size() <= o.node.oneShotBytes();
-  const bool leader = t.nodes == 1 && o.node.leaderReduces(o.dev);
+  const bool leader = t.nodes == 1 && o.node.leaderForm(o.dev);
   forPieces(buf.numel(), chunk, [&](int64_t off, int64_t m) {
     at::Tensor part = buf.narrow(0, off, m);
     if (leader) {
@@ -322,7 +322,7 @@ void reduceScatterOnHost(NodeOp& o, const at::Tensor& in, const at::Tensor& out)
   const at::Tensor rows = input.view({p, m});
   const int64_t cols = std::max<int64_t>(1, o.slotBytes() / (out.element_size() * p));
   const double scale = finalScale(o.c, p);
-  if (t.nodes == 1 && o.node.leaderReduces(o.dev)) {
+  if (t.nodes == 1 && o.node.leaderForm(o.dev)) {
     // the leader reads its input in place after writing its output: apart, if they overlap
     const at::Tensor held = me == 0 && overlaps(input, out) ? rows.clone() : rows;
     forPieces(m, cols, [&](int64_t off, int64_t w) {
@@ -453,18 +453,35 @@ void shareRows(NodeOp& o, const at::Tensor& held, const RowsOnNode& rows, int64_
     return shareRowsInPlace(o, mine, rows, rowBytes, out);
   const ByteSpan from = spanOf(o, mine), into = spanOf(o, out);
   const int64_t width = std::max<int64_t>(eb, o.slotBytes() / static_cast<int64_t>(most) / eb * eb);
+  // the leader form (leaderPiece): the peers place their rows, then the leader places its own and
+  // takes every row, then the peers take theirs; one more barrier, two switches on a shared GPU
+  const bool leader = o.node.leaderForm(o.dev);
   forPieces(rowBytes, width, [&](int64_t off, int64_t w) {
-    if (!rows[me].empty()) {
+    auto place = [&] {
+      if (rows[me].empty()) return;
       const ByteSpan mySlot = slotSpan(o, me, static_cast<int64_t>(rows[me].size()) * w);
       for (size_t i = 0; i < rows[me].size(); ++i)
         mySlot.copyFrom(i * w, from, rows[me][i].held * rowBytes + off, w);
-    }
+    };
+    auto take = [&] {
+      for (int j = 0; j < L; ++j) {
+        if (rows[j].empty()) continue;
+        const ByteSpan theirs = slotSpan(o, j, static_cast<int64_t>(rows[j].size()) * w);
+        for (size_t i = 0; i < rows[j].size(); ++i)
+          into.copyFrom(rows[j][i].to * rowBytes + off, theirs, i * w, w);
+      }
+    };
+    if (!leader || me != 0) place();
     o.sync();
-    for (int j = 0; j < L; ++j) {
-      if (rows[j].empty()) continue;
-      const ByteSpan theirs = slotSpan(o, j, static_cast<int64_t>(rows[j].size()) * w);
-      for (size_t i = 0; i < rows[j].size(); ++i)
-        into.copyFrom(rows[j][i].to * rowBytes + off, theirs, i * w, w);
+    if (leader) {
+      if (me == 0) {
+        place();
+        take();
+      }
+      o.sync();
+      if (me != 0) take();
+    } else {
+      take();
     }
     o.flip();
   });

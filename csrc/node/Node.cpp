@@ -153,7 +153,9 @@ std::string Node::describe() const {
                  " bytes");
   else if (!noSingleCopy_.empty())
     s = c10::str(s, ", single copy unavailable: ", noSingleCopy_);
-  if (!allGpu_) return leaderReduces(nullptr) ? s + ", one-node reductions by its first rank" : s;
+  if (!allGpu_)
+    return leaderForm(nullptr) ? s + ", the leader form (the node's first rank reduces for all)"
+                               : s;
   if (!deviceUnavailable_.empty())
     return c10::str(s, ", device slots unavailable: ", deviceUnavailable_);
   const std::string grown =
@@ -164,10 +166,11 @@ std::string Node::describe() const {
   if (!deviceSlots_)
     return c10::str(s, ", device slots ", deviceSpec_.slotBytes,
                     " bytes per rank and half (made at the first node op)");
-  return c10::str(
-      s, ", device slots ", deviceSpec_.slotBytes, " bytes per rank and half", grown, ", ",
-      deviceSlots_->ordering(),
-      leaderReduces(deviceSlots_.get()) ? ", one-node reductions by its first rank" : "");
+  return c10::str(s, ", device slots ", deviceSpec_.slotBytes, " bytes per rank and half", grown,
+                  ", ", deviceSlots_->ordering(),
+                  leaderForm(deviceSlots_.get())
+                      ? ", the leader form (the node's first rank reduces for all)"
+                      : "");
 }
 
 }  // namespace mpigpu::node

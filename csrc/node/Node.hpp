@@ -19,7 +19,7 @@ struct HostSpec {
   int64_t oneShotBytes;     // all_reduce up to this is one-shot
   int64_t singleCopyBytes;  // all_gather from this (per rank) reads the peers' buffers in place
   bool refuseSingleCopy;    // tests: this rank's probe fails, as where the kernel forbids reads
-  NodeReduceBy reduceBy = NodeReduceBy::Auto;  // one-node all_reduce and reduce_scatter
+  NodeLeader leader = NodeLeader::Auto;  // the leader form (Config.hpp)
 };
 
 class Node {
@@ -39,11 +39,10 @@ class Node {
   // Whether a host all_gather of `bytes` per rank reads the peers' buffers in place
   // (SharedSegment::readPublished). After segment(); the same on every rank.
   bool singleCopy(int64_t bytes) const { return singleCopy_ && bytes >= host_.singleCopyBytes; }
-  // Whether the node's first rank does every reduction of a one-node all_reduce or
-  // reduce_scatter (its peers copy in and out), in `dev` (null: host slots). The same on every
-  // rank: the slots' ordering is agreed.
-  bool leaderReduces(const DeviceSlots* dev) const {
-    if (host_.reduceBy != NodeReduceBy::Auto) return host_.reduceBy == NodeReduceBy::Leader;
+  // Whether the node's ops take the leader form (Config.hpp: NodeLeader) in `dev` (null: host
+  // slots). The same on every rank: the slots' ordering is agreed.
+  bool leaderForm(const DeviceSlots* dev) const {
+    if (host_.leader != NodeLeader::Auto) return host_.leader == NodeLeader::On;
     return dev != nullptr && !dev->ordersOnDevice();
   }
   // Whether the node-aware algorithms suit this group's shape: more than one of its ranks on

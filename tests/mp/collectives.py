@@ -382,10 +382,10 @@ def main():
         if os.environ.get("MPIGPU_EXPECT_ORDER"):  # how the device slots' ranks wait
             c.true("the device slots' ordering", os.environ["MPIGPU_EXPECT_ORDER"] in described,
                    described)
-        if os.environ.get("MPIGPU_EXPECT_LEADER"):  # who reduces on one node (NODE_REDUCE_BY)
+        if os.environ.get("MPIGPU_EXPECT_LEADER"):  # who reduces on one node (NODE_LEADER)
             leader = os.environ["MPIGPU_EXPECT_LEADER"] == "1"
-            c.true("one-node reductions by the first rank" if leader else "every rank reduces",
-                   ("one-node reductions by its first rank" in described) == leader, described)
+            c.true("the leader form" if leader else "no leader form",
+                   ("the leader form" in described) == leader, described)
         if os.environ.get("MPIGPU_EXPECT_SINGLE_COPY"):
             c.true("single copy as the group agreed", os.environ["MPIGPU_EXPECT_SINGLE_COPY"] in described,
                    described)
