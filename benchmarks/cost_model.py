@@ -123,9 +123,10 @@ def checks():
 # all_reduce of n bytes, L ranks, in CUDA IPC slots ordered from the host:
 #   one-shot: all copy in, all reduce every slot: 2L switches, traffic (L + 1 + L) n per rank;
 #   two-shot: copy in, reduce 1/L, copy out: 3L switches, about 9n at L = 2;
-#   leader (NODE_LEADER=1): peers copy in, the first rank reduces into its slot and
-#   copies to its output, peers copy out: 2 switches (peers -> leader -> peers; a peer's copy out
-#   and its next copy in run back to back), the same 9n at L = 2.
+#   leader (NODE_LEADER=1): peers copy in, the first rank reduces into its slot and its output
+#   in one pass, peers copy out: 2 switches (peers -> leader -> peers; a peer's copy out and its
+#   next copy in run back to back), 8n at L = 2 (copy in 2n, reduce 2n read + 2n written, copy
+#   out 2n).
 
 def shared_gpu(n, switches, traffic, mem_Bps=None):
     return switches * v("shared_switch_s") + traffic * n / (mem_Bps or v("shared_mem_Bps"))
@@ -145,8 +146,8 @@ def shared_gpu_predictions():
     """The leader form on the lent GPU, 2 ranks (#22's targets; not yet run there)."""
     rows = []
     for n, target in ((16 * MIB, "<= 0.45 ms"), (256 * MIB, "<= 1.0 ms")):
-        rows.append((f"1 shared H200 x 2 ranks, node IPC leader, {fmt_b(n)}", shared_gpu(n, 2, 9), target))
-    rows.append(("  the same, bytes at the 256 MiB op's rate", shared_gpu(256 * MIB, 2, 9, v("shared_mem_large_Bps")),
+        rows.append((f"1 shared H200 x 2 ranks, node IPC leader, {fmt_b(n)}", shared_gpu(n, 2, 8), target))
+    rows.append(("  the same, bytes at the 256 MiB op's rate", shared_gpu(256 * MIB, 2, 8, v("shared_mem_large_Bps")),
                  "<= 1.0 ms"))
     return rows
 

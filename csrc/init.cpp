@@ -262,10 +262,13 @@ c10d::ReduceOp::RedOpType reduceOpKind(const std::string& opName) {
 }
 
 void reduceStep(const at::Tensor& dst, const at::Tensor& a, const at::Tensor& b,
-                const std::string& opName, double scale) {
+                const std::string& opName, double scale, const std::optional<at::Tensor>& also) {
   auto reducer = mpigpu::paths::makeReducer(dst.device().type(), reduceOpKind(opName));
   py::gil_scoped_release noGil;
-  reducer->combine(dst, a, b, scale);
+  if (also.has_value())
+    reducer->combineToBoth(dst, *also, a, b, scale);
+  else
+    reducer->combine(dst, a, b, scale);
 }
 
 // Which data path tensors of a device type take here for each use, and why.
@@ -417,9 +420,10 @@ void bindAlgorithms(py::module_& m) {
       "Reduction resolution (unit tests): the MPI datatype and op, and the steps around the MPI "
       "call, for ReduceOp `reduce_op` (its name: SUM, AVG, ...) on tensors of sample's dtype.");
   m.def("reduce_step", &reduceStep, py::arg("dst"), py::arg("a"), py::arg("b"), py::arg("op"),
-        py::arg("scale") = 1.0,
+        py::arg("scale") = 1.0, py::arg("also") = py::none(),
         "One local reduction step of our algorithms, dst = (a op b) * scale, with the reducer of "
-        "dst's device (the host's, or the CUDA kernels); for tests against torch's own ops.");
+        "dst's device (the host's, or the CUDA kernels), the result written to `also` too where "
+        "given (it may be a: the leader form's last step); for tests against torch's own ops.");
 }
 
 void bindFlightRecorder(py::module_& m) {

@@ -118,8 +118,14 @@ def host_reducer_failures(op, dtype, n, a, b, scale, expect):
     import torch_mpi_gpu
     host = torch.empty(n, dtype=dtype)
     torch_mpi_gpu._C.reduce_step(host, a.contiguous(), b.contiguous(), op, scale)
-    return [] if same_result(host, expect, tight=False) else [
+    failures = [] if same_result(host, expect, tight=False) else [
         f"host {op} {dtype} n={n}: {host[:6]} vs {expect[:6]}"]
+    # the leader form's last step: a second output, here a itself
+    dst, also = torch.empty(n, dtype=dtype), a.clone()
+    torch_mpi_gpu._C.reduce_step(dst, also, b.contiguous(), op, scale, also=also)
+    if not (same_result(dst, expect, tight=False) and same_result(also, expect, tight=False)):
+        failures.append(f"host {op} {dtype} n={n}, second output over a: {dst[:6]} / {also[:6]} vs {expect[:6]}")
+    return failures
 
 
 def test_reduce_kernels_match_torch():
@@ -133,6 +139,14 @@ def test_reduce_kernels_match_torch():
         got = dst.cpu()
         if not same_result(got, expect):
             failures.append(f"{op} {dtype} n={n} shift={shift}: {got[:6]} vs {expect[:6]}")
+        # a second output in the same pass (the leader form's last step): apart, and over a
+        for over_a in (False, True):
+            dst2 = torch.empty(n + shift, dtype=dtype, device="cuda")[shift:]
+            also = da.clone() if over_a else torch.empty_like(dst2)
+            torch_mpi_gpu._C.reduce_step(dst2, also if over_a else da, db, op, scale, also=also)
+            if not (same_result(dst2.cpu(), expect) and same_result(also.cpu(), expect)):
+                failures.append(f"{op} {dtype} n={n} shift={shift}, second output "
+                                f"{'over a' if over_a else 'apart'}: {dst2.cpu()[:6]} / {also.cpu()[:6]}")
         # the host reducer must agree with the same reference
         failures += host_reducer_failures(op, dtype, n, a, b, scale, expect)
     assert not failures, "\n".join(failures[:40])

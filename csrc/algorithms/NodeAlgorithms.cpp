@@ -88,17 +88,26 @@ mpi::Reduction plainSum(const mpi::Reduction& red) {
 }
 
 // dst = sources[0] op sources[1] op ... in the order given, times `scale` at the last step.
-// dst may be sources[0] (and only that one: it is read first).
+// dst may be sources[0] (and only that one: it is read first). `also` (optional) gets the result
+// too, from the last step's pass where the reducer can (it may be sources[0]).
 void combineAll(Context& c, const at::Tensor& dst, const std::vector<at::Tensor>& sources,
-                double scale) {
+                double scale, const at::Tensor& also = {}) {
   const size_t k = sources.size();
   if (k == 1) {
     if (!dst.is_same(sources[0])) dst.copy_(sources[0]);
     if (scale != 1.0) dst.mul_(scale);
+    if (also.defined() && !also.is_same(dst)) also.copy_(dst);
     return;
   }
-  c.reducer.combine(dst, sources[0], sources[1], k == 2 ? scale : 1.0);
-  for (size_t j = 2; j < k; ++j) c.reducer.combine(dst, dst, sources[j], j == k - 1 ? scale : 1.0);
+  auto step = [&](const at::Tensor& a, size_t j) {
+    const double s = j == k - 1 ? scale : 1.0;
+    if (j == k - 1 && also.defined())
+      c.reducer.combineToBoth(dst, also, a, sources[j], s);
+    else
+      c.reducer.combine(dst, a, sources[j], s);
+  };
+  step(sources[0], 1);
+  for (size_t j = 2; j < k; ++j) step(dst, j);
 }
 
 // The same range [off, off+len) of every local rank's slot, starting at `first` and going round.
@@ -185,7 +194,8 @@ void twoShotPiece(NodeOp& o, const at::Tensor& part, double scale) {
 
 // Leader form (Node::leaderForm): the node's first rank reduces every piece for all. Its peers
 // copy their inputs into their slots; it reads them and its own input in place, in rank order (the
-// one-shot's order and bits), into its own slot; they copy the result out. On a GPU that the ranks
+// one-shot's order and bits), into its own slot and its own output in one pass; they copy the
+// result out. On a GPU that the ranks
 // share, only two switches between their time slices per piece (peers -> leader -> peers), where
 // one-shot takes four and two-shot six (benchmarks/cost_model.py).
 void leaderPiece(NodeOp& o, const at::Tensor& part, double scale) {
@@ -198,8 +208,7 @@ void leaderPiece(NodeOp& o, const at::Tensor& part, double scale) {
   if (me == 0) {
     std::vector<at::Tensor> sources{part};
     for (int j = 1; j < L; ++j) sources.push_back(o.slot(j, dtype, m));
-    combineAll(o.c, result, sources, scale);
-    part.copy_(result);
+    combineAll(o.c, result, sources, scale, /*also=*/part);  // one pass writes both
   }
   o.sync();
   if (me != 0) part.copy_(result);

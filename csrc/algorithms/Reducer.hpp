@@ -19,6 +19,13 @@ class Reducer {
   // on a device the work is queued on the current stream.
   virtual void combine(const at::Tensor& dst, const at::Tensor& a, const at::Tensor& b,
                        double scale) = 0;
+  // combine(), the result written to `also` too (same dtype and size; it may be a): one pass
+  // where the device's kernel writes both outputs, else a copy after.
+  virtual void combineToBoth(const at::Tensor& dst, const at::Tensor& also, const at::Tensor& a,
+                             const at::Tensor& b, double scale) {
+    combine(dst, a, b, scale);
+    also.copy_(dst);
+  }
 };
 
 // The arithmetic of a c10d reduce op, for every reducer: AVG and PREMUL_SUM are SUM (their

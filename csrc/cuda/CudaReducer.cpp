@@ -30,6 +30,10 @@ class CudaReducer final : public algo::Reducer {
                double scale) override {
     cuda::combine(dst, a, b, kind_, scale);
   }
+  void combineToBoth(const at::Tensor& dst, const at::Tensor& also, const at::Tensor& a,
+                     const at::Tensor& b, double scale) override {
+    cuda::combine(dst, a, b, kind_, scale, also);
+  }
 
  private:
   const c10d::ReduceOp::RedOpType kind_;
@@ -38,19 +42,23 @@ class CudaReducer final : public algo::Reducer {
 }  // namespace
 
 void combine(const at::Tensor& dst, const at::Tensor& a, const at::Tensor& b,
-             c10d::ReduceOp::RedOpType kind, double scale) {
-  TORCH_CHECK(dst.is_cuda() && a.device() == dst.device() && b.device() == dst.device(),
-              "mpigpu: CUDA reduction needs three tensors on one CUDA device");
-  TORCH_CHECK(dst.is_contiguous() && a.is_contiguous() && b.is_contiguous() &&
-                  a.numel() == dst.numel() && b.numel() == dst.numel() &&
-                  a.scalar_type() == dst.scalar_type() && b.scalar_type() == dst.scalar_type(),
+             c10d::ReduceOp::RedOpType kind, double scale, const at::Tensor& also) {
+  TORCH_CHECK(dst.is_cuda() && a.device() == dst.device() && b.device() == dst.device() &&
+                  (!also.defined() || also.device() == dst.device()),
+              "mpigpu: CUDA reduction needs its tensors on one CUDA device");
+  auto like = [&](const at::Tensor& t) {
+    return t.is_contiguous() && t.numel() == dst.numel() && t.scalar_type() == dst.scalar_type();
+  };
+  TORCH_CHECK(like(dst) && like(a) && like(b) && (!also.defined() || like(also)),
               "mpigpu: CUDA reduction needs contiguous tensors of one dtype and size");
   if (dst.is_complex()) {  // SUM (AVG, PREMUL_SUM) only: pairs of reals
-    return combine(at::view_as_real(dst).view({-1}), at::view_as_real(a).view({-1}),
-                   at::view_as_real(b).view({-1}), kind, scale);
+    auto real = [](const at::Tensor& t) {
+      return t.defined() ? at::view_as_real(t).view({-1}) : t;
+    };
+    return combine(real(dst), real(a), real(b), kind, scale, real(also));
   }
   c10::cuda::CUDAGuard guard(dst.device());
-  launchCombine(dst, a, b, arithmeticFor(kind), scale);
+  launchCombine(dst, a, b, arithmeticFor(kind), scale, also);
 }
 
 std::unique_ptr<algo::Reducer> makeCudaReducer(c10d::ReduceOp::RedOpType kind) {

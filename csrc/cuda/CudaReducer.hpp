@@ -13,8 +13,9 @@
 
 namespace mpigpu::cuda {
 
+// `also` (optional): a second output, written in the same pass (it may be a).
 void combine(const at::Tensor& dst, const at::Tensor& a, const at::Tensor& b,
-             c10d::ReduceOp::RedOpType kind, double scale);
+             c10d::ReduceOp::RedOpType kind, double scale, const at::Tensor& also = {});
 
 std::unique_ptr<algo::Reducer> makeCudaReducer(c10d::ReduceOp::RedOpType kind);
 

@@ -72,9 +72,10 @@ struct alignas(sizeof(T) * V) Pack {
   T v[V];
 };
 
-// Grid-stride over packs of V elements (one 16-byte load each), then the tail one by one.
+// Grid-stride over packs of V elements (one 16-byte load each), then the tail one by one. `also`
+// (null: none) gets the result too; each element is read before either write, so it may be a.
 template <typename T, int A, int V>
-__global__ void combineKernel(T* dst, const T* a, const T* b, int64_t n, Acc<T> scale,
+__global__ void combineKernel(T* dst, T* also, const T* a, const T* b, int64_t n, Acc<T> scale,
                               bool scaled) {
   const int64_t stride = static_cast<int64_t>(gridDim.x) * blockDim.x;
   const int64_t first = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x;
@@ -86,9 +87,12 @@ __global__ void combineKernel(T* dst, const T* a, const T* b, int64_t n, Acc<T> 
 #pragma unroll
     for (int k = 0; k < V; ++k) out.v[k] = apply<T, A>(x.v[k], y.v[k], scale, scaled);
     reinterpret_cast<Pack<T, V>*>(dst)[i] = out;
+    if (also != nullptr) reinterpret_cast<Pack<T, V>*>(also)[i] = out;
   }
   for (int64_t i = packs * V + first; i < n; i += stride) {
-    dst[i] = apply<T, A>(a[i], b[i], scale, scaled);
+    const T r = apply<T, A>(a[i], b[i], scale, scaled);
+    dst[i] = r;
+    if (also != nullptr) also[i] = r;
   }
 }
 
@@ -101,14 +105,17 @@ int multiprocessors(c10::DeviceIndex device) {
 }
 
 template <typename T, int A>
-void launch(const at::Tensor& dst, const at::Tensor& a, const at::Tensor& b, double scale) {
+void launch(const at::Tensor& dst, const at::Tensor& a, const at::Tensor& b, double scale,
+            const at::Tensor& also) {
   constexpr int V = 16 / sizeof(T) > 0 ? 16 / sizeof(T) : 1;
   const int64_t n = dst.numel();
   if (n == 0) return;
   T* d = static_cast<T*>(dst.data_ptr());
   const T* x = static_cast<const T*>(a.data_ptr());
   const T* y = static_cast<const T*>(b.data_ptr());
-  const bool vector = aligned16(d) && aligned16(x) && aligned16(y);
+  T* both = also.defined() ? static_cast<T*>(also.data_ptr()) : nullptr;
+  const bool vector =
+      aligned16(d) && aligned16(x) && aligned16(y) && (both == nullptr || aligned16(both));
   const int threads = 256;
   const int64_t units = vector ? (n + V - 1) / V : n;
   const int sms = multiprocessors(dst.device().index());
@@ -118,42 +125,42 @@ void launch(const at::Tensor& dst, const at::Tensor& a, const at::Tensor& b, dou
   const bool scaled = scale != 1.0;
   if (vector) {
     combineKernel<T, A, V>
-        <<<blocks, threads, 0, stream>>>(d, x, y, n, static_cast<Acc<T>>(scale), scaled);
+        <<<blocks, threads, 0, stream>>>(d, both, x, y, n, static_cast<Acc<T>>(scale), scaled);
   } else {
     combineKernel<T, A, 1>
-        <<<blocks, threads, 0, stream>>>(d, x, y, n, static_cast<Acc<T>>(scale), scaled);
+        <<<blocks, threads, 0, stream>>>(d, both, x, y, n, static_cast<Acc<T>>(scale), scaled);
   }
   C10_CUDA_KERNEL_LAUNCH_CHECK();
 }
 
 template <typename T>
 void byArithmetic(int arith, const at::Tensor& dst, const at::Tensor& a, const at::Tensor& b,
-                  double scale) {
+                  double scale, const at::Tensor& also) {
   if constexpr (std::is_floating_point_v<T> || std::is_same_v<T, c10::Half> ||
                 std::is_same_v<T, c10::BFloat16>) {
     switch (arith) {
-      case kSum: return launch<T, kSum>(dst, a, b, scale);
-      case kProd: return launch<T, kProd>(dst, a, b, scale);
-      case kMin: return launch<T, kMin>(dst, a, b, scale);
-      case kMax: return launch<T, kMax>(dst, a, b, scale);
+      case kSum: return launch<T, kSum>(dst, a, b, scale, also);
+      case kProd: return launch<T, kProd>(dst, a, b, scale, also);
+      case kMin: return launch<T, kMin>(dst, a, b, scale, also);
+      case kMax: return launch<T, kMax>(dst, a, b, scale, also);
     }
   } else if constexpr (std::is_same_v<T, bool>) {
     switch (arith) {
       case kSum:
       case kMax:
-      case kOr: return launch<T, kOr>(dst, a, b, scale);
-      case kXor: return launch<T, kXor>(dst, a, b, scale);
-      default: return launch<T, kAnd>(dst, a, b, scale);
+      case kOr: return launch<T, kOr>(dst, a, b, scale, also);
+      case kXor: return launch<T, kXor>(dst, a, b, scale, also);
+      default: return launch<T, kAnd>(dst, a, b, scale, also);
     }
   } else {
     switch (arith) {
-      case kSum: return launch<T, kSum>(dst, a, b, scale);
-      case kProd: return launch<T, kProd>(dst, a, b, scale);
-      case kMin: return launch<T, kMin>(dst, a, b, scale);
-      case kMax: return launch<T, kMax>(dst, a, b, scale);
-      case kAnd: return launch<T, kAnd>(dst, a, b, scale);
-      case kOr: return launch<T, kOr>(dst, a, b, scale);
-      case kXor: return launch<T, kXor>(dst, a, b, scale);
+      case kSum: return launch<T, kSum>(dst, a, b, scale, also);
+      case kProd: return launch<T, kProd>(dst, a, b, scale, also);
+      case kMin: return launch<T, kMin>(dst, a, b, scale, also);
+      case kMax: return launch<T, kMax>(dst, a, b, scale, also);
+      case kAnd: return launch<T, kAnd>(dst, a, b, scale, also);
+      case kOr: return launch<T, kOr>(dst, a, b, scale, also);
+      case kXor: return launch<T, kXor>(dst, a, b, scale, also);
     }
   }
   TORCH_CHECK(false, "mpigpu: no CUDA reduction ", arith, " for dtype ", dst.scalar_type());
@@ -162,22 +169,22 @@ void byArithmetic(int arith, const at::Tensor& dst, const at::Tensor& a, const a
 }  // namespace
 
 void launchCombine(const at::Tensor& dst, const at::Tensor& a, const at::Tensor& b, Arith which,
-                   double scale) {
+                   double scale, const at::Tensor& also) {
   const int arith = static_cast<int>(which);
   switch (dst.scalar_type()) {
-    case at::kFloat: return byArithmetic<float>(arith, dst, a, b, scale);
-    case at::kDouble: return byArithmetic<double>(arith, dst, a, b, scale);
-    case at::kHalf: return byArithmetic<c10::Half>(arith, dst, a, b, scale);
-    case at::kBFloat16: return byArithmetic<c10::BFloat16>(arith, dst, a, b, scale);
-    case at::kChar: return byArithmetic<int8_t>(arith, dst, a, b, scale);
-    case at::kByte: return byArithmetic<uint8_t>(arith, dst, a, b, scale);
-    case at::kShort: return byArithmetic<int16_t>(arith, dst, a, b, scale);
-    case at::kInt: return byArithmetic<int32_t>(arith, dst, a, b, scale);
-    case at::kLong: return byArithmetic<int64_t>(arith, dst, a, b, scale);
-    case at::kUInt16: return byArithmetic<uint16_t>(arith, dst, a, b, scale);
-    case at::kUInt32: return byArithmetic<uint32_t>(arith, dst, a, b, scale);
-    case at::kUInt64: return byArithmetic<uint64_t>(arith, dst, a, b, scale);
-    case at::kBool: return byArithmetic<bool>(arith, dst, a, b, scale);
+    case at::kFloat: return byArithmetic<float>(arith, dst, a, b, scale, also);
+    case at::kDouble: return byArithmetic<double>(arith, dst, a, b, scale, also);
+    case at::kHalf: return byArithmetic<c10::Half>(arith, dst, a, b, scale, also);
+    case at::kBFloat16: return byArithmetic<c10::BFloat16>(arith, dst, a, b, scale, also);
+    case at::kChar: return byArithmetic<int8_t>(arith, dst, a, b, scale, also);
+    case at::kByte: return byArithmetic<uint8_t>(arith, dst, a, b, scale, also);
+    case at::kShort: return byArithmetic<int16_t>(arith, dst, a, b, scale, also);
+    case at::kInt: return byArithmetic<int32_t>(arith, dst, a, b, scale, also);
+    case at::kLong: return byArithmetic<int64_t>(arith, dst, a, b, scale, also);
+    case at::kUInt16: return byArithmetic<uint16_t>(arith, dst, a, b, scale, also);
+    case at::kUInt32: return byArithmetic<uint32_t>(arith, dst, a, b, scale, also);
+    case at::kUInt64: return byArithmetic<uint64_t>(arith, dst, a, b, scale, also);
+    case at::kBool: return byArithmetic<bool>(arith, dst, a, b, scale, also);
     default: TORCH_CHECK(false, "mpigpu: no CUDA reduction for dtype ", dst.scalar_type());
   }
 }

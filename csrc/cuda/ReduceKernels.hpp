@@ -11,7 +11,8 @@ namespace mpigpu::cuda {
 enum class Arith { kSum, kProd, kMin, kMax, kAnd, kOr, kXor };
 
 // Contiguous tensors of one real dtype and size on one CUDA device (complex: their real views).
+// `also`: undefined, or a second output written in the same pass (it may be a).
 void launchCombine(const at::Tensor& dst, const at::Tensor& a, const at::Tensor& b, Arith arith,
-                   double scale);
+                   double scale, const at::Tensor& also);
 
 }  // namespace mpigpu::cuda
