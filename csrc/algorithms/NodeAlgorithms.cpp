@@ -195,9 +195,9 @@ void twoShotPiece(NodeOp& o, const at::Tensor& part, double scale) {
 // Leader form (Node::leaderForm): the node's first rank reduces every piece for all. Its peers
 // copy their inputs into their slots; it reads them and its own input in place, in rank order (the
 // one-shot's order and bits), into its own slot and its own output in one pass; they copy the
-// result out. On a GPU that the ranks
-// share, only two switches between their time slices per piece (peers -> leader -> peers), where
-// one-shot takes four and two-shot six (benchmarks/cost_model.py).
+// result out. On a GPU that the ranks share, only two switches between their time slices per
+// piece (peers -> leader -> peers), where one-shot takes four and two-shot six
+// (benchmarks/cost_model.py).
 void leaderPiece(NodeOp& o, const at::Tensor& part, double scale) {
   const int L = o.topo.localSize, me = o.topo.localRank;
   const auto dtype = part.scalar_type();
