@@ -309,9 +309,11 @@ void reduceScatterLeaderPiece(NodeOp& o, const at::Tensor& cols, const at::Tenso
   o.sync();
   const at::Tensor results = o.slot(0, dtype, L * w).view({L, w});
   if (me == 0) {
+    std::vector<at::Tensor> peers;  // each peer's slot as L blocks, made once per piece
+    for (int r = 1; r < L; ++r) peers.push_back(o.slot(r, dtype, L * w).view({L, w}));
     for (int j = 0; j < L; ++j) {
       std::vector<at::Tensor> sources{cols[j]};
-      for (int r = 1; r < L; ++r) sources.push_back(o.slot(r, dtype, L * w).view({L, w})[j]);
+      for (const at::Tensor& peer : peers) sources.push_back(peer[j]);
       combineAll(o.c, j == 0 ? dst : results[j], sources, scale);
     }
   }
