@@ -41,6 +41,9 @@ P = {
                                     "op, from its 16 MiB two-shot (929 us: 858 switching, 9 x 16 MiB)"),
     "shared_mem_large_Bps": Param(3.3e12, "measured: the same from its 256 MiB two-shot (1591 us: "
                                           "733 us for 9 x 256 MiB; large copies run faster)"),
+    # the leader form there, 2026-12-04 (gpu_h200_2026-12-04b/): 382-505 us from 16 B to 256 KiB
+    "shared_leader_fixed_s": Param(452e-6, "measured: the leader form's median op from 16 B to 256 KiB "
+                                           "(2 designed switches took ~3.2 switch times: not explained)"),
     "gpu_copy_Bps": Param(16 * MIB / 20e-6, "measured: the H200 copies 16 MiB in ~20 us"),
     "today_ring_handoffs_16m": Param(6.5, "measured: today's ring at 16 MiB, 2 ranks: 6-7 hand-offs"),
     # a real node: 8 GPUs, each its own, NVSwitch; and nodes joined by one 400 Gb/s NIC per GPU
@@ -142,13 +145,33 @@ def shared_gpu_checks():
             ("1 shared H200 x 2 ranks, node IPC two-shot, 256 MiB", shared_gpu(256 * MIB, 6, 9), 1591.4e-6, src)]
 
 
+def shared_gpu_leader(n, traffic=8, mem_Bps=None):
+    """The leader form on the shared GPU: its measured fixed cost plus its bytes."""
+    return v("shared_leader_fixed_s") + traffic * n / (mem_Bps or v("shared_mem_Bps"))
+
+
+def shared_gpu_leader_checks():
+    """The leader form (2 designed switches, 8n bytes at 2 ranks) against its 2026-12-04 run."""
+    src = "gpu_h200_2026-12-04b (gpu_check.sh)"
+    measured = ((MIB, 383.4e-6), (4 * MIB, 473.7e-6), (16 * MIB, 522.7e-6), (64 * MIB, 665.2e-6),
+                (256 * MIB, 1019.6e-6))
+    rows = [(f"1 shared H200 x 2 ranks, node IPC leader, {fmt_b(n)}", shared_gpu_leader(n), t, src)
+            for n, t in measured]
+    rows.append(("  the same, bytes at the 256 MiB op's rate",
+                 shared_gpu_leader(256 * MIB, mem_Bps=v("shared_mem_large_Bps")), 1019.6e-6, src))
+    return rows
+
+
 def shared_gpu_predictions():
-    """The leader form on the lent GPU, 2 ranks (#22's targets; not yet run there)."""
+    """#22's targets on the lent GPU, 2 ranks: what the leader form was predicted to take before
+    it ran (2 switches), and a form not built, where the leader maps its peers' own tensors
+    (CUDA IPC of the caller's memory): the peers queue no device work, so one switch at most and
+    4n bytes (read both inputs, write both outputs)."""
     rows = []
     for n, target in ((16 * MIB, "<= 0.45 ms"), (256 * MIB, "<= 1.0 ms")):
-        rows.append((f"1 shared H200 x 2 ranks, node IPC leader, {fmt_b(n)}", shared_gpu(n, 2, 8), target))
-    rows.append(("  the same, bytes at the 256 MiB op's rate", shared_gpu(256 * MIB, 2, 8, v("shared_mem_large_Bps")),
-                 "<= 1.0 ms"))
+        rows.append((f"leader form as predicted (2 switches), {fmt_b(n)}", shared_gpu(n, 2, 8), target))
+        rows.append((f"peers' tensors mapped (not built), {fmt_b(n)}",
+                     shared_gpu(n, 1, 4, v("shared_mem_large_Bps") if n > 16 * MIB else None), target))
     return rows
 
 
@@ -190,9 +213,9 @@ def report():
     lines = ["# all_reduce cost model (benchmarks/cost_model.py): measured components, predicted times", ""]
     lines.append("## Checks against what runs here (predicted / measured)")
     lines.append(f"{'configuration':52} {'predicted':>10} {'measured':>10} {'ratio':>6}  source")
-    for name, pred, meas, src in checks() + shared_gpu_checks():
+    for name, pred, meas, src in checks() + shared_gpu_checks() + shared_gpu_leader_checks():
         lines.append(f"{name:52} {fmt_s(pred):>10} {fmt_s(meas):>10} {pred / meas:6.2f}  {src}")
-    lines += ["", "## Predictions for the lent GPU: the node's first rank reducing for both (#22's targets)"]
+    lines += ["", "## Predictions for the lent GPU against #22's targets (2 ranks)"]
     for name, pred, target in shared_gpu_predictions():
         lines.append(f"{name:52} {fmt_s(pred):>10}   target {target}")
     lines += ["", "## Predictions, fp32 (nothing here was measured on such a machine)",

@@ -362,6 +362,8 @@ void ProcessGroupMPIGPU::readNodes(int hasGpu) {
       testSlots ? algo::hostDeviceSlotsForTests() : paths_->nodeSlots(c10::DeviceType::CUDA),
       node::SlotsSpec{config_.nodeDeviceBufferBytes, config_.nodeDeviceOrder, timeoutMs_.load(),
                       std::max(config_.nodeDeviceBufferBytes, config_.nodeDeviceBufferMaxBytes)});
+  if (allGpu != 0 && !testSlots)
+    node_->readDevices(paths_->nodeDeviceId(c10::DeviceType::CUDA), "new_group");
   spansNodes_ = node_->topology().localSize < size_;
 }
 

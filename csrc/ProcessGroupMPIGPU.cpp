@@ -31,7 +31,9 @@ algo::Facts ProcessGroupMPIGPU::factsOf(algo::OpKind kind,
   int64_t bytes = 0;
   for (const auto& t : tensors) bytes += t.numel() * static_cast<int64_t>(t.element_size());
   const bool nodeSuits = node_ && node_->suits();
-  return {kind, bytes, tensors[0].scalar_type(), size_, groupHasGpu_, nodeSuits, spansNodes_};
+  const bool onSharedDevice = nodeSuits && node_->leaderOnSharedDevice() && !tensors[0].is_cpu();
+  return {kind,        bytes,         tensors[0].scalar_type(), size_, groupHasGpu_, nodeSuits,
+          spansNodes_, onSharedDevice};
 }
 
 const algo::Algorithm* ProcessGroupMPIGPU::chooseAlgo(

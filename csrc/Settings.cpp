@@ -109,7 +109,8 @@ const SettingSpec kSettings[] = {
      "algorithms run on one host"},
     {"TORCH_MPIGPU_ALGO_MIN_BYTES", "2097152", "", ReadAt::GroupCreation,
      "auto, groups with a GPU: reductions below this use MPI's own collectives, from here the "
-     "ring"},
+     "ring, or the node algorithm's leader form for CUDA tensors where the ranks of one node "
+     "share a GPU (all_gather there takes it at any size)"},
     {"TORCH_MPIGPU_ALGO_PIECE_BYTES", "33554432", "", ReadAt::GroupCreation,
      "largest message of our algorithms (pieces pipeline against the reduction)"},
     {"TORCH_MPIGPU_CUDA_DIRECT_BYTES", "1048576", "", ReadAt::GroupCreation,

@@ -3,6 +3,8 @@
 #include <torch/csrc/distributed/c10d/ProcessGroup.hpp>
 #include <torch/csrc/utils/pybind.h>
 
+#include <map>
+
 #include <pybind11/chrono.h>
 #include <pybind11/stl.h>
 
@@ -372,6 +374,24 @@ void bindDirectProbe(py::module_& m) {
       "MPI_Get_library_version's text and MPIR_CVAR_CH4_NETMOD; '' for other libraries.");
 }
 
+// _auto_algorithm: algo::choose for facts given by a test, under the current settings.
+std::string autoAlgorithm(const std::string& op, int64_t bytes, at::ScalarType dtype, int world,
+                          bool groupHasGpu, bool nodeSuits, bool spansNodes, bool onSharedDevice) {
+  using mpigpu::algo::OpKind;
+  static const std::map<std::string, OpKind> kinds{{"all_reduce", OpKind::Allreduce},
+                                                   {"reduce_scatter", OpKind::ReduceScatter},
+                                                   {"reduce", OpKind::Reduce},
+                                                   {"all_gather", OpKind::Allgather},
+                                                   {"broadcast", OpKind::Broadcast}};
+  auto kind = kinds.find(op);
+  if (kind == kinds.end()) throw py::value_error("_auto_algorithm: no op named " + op);
+  const auto config = mpigpu::Config::fromEnv();
+  const mpigpu::algo::Facts facts{kind->second, bytes,     dtype,      world,
+                                  groupHasGpu,  nodeSuits, spansNodes, onSharedDevice};
+  const auto* a = mpigpu::algo::choose(mpigpu::algo::policyFor(config.algo), config, facts);
+  return a != nullptr ? a->name : "mpi";
+}
+
 // Unit-test hooks and counters of the algorithms and fusion layers.
 void bindAlgorithms(py::module_& m) {
   m.def("_fusion_buckets", &mpigpu::fusionBuckets, py::arg("tensors"), py::arg("limit_bytes"),
@@ -392,6 +412,11 @@ void bindAlgorithms(py::module_& m) {
       },
       "How ops choose their algorithm with the current settings, for a group in which some "
       "member has a GPU exactly when this process sees one.");
+  m.def("_auto_algorithm", &autoAlgorithm, py::arg("op"), py::arg("bytes"), py::arg("dtype"),
+        py::arg("world"), py::arg("group_has_gpu"), py::arg("node_suits"), py::arg("spans_nodes"),
+        py::arg("on_shared_device"),
+        "The algorithm auto (or TORCH_MPIGPU_ALGO) takes for an op of these facts with the current "
+        "settings (unit tests of the table's rules): a row's name, or 'mpi' for MPI's own.");
   m.def(
       "algorithm_runs",
       [] {

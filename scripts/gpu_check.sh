@@ -43,8 +43,8 @@ SANITIZER="${SANITIZER:-1}"
 SANITIZER_BUDGET_S="${SANITIZER_BUDGET_S:-60}"
 SANITIZER_NODE_BUDGET_S="${SANITIZER_NODE_BUDGET_S:-40}"
 # What the all_reduce sweep compares (bench --backends); the default is the full comparison.
-# mpigpu[ALGO=node]: the node algorithm in CUDA IPC device slots (#22; auto does not take it on
-# GPUs until this sweep has measured it), ordered from the host (auto: the ranks share the GPU),
+# mpigpu[ALGO=node]: the node algorithm in CUDA IPC device slots (#22; auto takes it here from
+# ALGO_MIN_BYTES, all_gather at any size, from this sweep's 2026-12-04 run), ordered from the host (auto: the ranks share the GPU),
 # the node's first rank reducing for both (auto there) or each rank its share (NODE_LEADER=0:
 # 2026-12-04's form), and by device flags (forced; each barrier waits for the other process's
 # time slice here).

@@ -17,7 +17,7 @@ import torch
 
 from conftest import run_mpi, skip_or_fail
 from conftest import passed_counts
-from test_multirank import (COLLECTIVES, DDP, FORCED_ALGORITHM, FSDP, fusion_behaviours,
+from test_multirank import (AUTO_ON_GPU, COLLECTIVES, DDP, FORCED_ALGORITHM, FSDP, fusion_behaviours,
                             p2p_groups_behaviours, split_groups_behaviours)
 from test_reliability import check_ending_a_group_with_a_stuck_op
 
@@ -288,6 +288,15 @@ def test_node_algorithm_cuda(np, order, shape, leader):
     out = run_mpi("collectives.py", np, env=env, timeout=600)
     assert passed_counts(out, np, COLLECTIVES | {"the group's nodes", FORCED_ALGORITHM}) > 1500
     assert "no device slots" not in out, out[-3000:]
+
+
+@pytest.mark.parametrize("np", [2, 3])
+def test_auto_takes_the_leader_form_on_a_shared_gpu(np):
+    # auto's choice for CUDA tensors where the ranks share the GPU (Algorithms.cpp: nodePicks):
+    # the node algorithm's leader form for all_gather at any size and the reductions from
+    # ALGO_MIN_BYTES, MPI's own just below and for broadcast; results against the CPU reference
+    out = run_mpi("auto_algorithm.py", np, timeout=300)
+    assert passed_counts(out, np, AUTO_ON_GPU) >= 20
 
 
 @pytest.mark.parametrize("order", ["auto", "device"])

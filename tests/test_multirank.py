@@ -236,11 +236,19 @@ NODES_UNEVEN = {"TORCH_MPIGPU_PRETEND_NODES": "2", "TORCH_MPIGPU_NODE_ACROSS_MIN
 STALE_NAME = {"MPIGPU_TEST_STALE_SEGMENT": "1"}
 
 
+# auto where the ranks have GPUs (every rank on one GPU, as on the lent machine: the node
+# algorithm's leader form for CUDA tensors, tests/mp/auto_algorithm.py: shared_gpu)
+AUTO_ON_GPU = {"a member has a GPU: MPI's own below ALGO_MIN_BYTES, then the ring",
+               "CUDA tensors on a GPU the ranks share: the node algorithm's leader form for "
+               "all_gather, all_reduce and reduce_scatter from ALGO_MIN_BYTES"}
+
+
 @pytest.mark.parametrize("np, env", [(1, {}), (2, NO_NODE), (3, NO_NODE), (2, {}), (3, {}),
                                      (3, NODE_EACH), (3, STALE_NAME), (5, NODES_UNEVEN)])
 def test_auto_algorithm_choice_at_its_thresholds(np, env):
     out = run_mpi("auto_algorithm.py", np, env=env)
-    gpu = {"a member has a GPU: MPI's own below ALGO_MIN_BYTES, then the ring"}
+    gpu = (AUTO_ON_GPU if np > 1 and env in ({}, STALE_NAME)
+           else {"a member has a GPU: MPI's own below ALGO_MIN_BYTES, then the ring"})
     node = {"ranks sharing a node: the node algorithm for reductions, all_gather and broadcast"}
     fp32 = ("fp32 all_reduce across nodes: the ring from HOST_ACROSS_RING_BYTES" if env is NODE_EACH
             else "fp32 all_reduce inside one node: MPI's own at any size")

@@ -395,6 +395,43 @@ def test_every_algorithm_of_the_table_is_documented_and_forceable():
                          re.M), out
 
 
+def test_auto_rules_at_their_thresholds():
+    # auto's table (Algorithms.cpp: nodePicks, ringPicks) asked with the facts an op would bring,
+    # defaults read from the settings; each rule just below and at its threshold
+    import torch
+    import torch_mpi_gpu
+    C, cfg = torch_mpi_gpu._C, torch_mpi_gpu.config
+
+    def pick(op, nbytes, gpu, shared=False, suits=True, spans=False, world=2, dtype=torch.float32):
+        return C._auto_algorithm(op, nbytes, dtype, world, gpu, suits, spans, shared)
+
+    algo_min = int(cfg.get("TORCH_MPIGPU_ALGO_MIN_BYTES"))
+    across = int(cfg.get("TORCH_MPIGPU_NODE_ACROSS_MIN_BYTES"))
+    # device tensors on a GPU the node's ranks share: the leader form, all_gather at any size,
+    # the two reductions from ALGO_MIN_BYTES (MPI's own just below), never broadcast or reduce
+    for nbytes in (4, algo_min - 4, algo_min, 1 << 28):
+        assert pick("all_gather", nbytes, gpu=True, shared=True) == "node"
+        assert pick("broadcast", nbytes, gpu=True, shared=True) == "mpi"
+        below = nbytes < algo_min
+        for op in ("all_reduce", "reduce_scatter"):
+            for dtype in (torch.float32, torch.bfloat16):
+                want = "mpi" if below else "node"
+                assert pick(op, nbytes, gpu=True, shared=True, dtype=dtype) == want, (op, nbytes)
+        assert pick("reduce", nbytes, gpu=True, shared=True) == ("mpi" if below else "ring")
+    # a GPU per rank, groups spanning nodes, one rank per node: the node rule stays off for GPUs
+    for kw in ({}, {"shared": True, "spans": True}, {"shared": True, "suits": False}):
+        assert pick("all_gather", 1 << 20, gpu=True, **kw) == "mpi", kw
+        assert pick("all_reduce", algo_min - 4, gpu=True, **kw) == "mpi", kw
+        assert pick("all_reduce", algo_min, gpu=True, **kw) == "ring", kw
+    # host tensors: the node algorithm at any size inside a node, from NODE_ACROSS_MIN_BYTES across
+    assert pick("all_reduce", 4, gpu=False) == pick("broadcast", 4, gpu=False) == "node"
+    assert pick("all_reduce", across - 4, gpu=False, spans=True) == "mpi"
+    assert pick("all_gather", across, gpu=False, spans=True) == "node"
+    assert pick("all_reduce", 4, gpu=False, world=1) == "mpi"
+    with pytest.raises(ValueError, match="no op named"):
+        pick("all_to_all", 4, gpu=False)
+
+
 def test_readme_and_docs_links_resolve():
     # every relative link of README.md and docs/*.md names a file of the repository, and its
     # #anchor a heading of that file; the README stays short (the rest lives in docs/)

@@ -300,21 +300,39 @@ bool isHalf(at::ScalarType t) { return t == at::kHalf || t == at::kBFloat16; }
 // what auto took before (1.6-2.4x at 16 MiB); at 2 + 1 reduce_scatter 1.3-1.6x at 16 MiB,
 // all_gather 1.2x there and on par to 1.2x slower at 4 MiB (MPI's own crosses the link once too
 // with one rank on the far host); mixed at 256 KiB: the same threshold.
-// Groups with a GPU: not yet. On the lent H200 shared by 2 ranks (2026-12-04,
-// benchmarks/results/gpu_h200_2026-12-04/call1_gpu_check.log) the node algorithm in CUDA IPC
-// slots, each rank reducing, took 0.85-0.90x auto's time for all_reduce at 4-64 MiB, 0.81-0.87x
-// for reduce_scatter at 4-32 MiB and 0.93-0.94x for all_gather, but was 1.6-5.7x slower below
-// 4 MiB, 1.06-1.09x slower at 256 MiB, and broadcast 3-11x slower (MPI's own is one IPC copy in
-// the receiver's process: no switch between the ranks' time slices). Its cost there is its
-// switches (benchmarks/cost_model.py); the leader form (NODE_LEADER), which cuts them to two
-// per op, has not run on a GPU yet.
+// Groups with a GPU: only device tensors whose node's ranks share a GPU (the leader form,
+// Node::leaderOnSharedDevice). On the lent H200 shared by 2 ranks (2026-12-04, fp32,
+// benchmarks/results/gpu_h200_2026-12-04b/README.md) the leader form against what auto took
+// before (MPI's own below ALGO_MIN_BYTES, then the ring): all_reduce 2.27x faster at 1 MiB,
+// 2.41x at 4 MiB, 2.16x at 16 MiB, 1.98x at 64 MiB, 1.63x at 256 MiB, but 1.4-2.8x slower at
+// 64-256 KiB (MPI's own is one IPC copy there) and on par or up to 1.2x slower below;
+// reduce_scatter 1.80x at 4 MiB, 1.68x at 32 MiB, 1.46x at 256 MiB, slower to 512 KiB; all_gather
+// 1.66-1.86x faster at every size to 32 MiB and 1.24x at 256 MiB (MPI's own all_gather of
+// device memory took 614 us even at 16 B). So all_gather at any size and the two reductions
+// from ALGO_MIN_BYTES (2 MiB: reduce_scatter's crossing lies between 512 KiB and 4 MiB, and one
+// threshold keeps every size at least as fast as before). broadcast stays MPI's own (one copy in
+// the receiver's process: 70 against 295 us), reduce too (not measured). Each rank reducing (no
+// leader) was slower than the leader form at every size (1.2-2.4x) and is never auto's choice on
+// a GPU; with a GPU per rank (device flags) the node algorithm has not been measured against
+// NCCL-class nodes (a shared GPU gives no verdict on it): there auto keeps MPI's own and the ring.
 bool nodePicks(const Config& config, const Facts& f) {
-  if (f.groupHasGpu || !f.nodeSuits || f.worldSize == 1 || config.nodeBufferBytes == 0)
-    return false;
+  if (!f.nodeSuits || f.worldSize == 1 || config.nodeBufferBytes == 0) return false;
+  if (f.groupHasGpu) {
+    if (!f.onSharedDevice || f.spansNodes) return false;
+    if (f.kind == OpKind::Allgather) return true;
+    return (f.kind == OpKind::Allreduce || f.kind == OpKind::ReduceScatter) &&
+           f.bytes >= config.algoMinBytes;
+  }
   return !f.spansNodes || f.bytes >= config.nodeAcrossMinBytes;
 }
 std::string nodeRule(const Config& config, bool groupHasGpu) {
-  if (groupHasGpu || config.nodeBufferBytes == 0) return "";
+  if (config.nodeBufferBytes == 0) return "";
+  if (groupHasGpu) {
+    return c10::str(
+        "node, leader form, for GPU tensors where the ranks of one node share a GPU: all_gather at "
+        "any size, all_reduce and reduce_scatter from ",
+        config.algoMinBytes, " bytes");
+  }
   return c10::str(
       "node (reductions, all_gather, broadcast) where more than one rank shares a node: at any "
       "size inside one node, from ",

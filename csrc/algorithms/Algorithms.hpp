@@ -76,6 +76,9 @@ struct Facts {
   bool groupHasGpu;
   bool nodeSuits;   // the group has node-aware state that suits it for this op (node::Node)
   bool spansNodes;  // the group's ranks are on more than one node (whatever the node state)
+  // the op's tensors are on a device the node's ranks share, where its node ops take the leader
+  // form (node::Node::leaderOnSharedDevice)
+  bool onSharedDevice = false;
 };
 
 // One row of the table. An op function returns false when it cannot run in this group (the ring

@@ -415,6 +415,10 @@ class CudaPaths final : public paths::DevicePaths {
     };
   }
 
+  std::string nodeDeviceId() const override {
+    return at::hasCUDA() ? gpuIdentity(callerDevice_) : "";
+  }
+
   paths::PathChoice choice(Use use) const override {
     if (use == Use::Move)
       return {modeName(move_),

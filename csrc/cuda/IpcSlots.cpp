@@ -163,6 +163,19 @@ std::string exportFlags(IpcSlots& slots, int localSize, Exported* mine) {
   return "";
 }
 
+}  // namespace
+
+std::string gpuIdentity(c10::DeviceIndex index) {
+  char id[32] = {};
+  if (cudaDeviceGetPCIBusId(id, sizeof(id), index) != cudaSuccess) {
+    (void)cudaGetLastError();  // not sticky: clear it for the caller's next check
+    return "";
+  }
+  return std::string(id, strnlen(id, sizeof(id)));
+}
+
+namespace {
+
 // Device flags or the host barrier, from what every local rank sent (the same answer on each).
 // Sets *device; returns why.
 std::string chooseOrdering(node::Ordering asked, const std::vector<Exported>& all, bool* device) {

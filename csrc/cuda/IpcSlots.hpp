@@ -18,4 +18,8 @@ std::unique_ptr<node::DeviceSlots> makeIpcSlots(const mpi::Comm& nodeComm,
                                                 const at::Device& device, const char* op, int rank,
                                                 std::string* why);
 
+// The GPU `index` as every process on the node names it (its PCI bus id); "" where CUDA cannot
+// say. Ranks with the same id share one GPU.
+std::string gpuIdentity(c10::DeviceIndex index);
+
 }  // namespace mpigpu::cuda

@@ -4,9 +4,11 @@
 #include <c10/util/StringUtil.h>
 
 #include <algorithm>
+#include <set>
 #include <utility>
 
 #include "mpi/Check.hpp"
+#include "mpi/Env.hpp"
 #include "mpi/Wait.hpp"
 
 namespace mpigpu::node {
@@ -42,6 +44,16 @@ bool Node::agreeMade(bool made, const std::string& why, const char* othersFailed
     LOG(INFO) << line;
   }
   return false;
+}
+
+void Node::readDevices(const std::string& mine, const char* op) {
+  mpi::arriveTogether(group_, op);
+  const std::vector<std::string> ids = mpi::allgatherStrings(mine, topology_.nodeComm.handle);
+  const std::set<std::string> distinct(ids.begin(), ids.end());
+  int shares = distinct.count("") == 0 && distinct.size() < ids.size() ? 1 : 0;
+  MPIGPU_MPI_CHECK(MPI_Allreduce(MPI_IN_PLACE, &shares, 1, MPI_INT, MPI_MIN, group_.handle), op,
+                   group_.rank);
+  sharesDevice_ = shares != 0;
 }
 
 SharedSegment* Node::segment(const char* op) {

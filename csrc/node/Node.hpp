@@ -45,6 +45,17 @@ class Node {
     if (host_.leader != NodeLeader::Auto) return host_.leader == NodeLeader::On;
     return dev != nullptr && !dev->ordersOnDevice();
   }
+  // At creation, collective over the group, where every member has a GPU: `mine` names this
+  // rank's GPU (paths/Devices.hpp: nodeDeviceId; "" unknown). Reads whether every node holds
+  // fewer GPUs than ranks (ranks sharing a GPU), the case the leader form was measured in.
+  void readDevices(const std::string& mine, const char* op);
+  // Ranks share their node's GPUs and the node's device ops will take the leader form (no setting
+  // turns it off or orders the slots on the device): auto's node rule for device tensors
+  // (algorithms/Algorithms.cpp: nodePicks). The same on every rank.
+  bool leaderOnSharedDevice() const {
+    return allGpu_ && sharesDevice_ && host_.leader != NodeLeader::Off &&
+           deviceSpec_.ordering != Ordering::Device;
+  }
   // Whether the node-aware algorithms suit this group's shape: more than one of its ranks on
   // some node. Where nodes hold different numbers of ranks, data crosses nodes in `lanes` (the
   // fewest any node holds) per node. The same answer on every rank.
@@ -82,6 +93,7 @@ class Node {
   std::string noSingleCopy_;
   bool tried_ = false;
   const bool allGpu_;
+  bool sharesDevice_ = false;  // readDevices()
   DeviceSlotsMaker makeDeviceSlots_;
   SlotsSpec deviceSpec_;  // slotBytes: the current slots' size
   int64_t firstDeviceSlotBytes_;

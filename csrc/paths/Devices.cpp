@@ -96,6 +96,11 @@ node::DeviceSlotsMaker PathFactory::nodeSlots(c10::DeviceType type) const {
   return it == devices_.end() ? nullptr : it->second->nodeSlots();
 }
 
+std::string PathFactory::nodeDeviceId(c10::DeviceType type) const {
+  auto it = devices_.find(type);
+  return it == devices_.end() ? "" : it->second->nodeDeviceId();
+}
+
 std::string PathFactory::describe() const {
   std::ostringstream s;
   s << "cpu tensors cpu";

@@ -52,6 +52,9 @@ class DevicePaths {
   // The node algorithm's slots in this device's memory (node/DeviceSlots.hpp); null: none, the
   // node algorithm then serves this device's tensors through host memory or not at all.
   virtual node::DeviceSlotsMaker nodeSlots() const { return nullptr; }
+  // The device this rank's ops run on, as its node's peers name it (ranks with the same id share
+  // one device: node::Node::sharesDevice); "": unknown.
+  virtual std::string nodeDeviceId() const { return ""; }
   // Bytes per MPI call into which this device's paths cut an elementwise slot (all_reduce,
   // reduce, broadcast) for `use`, as a staging pipeline does; 0: whole. Read after confirm().
   virtual int64_t pieceBytes(Use use) const { return 0; }
@@ -77,6 +80,7 @@ class PathFactory {
   void confirm(const mpi::Comm& group, bool anyGpu, const char* op);
   // `type`'s node slots, where its paths have them.
   node::DeviceSlotsMaker nodeSlots(c10::DeviceType type) const;
+  std::string nodeDeviceId(c10::DeviceType type) const;
   // "cpu tensors cpu, cuda tensors cuda-direct (why), ..., other devices via-cpu"
   std::string describe() const;
 

@@ -54,6 +54,50 @@ def uneven_nodes(c, rank, world, ran, all_reduce, reduce_scatter):
     return c.finish()
 
 
+SHARED_GPU = ("CUDA tensors on a GPU the ranks share: the node algorithm's leader form for all_gather, "
+              "all_reduce and reduce_scatter from ALGO_MIN_BYTES")
+
+
+def shared_gpu(c, rank, world, ran, algo_min):
+    """Every rank on the one GPU (the lent machine): all_gather at any size, all_reduce and
+    reduce_scatter from ALGO_MIN_BYTES (the op's bytes, any dtype) take the node algorithm in the
+    leader form, MPI's own just below; broadcast stays MPI's own. Results against the CPU
+    reference."""
+    c.section(SHARED_GPU)
+    dev = torch.device("cuda", torch.cuda.current_device())
+    for dtype in (torch.float32, torch.bfloat16):
+        size = torch.empty(0, dtype=dtype).element_size()
+        for numel, want in ((algo_min // size - 1, False), (algo_min // size, True)):
+            which = "node" if want else "MPI's own"
+            inputs = [make_input(110, r, numel, dtype) for r in range(world)]
+            t = inputs[rank].to(dev)
+            node = ran("node", lambda: dist.all_reduce(t))
+            c.true(f"CUDA {dtype} all_reduce of {numel * size} bytes: {which}", node == want)
+            expect, bound = reduced("sum", inputs, dtype)
+            c.close(f"CUDA {dtype} all_reduce of {numel * size} bytes", t.cpu(), expect, dtype, bound=bound)
+            per_rank = -(-numel // world) if want else numel // world  # the input's bytes either side
+            inputs = [make_input(111, r, world * per_rank, dtype) for r in range(world)]
+            out = torch.empty(per_rank, dtype=dtype, device=dev)
+            node = ran("node", lambda: dist.reduce_scatter_tensor(out, inputs[rank].to(dev)))
+            c.true(f"CUDA {dtype} reduce_scatter of {world * per_rank * size} bytes: {which}", node == want)
+            expect, bound = reduced("sum", inputs, dtype)
+            part = slice(rank * per_rank, (rank + 1) * per_rank)
+            c.close(f"CUDA {dtype} reduce_scatter of {world * per_rank * size} bytes", out.cpu(),
+                    expect[part], dtype, bound=bound[part])
+    for numel in (1, 1000, algo_min // 4 + 3):
+        inputs = [make_input(112, r, numel, torch.float32) for r in range(world)]
+        out = torch.empty(world * numel, device=dev)
+        node = ran("node", lambda: dist.all_gather_into_tensor(out, inputs[rank].to(dev)))
+        c.true(f"CUDA all_gather of {world * numel * 4} bytes: node", node)
+        c.close(f"CUDA all_gather of {world * numel * 4} bytes", out.cpu(), torch.cat(inputs))
+        b = inputs[0].to(dev)
+        node = ran("node", lambda: dist.broadcast(b, src=0))
+        c.true(f"CUDA broadcast of {numel * 4} bytes: MPI's own", not node)
+        c.close(f"CUDA broadcast of {numel * 4} bytes", b.cpu(), inputs[0])
+    described = dist.group.WORLD._get_backend(dev).describe()  # (the slots exist by now)
+    c.true("the group's description says the leader form", "the leader form" in described, described)
+
+
 def main():
     dist.init_process_group("mpigpu")
     rank, world = dist.get_rank(), dist.get_world_size()
@@ -113,6 +157,9 @@ def checks(c, rank, world, stale):
                not all_reduce(torch.float32, algo_min // 4 - 1, 5))
         at = all_reduce(torch.float32, algo_min // 4, 6)
         c.true("fp32 all_reduce at ALGO_MIN_BYTES: the ring", at, f"ring ran: {at}")
+        one_node = "1 node x" in dist.group.WORLD._get_backend(torch.device("cpu")).describe()
+        if world > 1 and one_node and int(torch_mpi_gpu.config.get("TORCH_MPIGPU_NODE_BUFFER_BYTES")) > 0:
+            shared_gpu(c, rank, world, ran, algo_min)  # (every rank on the one GPU)
         return c.finish()
 
     described = dist.group.WORLD._get_backend(torch.device("cpu")).describe()
