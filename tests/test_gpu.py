@@ -24,11 +24,15 @@ from test_reliability import check_ending_a_group_with_a_stuck_op
 pytestmark = [pytest.mark.gpu,
               pytest.mark.skipif(not torch.cuda.is_available(), reason="no CUDA device visible")]
 
+# The paths themselves: the node algorithm off (auto would take it for all_gather and the large
+# reductions where the ranks share the GPU, as here), so every op goes through the path.
 STAGED = {"TORCH_MPIGPU_CUDA_AWARE": "0", "TORCH_MPIGPU_STAGING_CHUNK_BYTES": "4096",
-          "MPIGPU_EXPECT_PATH": "cuda-staged"}
+          "MPIGPU_EXPECT_PATH": "cuda-staged", "TORCH_MPIGPU_NODE_BUFFER_BYTES": "0"}
 DIRECT = {"TORCH_MPIGPU_CUDA_AWARE": "1", "TORCH_MPIGPU_CUDA_REDUCE": "direct",
-          "MPIGPU_EXPECT_PATH": "cuda-direct", "MPIGPU_EXPECT_REDUCE_PATH": "cuda-direct"}
-# The default on a CUDA-aware MPI: device pointers, except reductions on Open MPI (staged).
+          "MPIGPU_EXPECT_PATH": "cuda-direct", "MPIGPU_EXPECT_REDUCE_PATH": "cuda-direct",
+          "TORCH_MPIGPU_NODE_BUFFER_BYTES": "0"}
+# The default on a CUDA-aware MPI: device pointers, except reductions on Open MPI (staged), and
+# auto's node algorithm (the leader form, the ranks sharing the GPU) where it takes the op.
 HYBRID = {"TORCH_MPIGPU_CUDA_AWARE": "1", "TORCH_MPIGPU_CUDA_REDUCE": "auto",
           "MPIGPU_EXPECT_PATH": "cuda-direct"}
 
@@ -184,8 +188,10 @@ def test_p2p_groups_cuda(path, np):
     assert passed_counts(out, np, p2p_groups_behaviours(np)) > 30
 
 
-@pytest.mark.parametrize("path", ["direct", "staged"])
-@pytest.mark.parametrize("np", [2, 3, 4])
+# hybrid (the default): all_gather and the large reductions through auto's node algorithm, whose
+# CUDA IPC slots must wait for the caller's busy producer stream like the paths do
+@pytest.mark.parametrize("path, np", [("direct", 2), ("direct", 3), ("staged", 2), ("staged", 3),
+                                      ("hybrid", 2), ("hybrid", 3), ("hybrid", 4)])
 def test_stream_ordering(path, np):
     out = run_mpi("cuda_streams.py", np, env={"MPIGPU_TEST_DEVICE": "cuda", **path_env(path)})
     assert passed_counts(out, np, cuda_streams_behaviours(np)) >= 7
@@ -193,13 +199,14 @@ def test_stream_ordering(path, np):
 
 # The random differential soak on CUDA tensors (#24): each path and forced algorithms at 2-4 ranks
 # on the one GPU, and mixed CUDA/CPU ranks; the thresholds lowered so sizes either side of each
-# stay small. 600 cases a run, 5,400 in all.
+# stay small. 600 cases a run, 6,000 in all. hybrid (the default) takes auto's node algorithm
+# (the leader form) for all_gather and the reductions from ALGO_MIN_BYTES; direct and staged do not.
 SOAK_THRESHOLDS = {"TORCH_MPIGPU_ALGO_MIN_BYTES": "65536", "TORCH_MPIGPU_CUDA_DIRECT_BYTES": "32768",
                    "TORCH_MPIGPU_STAGING_CHUNK_BYTES": "16384", "TORCH_MPIGPU_ALGO_PIECE_BYTES": "8192"}
 SOAK_RUNS = {
     "direct, 2 ranks": (2, "direct", {}), "direct, 3 ranks": (3, "direct", {}),
     "direct, 4 ranks": (4, "direct", {}), "staged, 3 ranks": (3, "staged", {}),
-    "hybrid, 4 ranks": (4, "hybrid", {}), "ring forced, 3 ranks": (3, "hybrid", {"TORCH_MPIGPU_ALGO": "ring"}),
+    "hybrid, 2 ranks": (2, "hybrid", {}), "hybrid, 4 ranks": (4, "hybrid", {}), "ring forced, 3 ranks": (3, "hybrid", {"TORCH_MPIGPU_ALGO": "ring"}),
     "rhd forced, 4 ranks": (4, "staged", {"TORCH_MPIGPU_ALGO": "rhd"}),
     "mixed CUDA/CPU, 2 ranks": (2, None, {}), "mixed CUDA/CPU, 3 ranks": (3, None, {}),
 }
