@@ -36,6 +36,12 @@ algo::Facts ProcessGroupMPIGPU::factsOf(algo::OpKind kind,
           spansNodes_, onSharedDevice};
 }
 
+// The node algorithm in device slots: it settles before every barrier and MPI call, and its
+// fallback (the ring) through links that do (OpBuffers::deferStartWait).
+bool ProcessGroupMPIGPU::onDeviceSlots(const algo::Algorithm* a) const {
+  return a == &algo::node() && node_ && node_->onDevice();
+}
+
 const algo::Algorithm* ProcessGroupMPIGPU::chooseAlgo(
     algo::OpKind kind, const std::vector<at::Tensor>& tensors) const {
   return algo::choose(policy_, config_, factsOf(kind, tensors));
@@ -244,6 +250,9 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupMPIGPU::allreduce(std::vector<at::Ten
     buckets.push_back({bufs->add(pick(tensors, idx), Access::ReadWrite, /*elementwise=*/true),
                        std::move(red), a});
   }
+  if (std::all_of(buckets.begin(), buckets.end(),
+                  [&](const Bucket& k) { return onDeviceSlots(k.algo); }))
+    bufs->deferStartWait();
   return enqueue(c10d::OpType::ALLREDUCE, op, tensors, tensors, opts.timeout, opts.asyncOp, bufs,
                  [this, op, buckets](OpBuffers& b) {
                    for (const auto& k : buckets) {
@@ -322,6 +331,7 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupMPIGPU::reduce_scatter(
   auto red = mpi::resolveReduction(opts.reduceOp, outputs[0].scalar_type(), op, rank_);
   const algo::Algorithm* ours = even ? chooseAlgo(algo::OpKind::ReduceScatter, inputs[0]) : nullptr;
   auto bufs = reduceBuffersFor(outputs[0], ours != nullptr);
+  if (onDeviceSlots(ours)) bufs->deferStartWait();
   const size_t in = bufs->add(inputs[0], Access::Read);
   const size_t out = bufs->add(outputs[0], Access::Write);
   return enqueue(c10d::OpType::REDUCE_SCATTER, op, outputs, inputs[0], opts.timeout, opts.asyncOp,
@@ -369,6 +379,7 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupMPIGPU::reduce_scatter_tensor_coalesc
   };
   const algo::Algorithm* ours = chooseAlgo(algo::OpKind::ReduceScatter, inputs);
   auto bufs = reduceBuffersFor(outputs[0], ours != nullptr);
+  if (onDeviceSlots(ours)) bufs->deferStartWait();
   std::vector<Bucket> buckets;
   for (const auto& idx : fusedBuckets(outputs)) {
     std::vector<at::Tensor> ins;

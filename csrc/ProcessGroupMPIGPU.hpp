@@ -181,6 +181,7 @@ class ProcessGroupMPIGPU : public c10d::Backend {
   // Our algorithms (algorithms/): the choice for an op, and one run of it on the engine.
   algo::Facts factsOf(algo::OpKind kind, const std::vector<at::Tensor>& tensors) const;
   // Null: MPI's own collectives.
+  bool onDeviceSlots(const algo::Algorithm* a) const;
   const algo::Algorithm* chooseAlgo(algo::OpKind kind,
                                     const std::vector<at::Tensor>& tensors) const;
   // The fused buckets of a coalesced op, the same on every rank (Fusion.hpp: fuseBelow).

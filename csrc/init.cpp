@@ -317,13 +317,19 @@ void bindAlgorithmTable(py::module_& m) {
         d["device"] = w.device;
         d["host_peer_on_this_cpu"] = w.hostPeerOnThisCpu;
         d["single_copy_reads"] = w.singleCopyReads;
+        d["settle_us"] = static_cast<double>(w.settleNs) / 1e3;
+        d["barrier_us"] = static_cast<double>(w.barrierNs) / 1e3;
+        d["start_wait_us"] = static_cast<double>(mpigpu::paths::startWaitNs()) / 1e3;
         return d;
       },
       "How often this process's node-algorithm ops waited for their node's peers: barriers in "
       "host shared memory (each a cross-process hand-off where the slots are device memory) and "
       "barriers queued on the device; host_peer_on_this_cpu: peers waited for that had last run "
       "on this rank's CPU (it yielded to them at once instead of spinning); single_copy_reads: "
-      "peers' buffers read in place (process_vm_readv) by all_gather.");
+      "peers' buffers read in place (process_vm_readv) by all_gather; settle_us: microseconds "
+      "waiting for this rank's own device work before a barrier or MPI, barrier_us: waiting at "
+      "host barriers for the peers, start_wait_us: ops' start waiting for the caller's queued "
+      "device work (any algorithm).");
   m.def(
       "algorithms",
       [] {

@@ -419,6 +419,7 @@ def main(argv=None):
                 flag = torch.tensor([row.get("wrong", 0), "error" in row], dtype=torch.int64)
                 dist.all_reduce(flag, group=stats)
                 row["wrong"], failed = int(flag[0]), bool(flag[1])
+                row["wait_us_per_op_by_rank"] = waits_by_rank(row, world, stats)
                 if failed and "error" not in row:
                     row["error"] = "failed on another rank"
                 wrong_total += row["wrong"]
@@ -426,7 +427,8 @@ def main(argv=None):
                 if rank == 0 and args.no_progress:  # each point as it lands: a run cut short keeps them
                     print(f"# point {op} {row['bytes']} {name}: " + (row["error"] if "error" in row else
                           f"{row['median_us']:.1f} us, busbw {row['busbw_GBps']:.3f} GB/s, wrong {row['wrong']}"
-                          f", node waits/op {waits_text(row)}"), flush=True)
+                          f", node waits/op {waits_text(row)}, waits us/op by rank (start/settle/"
+                          f"barrier) {wait_times_text(row)}"), flush=True)
                 if bar:
                     bar[0].advance(bar[1])
     if bar:
@@ -459,6 +461,29 @@ def main(argv=None):
 def node_waits():
     from . import _C
     return _C.node_waits()
+
+
+WAIT_TIMES = ("start_wait_us", "settle_us", "barrier_us")
+
+
+def waits_by_rank(row, world, stats):
+    """Where each rank's op time went, per op: waiting at the op's start for the caller's queued
+    device work, for its own device work before a node barrier or MPI, and at node barriers for
+    its peers (one collective: every rank calls it, also after a failure)."""
+    w = row.get("node_waits_per_op") or {}
+    mine = torch.tensor([float(w.get(k, 0.0)) for k in WAIT_TIMES], dtype=torch.float64)
+    every = [torch.zeros_like(mine) for _ in range(world)]
+    dist.all_gather(every, mine, group=stats)
+    return {k: [round(e[i].item(), 1) for e in every] for i, k in enumerate(WAIT_TIMES)}
+
+
+def wait_times_text(row):
+    """'0: 12/0/300, 1: 150/140/3': per rank, start / settle / barrier microseconds per op."""
+    t = row.get("wait_us_per_op_by_rank")
+    if not t or not any(any(v) for v in t.values()):
+        return "-"
+    ranks = len(t[WAIT_TIMES[0]])
+    return ", ".join(f"{r}: " + "/".join(f"{t[k][r]:.0f}" for k in WAIT_TIMES) for r in range(ranks))
 
 
 def waits_text(row):

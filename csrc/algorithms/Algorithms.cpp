@@ -418,6 +418,7 @@ void counted(const Algorithm& a) { g_runs[indexOf(a)].fetch_add(1, std::memory_o
 
 const std::vector<const Algorithm*>& algorithms() { return kTable; }
 const Algorithm& ring() { return kRing; }
+const Algorithm& node() { return kNode; }
 uint64_t runCount(const Algorithm& a) { return g_runs[indexOf(a)].load(std::memory_order_relaxed); }
 
 Policy policyFor(const std::string& word) {

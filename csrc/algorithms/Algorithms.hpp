@@ -103,6 +103,7 @@ struct Algorithm {
 // Every row, in the order auto asks them.
 const std::vector<const Algorithm*>& algorithms();
 const Algorithm& ring();
+const Algorithm& node();
 
 // TORCH_MPIGPU_ALGO resolved once per group: auto, mpi (MPI's own for every op), or a row.
 struct Policy {

@@ -4,6 +4,7 @@
 
 #include <algorithm>
 #include <atomic>
+#include <chrono>
 #include <cstring>
 #include <vector>
 
@@ -21,6 +22,20 @@ using node::SharedSegment;
 using node::Topology;
 
 std::atomic<uint64_t> g_hostWaits{0}, g_deviceWaits{0};
+// Nanoseconds this process's node ops spent waiting for their own device work (settle) and for
+// their node's peers at host barriers: where an op's time goes (the benchmark's columns).
+std::atomic<uint64_t> g_settleNs{0}, g_barrierNs{0};
+
+uint64_t nanosSince(std::chrono::steady_clock::time_point start) {
+  return static_cast<uint64_t>(
+      std::chrono::duration_cast<std::chrono::nanoseconds>(std::chrono::steady_clock::now() - start)
+          .count());
+}
+void settleTimed(const node::DeviceSlots& dev) {
+  const auto start = std::chrono::steady_clock::now();
+  dev.settle();
+  g_settleNs.fetch_add(nanosSince(start), std::memory_order_relaxed);
+}
 
 // One op's view of the node: slots in host shared memory, or in device memory (dev) with the
 // host segment as the barrier, or the device slots' own (node/DeviceSlots.hpp: ordering).
@@ -36,15 +51,19 @@ struct NodeOp {
   bool onHost() const { return dev == nullptr; }
   int64_t slotBytes() const { return dev ? dev->slotBytes() : seg.slotBytes(); }
   // This rank's writes to its slots are complete (device work waited for), then the barrier;
-  // or both queued on the device.
-  void sync() {
+  // or both queued on the device. `wroteForPeers` false: this rank wrote nothing its peers read
+  // after this barrier, so its device work need not finish first (on a GPU that the ranks share,
+  // a wait for it would cost a switch to this rank's time slice).
+  void sync(bool wroteForPeers = true) {
     if (dev && dev->ordersOnDevice()) {
       g_deviceWaits.fetch_add(1, std::memory_order_relaxed);
       return dev->barrier(op, rank);
     }
     g_hostWaits.fetch_add(1, std::memory_order_relaxed);
-    if (dev) dev->settle();
+    if (dev && wroteForPeers) settleTimed(*dev);
+    const auto start = std::chrono::steady_clock::now();
     seg.sync(op, rank, node.cancelled());
+    g_barrierNs.fetch_add(nanosSince(start), std::memory_order_relaxed);
   }
   void flip() {
     seg.flip();
@@ -61,7 +80,7 @@ struct NodeOp {
 at::Tensor forMpi(const NodeOp& o, const at::Tensor& t) {
   if (t.is_cpu()) return t;
   if (o.devicePointers) {
-    o.dev->settle();
+    settleTimed(*o.dev);
     return t;
   }
   return t.to(at::kCPU);
@@ -203,14 +222,14 @@ void leaderPiece(NodeOp& o, const at::Tensor& part, double scale) {
   const auto dtype = part.scalar_type();
   const int64_t m = part.numel();
   if (me != 0) o.slot(me, dtype, m).copy_(part);
-  o.sync();
+  o.sync(/*wroteForPeers=*/me != 0);  // the leader's input is read by its own stream only
   const at::Tensor result = o.slot(0, dtype, m);
   if (me == 0) {
     std::vector<at::Tensor> sources{part};
     for (int j = 1; j < L; ++j) sources.push_back(o.slot(j, dtype, m));
     combineAll(o.c, result, sources, scale, /*also=*/part);  // one pass writes both
   }
-  o.sync();
+  o.sync(/*wroteForPeers=*/me == 0);
   if (me != 0) part.copy_(result);
 }
 
@@ -306,7 +325,7 @@ void reduceScatterLeaderPiece(NodeOp& o, const at::Tensor& cols, const at::Tenso
   const auto dtype = dst.scalar_type();
   const int64_t w = dst.numel();
   if (me != 0) o.slot(me, dtype, L * w).view({L, w}).copy_(cols);
-  o.sync();
+  o.sync(/*wroteForPeers=*/me != 0);
   const at::Tensor results = o.slot(0, dtype, L * w).view({L, w});
   if (me == 0) {
     std::vector<at::Tensor> peers;  // each peer's slot as L blocks, made once per piece
@@ -317,7 +336,7 @@ void reduceScatterLeaderPiece(NodeOp& o, const at::Tensor& cols, const at::Tenso
       combineAll(o.c, j == 0 ? dst : results[j], sources, scale);
     }
   }
-  o.sync();
+  o.sync(/*wroteForPeers=*/me == 0);
   if (me != 0) dst.copy_(results[me]);
 }
 
@@ -483,13 +502,13 @@ void shareRows(NodeOp& o, const at::Tensor& held, const RowsOnNode& rows, int64_
       }
     };
     if (!leader || me != 0) place();
-    o.sync();
+    o.sync(/*wroteForPeers=*/!leader || me != 0);
     if (leader) {
       if (me == 0) {
         place();
         take();
       }
-      o.sync();
+      o.sync(/*wroteForPeers=*/me == 0);
       if (me != 0) take();
     } else {
       take();
@@ -681,9 +700,10 @@ node::DeviceSlotsMaker hostDeviceSlotsForTests() {
 }
 
 NodeWaits nodeWaits() {
-  return {g_hostWaits.load(std::memory_order_relaxed),
-          g_deviceWaits.load(std::memory_order_relaxed), SharedSegment::yieldsToPeerOnThisCpu(),
-          SharedSegment::singleCopyReads()};
+  return {
+      g_hostWaits.load(std::memory_order_relaxed), g_deviceWaits.load(std::memory_order_relaxed),
+      SharedSegment::yieldsToPeerOnThisCpu(),      SharedSegment::singleCopyReads(),
+      g_settleNs.load(std::memory_order_relaxed),  g_barrierNs.load(std::memory_order_relaxed)};
 }
 
 bool nodeAllreduce(Context& c, const at::Tensor& buf) {

@@ -22,6 +22,8 @@ struct NodeWaits {
   uint64_t device;
   uint64_t hostPeerOnThisCpu;  // host waits for a peer last seen on this CPU: yielded, no spin
   uint64_t singleCopyReads;    // peers' buffers read in place (SharedSegment::readPublished)
+  uint64_t settleNs;           // waiting for this rank's own device work before a barrier or MPI
+  uint64_t barrierNs;          // waiting at host barriers for the node's peers
 };
 NodeWaits nodeWaits();
 

@@ -13,6 +13,7 @@
 #include <c10/util/Logging.h>
 
 #include <algorithm>
+#include <chrono>
 #include <limits>
 #include <mutex>
 
@@ -137,8 +138,13 @@ class CudaOpBuffers final : public paths::OpBuffers {
       prepare(i);
     }
     // MPI is stream-blind: the caller's producers and our copies must have finished before it
-    // reads (or overwrites) the memory.
+    // reads (or overwrites) the memory (unless the algorithm waits itself: deferStartWait).
+    if (deferStartWait_) return;
+    const auto start = std::chrono::steady_clock::now();
     comm_.synchronize();
+    paths::noteStartWait(static_cast<uint64_t>(std::chrono::duration_cast<std::chrono::nanoseconds>(
+                                                   std::chrono::steady_clock::now() - start)
+                                                   .count()));
   }
 
   void run(size_t slot, const std::function<void(at::Tensor&)>& mpiOn) override {

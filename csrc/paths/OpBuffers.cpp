@@ -3,9 +3,16 @@
 #include <c10/util/Exception.h>
 
 #include <algorithm>
+#include <atomic>
 #include <cstring>
 
 namespace mpigpu::paths {
+
+namespace {
+std::atomic<uint64_t> g_startWaitNs{0};
+}
+void noteStartWait(uint64_t ns) { g_startWaitNs.fetch_add(ns, std::memory_order_relaxed); }
+uint64_t startWaitNs() { return g_startWaitNs.load(std::memory_order_relaxed); }
 
 size_t OpBuffers::add(std::vector<at::Tensor> users, Access access, bool elementwise) {
   TORCH_INTERNAL_ASSERT(!users.empty(), "mpigpu: a slot needs at least one tensor");

@@ -34,6 +34,12 @@ namespace mpigpu::paths {
 // What MPI does with a slot's memory.
 enum class Access { Read, ReadWrite, Write };
 
+// Nanoseconds this process's ops spent at their start (stageIn) waiting for the device work the
+// caller had queued: with ranks sharing a GPU, a wait that may cost a switch to this process's
+// time slice (the benchmark reports it beside the node algorithm's waits).
+void noteStartWait(uint64_t ns);
+uint64_t startWaitNs();
+
 class OpBuffers {
  public:
   // `path`: the path's name (info(), the debug log): cpu, via-cpu, cuda-direct, ...
@@ -66,8 +72,15 @@ class OpBuffers {
   // Makes the op's device and comm stream current until the guard goes.
   virtual c10::OptionalStreamGuard enter() { return c10::OptionalStreamGuard(); }
   // Fills the MPI buffers of readable slots (except elementwise ones) and waits until they hold
-  // the caller's data: after this MPI may read them.
+  // the caller's data: after this MPI may read them. Unless deferStartWait() was called: then
+  // it only queues, and the op's algorithm waits where another process or MPI first reads.
   virtual void stageIn() = 0;
+  // Caller thread, before the op is queued: the op's algorithm waits for the device work itself
+  // before anything outside this process's streams touches its memory (the node algorithm in
+  // device slots settles before each barrier and each MPI call, its fallback's links before MPI),
+  // so stageIn need not. On a GPU that the ranks share, that wait costs a switch to this
+  // process's time slice; the leader form's first rank then needs none before its kernel.
+  void deferStartWait() { deferStartWait_ = true; }
   // Runs `mpiOn` over an elementwise slot's MPI buffer: whole, or once per consecutive piece
   // where the group cuts them (cutInPieces); paths that stage copy in and out around each piece.
   // Do not call stageIn/stageOut work for this slot yourself.
@@ -103,6 +116,7 @@ class OpBuffers {
   virtual void orderCurrentStream() const {}
 
  protected:
+  bool deferStartWait_ = false;
   struct Slot {
     std::vector<at::Tensor> users;
     Access access;

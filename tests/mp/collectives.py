@@ -374,6 +374,9 @@ def main():
         described = dist.group.WORLD._get_backend(torch.device("cpu")).describe()
         want = "nodes: " + os.environ["MPIGPU_EXPECT_NODES"]
         c.true("the description names them", want in described, f"want {want!r} in {described}")
+        waits = torch_mpi_gpu._C.node_waits()  # the benchmark's columns: barriers, and their time
+        c.true("host barriers were waited at, and timed", waits["host"] + waits["device"] > 0 and
+               (waits["host"] > 0) == (waits["barrier_us"] > 0), str(waits))
         if os.environ.get("TORCH_MPIGPU_NODE_TEST_DEVICE_SLOTS") == "1":
             want = os.environ.get("MPIGPU_EXPECT_SLOTS", "device slots 4096 bytes per rank and half")
             c.true("the ops ran in device slots (made, not unavailable)",
