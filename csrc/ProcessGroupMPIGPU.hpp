@@ -180,8 +180,9 @@ class ProcessGroupMPIGPU : public c10d::Backend {
   void readNodes(int hasGpu);  // at creation: node_, spansNodes_
   // Our algorithms (algorithms/): the choice for an op, and one run of it on the engine.
   algo::Facts factsOf(algo::OpKind kind, const std::vector<at::Tensor>& tensors) const;
-  // Null: MPI's own collectives.
+  // Whether `a` is the node algorithm running in device slots (OpBuffers::deferStartWait).
   bool onDeviceSlots(const algo::Algorithm* a) const;
+  // Null: MPI's own collectives.
   const algo::Algorithm* chooseAlgo(algo::OpKind kind,
                                     const std::vector<at::Tensor>& tensors) const;
   // The fused buckets of a coalesced op, the same on every rank (Fusion.hpp: fuseBelow).

@@ -142,9 +142,7 @@ class CudaOpBuffers final : public paths::OpBuffers {
     if (deferStartWait_) return;
     const auto start = std::chrono::steady_clock::now();
     comm_.synchronize();
-    paths::noteStartWait(static_cast<uint64_t>(std::chrono::duration_cast<std::chrono::nanoseconds>(
-                                                   std::chrono::steady_clock::now() - start)
-                                                   .count()));
+    paths::noteStartWaitSince(start);
   }
 
   void run(size_t slot, const std::function<void(at::Tensor&)>& mpiOn) override {

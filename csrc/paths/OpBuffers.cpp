@@ -11,7 +11,12 @@ namespace mpigpu::paths {
 namespace {
 std::atomic<uint64_t> g_startWaitNs{0};
 }
-void noteStartWait(uint64_t ns) { g_startWaitNs.fetch_add(ns, std::memory_order_relaxed); }
+void noteStartWaitSince(std::chrono::steady_clock::time_point start) {
+  const auto waited = std::chrono::steady_clock::now() - start;
+  g_startWaitNs.fetch_add(
+      static_cast<uint64_t>(std::chrono::duration_cast<std::chrono::nanoseconds>(waited).count()),
+      std::memory_order_relaxed);
+}
 uint64_t startWaitNs() { return g_startWaitNs.load(std::memory_order_relaxed); }
 
 size_t OpBuffers::add(std::vector<at::Tensor> users, Access access, bool elementwise) {

@@ -20,6 +20,7 @@
 #include <c10/core/Stream.h>
 #include <c10/core/StreamGuard.h>
 
+#include <chrono>
 #include <functional>
 #include <memory>
 #include <optional>
@@ -37,7 +38,7 @@ enum class Access { Read, ReadWrite, Write };
 // Nanoseconds this process's ops spent at their start (stageIn) waiting for the device work the
 // caller had queued: with ranks sharing a GPU, a wait that may cost a switch to this process's
 // time slice (the benchmark reports it beside the node algorithm's waits).
-void noteStartWait(uint64_t ns);
+void noteStartWaitSince(std::chrono::steady_clock::time_point start);
 uint64_t startWaitNs();
 
 class OpBuffers {
