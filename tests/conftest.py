@@ -471,8 +471,11 @@ def run_mpi(script, np, env=None, timeout=300, args=(), repeat=None):
         output = proc.stdout + proc.stderr
         if TIMINGS:
             test = os.environ.get("PYTEST_CURRENT_TEST", "?").split(" ")[0]
-            for spent in _SECTION_SECONDS.findall(output):
-                _append_timing(f"          sections of {test} ({script}, {np} ranks): {spent}")
+            for spent in _SECTION_SECONDS.findall(output) or ["(none reported)"]:
+                # the rest: the launcher's start and end and the ranks' exits
+                inside = sum(float(s) for s in re.findall(r" (\d+\.\d+)(?=;|$)", spent))
+                _append_timing(f"          sections of {test} ({script}, {np} ranks): {spent}; "
+                               f"rest of the launch {proc.seconds - inside:.1f}")
         if proc.returncode != 0:
             # the failed checks first: they are printed early, and the tail may not reach them
             failed = [m.group(0) for m in _FAIL.finditer(output)][:5]

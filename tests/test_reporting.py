@@ -121,3 +121,30 @@ def test_checker_compares_shapes_and_moved_data_exactly(checker_module):
     c.close("shape", torch.ones(2, 3), torch.ones(6))
     c.close("one ulp off in a broadcast", torch.tensor([1.0]), torch.tensor([1.0 + 2 ** -23]))
     assert len(c.failures) == 2, c.failures
+
+
+def test_deferred_device_reads_compare_later_under_their_section(checker_module, monkeypatch):
+    # Checker(defer_device_reads=True), as collectives.py and device_soak.py run on a GPU: the
+    # value checked is the one at close(), its verdict counts under the section close() ran in,
+    # and every check queued is compared by the next section or finish. Host tensors stand in
+    # for a device's here.
+    import torch
+    common = checker_module
+    monkeypatch.setattr(common, "_deferrable", lambda t: isinstance(t, torch.Tensor))
+    c = common.Checker("planted", defer_device_reads=True)
+    c.section("first")
+    got = torch.ones(3)
+    c.close("wrong when checked", got, torch.zeros(3))
+    got.zero_()  # changed after the check: must not rescue it
+    c.close("right", torch.arange(4), torch.arange(4))
+    assert not c.failures and c.passed == 0, "compared before the next section"
+    c.section("second")
+    assert c.behaviours["first"] == [1, 1], c.behaviours
+    assert c.failures and c.failures[0].startswith("[first] wrong when checked"), c.failures
+    c.close("wrong at finish", torch.ones(2), torch.full((2,), 2.0))
+    assert c.finish() == 1
+    assert c.behaviours["second"] == [0, 1], c.behaviours
+    c = common.Checker("planted", defer_device_reads=True)
+    c.DEFERRED_BYTES = 1  # past the queue's bound: compared at once
+    c.close("over the bound", torch.ones(2), torch.zeros(2))
+    assert len(c.failures) == 1, c.failures

@@ -111,11 +111,28 @@ def make_input(seed, rank, numel, dtype, kind="any"):
         info = torch.iinfo(dtype)
         lo, hi = info.min, min(info.max, 2 ** 63 - 2) + 1
         t = _host(torch.randint, lo, hi, (numel,), generator=g, dtype=torch.int64).to(dtype)
-    return t.to(torch.get_default_device())
+    device = torch.get_default_device()
+    if device.type != "cuda":
+        return t.to(device)
+    # Queued behind the current stream's work, not waited for: on a GPU that processes share,
+    # each wait costs a switch of time slices (~10 ms with the GPU suite's workers at once,
+    # 2026-12-04), and the suite's own waits were most of its run time. The host original stays
+    # with it, so references and bounds are computed on the host (host_original).
+    moved = t.pin_memory().to(device, non_blocking=True)
+    moved.host_original = t
+    return moved
+
+
+def host_original(tensors):
+    """The host tensors make_input drew `tensors` from, where it made all of them; else the
+    tensors themselves."""
+    originals = [getattr(t, "host_original", None) for t in tensors]
+    return tensors if any(o is None for o in originals) else originals
 
 
 def reference_reduce(op, inputs, dtype, factor=None):
     """Reduce a list of per-rank tensors in float64/int64 (independent of the backend)."""
+    inputs = host_original(inputs)
     if dtype == torch.bool:
         stack = torch.stack([t.bool() for t in inputs])
         if op in ("sum", "max", "bor"):
@@ -162,7 +179,7 @@ def reduction_bound(op, inputs, dtype, factor=None):
     if not dtype.is_floating_point:
         return None
     u, p = UNIT_ROUNDOFF[dtype], len(inputs)
-    mags = torch.stack([t.detach().to("cpu", torch.float64).abs() for t in inputs])
+    mags = torch.stack([t.detach().to("cpu", torch.float64).abs() for t in host_original(inputs)])
     if op in ("min", "max"):
         return torch.zeros_like(mags[0])
     if op == "product":
@@ -187,10 +204,48 @@ def tolerance(dtype, world):
     return 4 * e * max(world, 1), 4 * e * max(world, 1) * 4
 
 
-class Checker:
-    """Collects failures instead of stopping at the first, then reports them all."""
+def _deferrable(t):
+    return isinstance(t, torch.Tensor) and t.device.type != "cpu" and t.layout == torch.strided
 
-    def __init__(self, name):
+
+def _read_back(t):
+    """A host copy of `t` as it stands now in the current stream's order. From CUDA: into pinned
+    memory without waiting (the copy is done at the next synchronize), the block kept from reuse
+    on its own stream until then. Elsewhere (host tensors, sparse ones, other devices): a copy
+    now."""
+    if t is None:
+        return None
+    if t.device.type == "cuda" and t.layout == torch.strided and t.numel():
+        host = torch.empty(t.shape, dtype=t.dtype, device="cpu", pin_memory=True)
+        host.copy_(t, non_blocking=True)
+        t.record_stream(torch.cuda.current_stream(t.device))
+        return host
+    return t.to("cpu", copy=True)
+
+
+def startup_seconds(now):
+    """Where a launch's time went before its first check (tests/mp/start.py's marks): importing
+    torch, then the rest (the script's imports, init_process_group, its device)."""
+    started, imported = (os.environ.get(k) for k in ("MPIGPU_TEST_T0", "MPIGPU_TEST_T_TORCH"))
+    if not (started and imported):
+        return {}
+    return {"start: import torch": float(imported) - float(started),
+            "start: init and device": now - float(imported)}
+
+
+class Checker:
+    """Collects failures instead of stopping at the first, then reports them all.
+
+    defer_device_reads=True: close() on device tensors queues their copies to the host behind
+    the work in flight and compares them at the next section() or finish() (or every
+    DEFERRED_BYTES), after one wait, instead of waiting for the device at every check: on a GPU
+    that processes share each wait costs a switch of time slices. For scripts that write the
+    tensors they check only on the current stream or through collectives (which order
+    themselves after it): a later write from another stream would race the copy."""
+
+    DEFERRED_BYTES = 64 << 20
+
+    def __init__(self, name, defer_device_reads=False):
         self.name = name
         self.passed = 0
         self.failures = []
@@ -202,11 +257,15 @@ class Checker:
         # hold for minutes (the lent GPU) without rerunning it
         self.seconds = {}
         self.since = time.monotonic()
+        self.seconds.update(startup_seconds(self.since))
+        self.defer_device_reads = defer_device_reads
+        self.deferred, self.deferred_bytes = [], 0
 
     def section(self, behaviour):
         """Name the behaviour the checks from here on test. The driver compares the behaviours
         each rank reports with the set it expects, so a section that stops running (or runs no
         check) fails by name instead of lowering a count."""
+        self.compare_deferred()
         self._clock()
         self.current = behaviour
         self.behaviours.setdefault(behaviour, [0, 0])
@@ -227,6 +286,7 @@ class Checker:
 
     def absorb(self, other):
         """Adds another Checker's results (one per thread) to this one's."""
+        other.compare_deferred()
         self.passed += other.passed
         self.failures += other.failures
         for behaviour, (passed, failed) in other.behaviours.items():
@@ -240,6 +300,29 @@ class Checker:
         for other float results computed on several ranks (world > 1), exactly otherwise (data
         movement, integers: they wrap in their dtype, as torch's ops do)."""
         dtype = dtype or got.dtype
+        if self.defer_device_reads and any(_deferrable(t) for t in (got, expected, bound)):
+            copies = [_read_back(t) for t in (got, expected, bound)]
+            self.deferred.append((self.current, case, *copies, dtype, world))
+            self.deferred_bytes += sum(t.numel() * t.element_size() for t in copies if t is not None)
+            if self.deferred_bytes >= self.DEFERRED_BYTES:
+                self.compare_deferred()
+            return
+        self._compare(case, got, expected, dtype, world, bound)
+
+    def compare_deferred(self):
+        """Waits once for the copies close() queued, then compares each under its section."""
+        if not self.deferred:
+            return
+        if torch.cuda.is_available() and torch.cuda.is_initialized():
+            torch.cuda.synchronize()
+        deferred, self.deferred, self.deferred_bytes = self.deferred, [], 0
+        current = self.current
+        for section, case, got, expected, bound, dtype, world in deferred:
+            self.current = section
+            self._compare(case, got, expected, dtype, world, bound)
+        self.current = current
+
+    def _compare(self, case, got, expected, dtype, world, bound):
         got, expected = got.cpu(), expected.cpu()
         try:
             if got.dtype != dtype:
@@ -315,6 +398,7 @@ class Checker:
         self._tally(False, f"{case}: did not raise {exc_type.__name__}")
 
     def finish(self):
+        self.compare_deferred()
         world = dist.get_world_size() if dist.is_initialized() else 1
         ran = os.environ.get("MPIGPU_EXPECT_RAN")  # a forced algorithm must not have fallen back
         if ran:

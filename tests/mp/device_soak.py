@@ -128,7 +128,7 @@ def main():
     seed = int(os.environ.get("MPIGPU_RANDOM_SEED", "4321"))
     cases = int(os.environ.get("MPIGPU_RANDOM_CASES", "300"))
     c = Checker(f"device_soak(np={world}, seed={seed}, cases={cases}, "
-                f"device={torch.get_default_device()})")
+                f"device={torch.get_default_device()})", defer_device_reads=True)
     c.section("random cases against the CPU reference")
     rng = random.Random((seed + SEED_OFFSET) * 100 + world)  # the same stream on every rank
     # (results are read on the host: the GPU's queued work first)

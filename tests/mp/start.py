@@ -15,10 +15,15 @@ import gc
 import os
 import runpy
 import sys
+import time
 
+# (when the rank started and when torch was in: common.Checker reports them per launch)
+os.environ["MPIGPU_TEST_T0"] = repr(time.monotonic())
 gc.disable()
 import torch  # noqa: E402,F401
 import torch.distributed  # noqa: E402,F401
+
+os.environ["MPIGPU_TEST_T_TORCH"] = repr(time.monotonic())
 
 gc.freeze()
 gc.enable()
