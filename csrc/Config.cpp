@@ -115,7 +115,8 @@ Config Config::fromEnv() {
   c.nodeDeviceOrder = parseChoice<NodeDeviceOrder>("TORCH_MPIGPU_NODE_DEVICE_ORDER",
                                                    {{"auto", NodeDeviceOrder::Auto},
                                                     {"host", NodeDeviceOrder::Host},
-                                                    {"device", NodeDeviceOrder::Device}});
+                                                    {"device", NodeDeviceOrder::Device},
+                                                    {"stream", NodeDeviceOrder::Stream}});
   c.nodeLeader = parseChoice<NodeLeader>(
       "TORCH_MPIGPU_NODE_LEADER",
       {{"auto", NodeLeader::Auto}, {"1", NodeLeader::On}, {"0", NodeLeader::Off}});

@@ -19,8 +19,8 @@ enum class CudaReduce : int8_t { Auto, Direct, Staged };
 // (tests only) makes the probe fail on purpose.
 enum class CudaProbe : int8_t { Auto, Off, Fail };
 // How the node algorithm's ranks wait for each other in device slots
-// (TORCH_MPIGPU_NODE_DEVICE_ORDER=auto|host|device; node/DeviceSlots.hpp).
-enum class NodeDeviceOrder : int8_t { Auto, Host, Device };
+// (TORCH_MPIGPU_NODE_DEVICE_ORDER=auto|host|device|stream; node/DeviceSlots.hpp).
+enum class NodeDeviceOrder : int8_t { Auto, Host, Device, Stream };
 // The node algorithm's leader form (TORCH_MPIGPU_NODE_LEADER=auto|1|0;
 // algorithms/NodeAlgorithms.cpp): the node's first rank reduces one-node all_reduce and
 // reduce_scatter for all and takes all_gather's rows after its peers have placed theirs, so each

@@ -75,7 +75,10 @@ const SettingSpec kSettings[] = {
      "rank waits for its GPU, then a barrier in host shared memory (no kernel waits for another "
      "process: ranks sharing a GPU); `device`: a kernel on the op's stream marks its arrival in "
      "the peers' flags and waits for theirs (no host round trip: ranks with GPUs of their own); "
-     "`auto`: `device` where every rank of the node has a GPU of its own, else `host`"},
+     "`stream`: the same flags written and waited for by the op's stream itself "
+     "(cuStreamWriteValue64 / cuStreamWaitValue64: no kernel spins, no host round trip; on a GPU "
+     "the ranks share, the leader form; not yet measured, so never auto's choice); `auto`: "
+     "`device` where every rank of the node has a GPU of its own, else `host`"},
     {"TORCH_MPIGPU_NODE_LEADER", "auto", "", ReadAt::GroupCreation,
      "node algorithm: the leader form. `1`: the node's first rank reduces one-node all_reduce and "
      "reduce_scatter for all (reading its peers' slots; they only copy in and out) and takes "

@@ -46,10 +46,11 @@ SANITIZER_NODE_BUDGET_S="${SANITIZER_NODE_BUDGET_S:-40}"
 # mpigpu[ALGO=node]: the node algorithm in CUDA IPC device slots (#22; auto takes it here from
 # ALGO_MIN_BYTES, all_gather at any size, from this sweep's 2026-12-04 run), ordered from the host (auto: the ranks share the GPU),
 # the node's first rank reducing for both (auto there) or each rank its share (NODE_LEADER=0:
-# 2026-12-04's form), and by device flags (forced; each barrier waits for the other process's
-# time slice here). mpigpu[NODE_BUFFER_BYTES=0]: auto without the node algorithm, i.e. what auto
+# 2026-12-04's form), by device flags (forced; each barrier waits for the other process's
+# time slice here) and by stream waits (forced, the leader form: no kernel spins while it waits;
+# not yet measured). mpigpu[NODE_BUFFER_BYTES=0]: auto without the node algorithm, i.e. what auto
 # took before 2026-12-04b (MPI's own, then the ring), so "no size slower" shows in one run.
-ALLREDUCE_BACKENDS="${ALLREDUCE_BACKENDS:-mpigpu,mpigpu[NODE_BUFFER_BYTES=0],mpigpu[ALGO=node],mpigpu[ALGO=node;NODE_LEADER=0],mpigpu[ALGO=node;NODE_DEVICE_ORDER=device],mpigpu[ALGO=mpi],mpigpu[ALGO=ring;CUDA_REDUCE=direct],mpigpu[ALGO=allgather;CUDA_REDUCE=direct],mpigpu[ALGO=rhd;CUDA_REDUCE=direct],MPI,gloo-host}"
+ALLREDUCE_BACKENDS="${ALLREDUCE_BACKENDS:-mpigpu,mpigpu[NODE_BUFFER_BYTES=0],mpigpu[ALGO=node],mpigpu[ALGO=node;NODE_LEADER=0],mpigpu[ALGO=node;NODE_DEVICE_ORDER=device],mpigpu[ALGO=node;NODE_DEVICE_ORDER=stream],mpigpu[ALGO=mpi],mpigpu[ALGO=ring;CUDA_REDUCE=direct],mpigpu[ALGO=allgather;CUDA_REDUCE=direct],mpigpu[ALGO=rhd;CUDA_REDUCE=direct],MPI,gloo-host}"
 mkdir -p "$OUT" /tmp/ompi /tmp/nccl
 exec > >(tee "$OUT/gpu_check.log") 2>&1
 export PYTHONUNBUFFERED=1
@@ -146,7 +147,7 @@ bench "$ALLREDUCE_BUDGET_S" allreduce_cuda_2ranks --ops allreduce -b 16 -e 256M 
   --backends "$(backends "$ALLREDUCE_BACKENDS")"
 # the other ops: mpigpu's defaults against the previous default, raw MPI and NCCL
 bench "$OTHERS_BUDGET_S" others_cuda_2ranks --ops reduce_scatter,allgather,broadcast -b 16 -e 256M -f 8 -n 20 \
-  --backends "mpigpu,mpigpu[NODE_BUFFER_BYTES=0],mpigpu[ALGO=node],mpigpu[ALGO=node;NODE_LEADER=0],mpigpu[ALGO=mpi]${MPI_OK:+,$MPI_OK}"
+  --backends "mpigpu,mpigpu[NODE_BUFFER_BYTES=0],mpigpu[ALGO=node],mpigpu[ALGO=node;NODE_LEADER=0],mpigpu[ALGO=node;NODE_DEVICE_ORDER=stream],mpigpu[ALGO=mpi]${MPI_OK:+,$MPI_OK}"
 
 fi
 

@@ -287,20 +287,26 @@ def test_split_groups_and_device_mesh_bound_to_cuda():
 # host (they share the GPU); device flags are forced, correct but slow here (each barrier waits
 # for the other processes' time slices).
 NODE_ORDER = {"auto": "ordered from the host: ranks of the node share a GPU",
-              "device": "ordered on the device by flags (TORCH_MPIGPU_NODE_DEVICE_ORDER=device)"}
+              "device": "ordered on the device by flags (TORCH_MPIGPU_NODE_DEVICE_ORDER=device)",
+              "stream": "ordered on the device by stream waits (TORCH_MPIGPU_NODE_DEVICE_ORDER=stream)"}
 
 
 # (3 ranks ordered from the host run as 2 + 1 pretended nodes: the hierarchical path on device
 # slots, MPI between the nodes, in lanes as where nodes hold different counts). One node ordered
 # from the host: auto takes the leader form (NODE_LEADER: the node's first rank reduces for all,
 # fewer switches between the ranks' time slices); `0` keeps one-shot and two-shot covered there.
+# Stream waits (the op's stream waits on the flags itself, no kernel spins): the leader form on
+# the GPU the ranks share, and one-shot and two-shot at 3 ranks.
 @pytest.mark.parametrize("np, order, shape, leader", [
     (2, "auto", "1 node x 2 ranks", "auto"),
     (3, "auto", "1 node x 3 ranks", "0"),
     (3, "auto", "2 nodes of 1 to 2 ranks (not uniform), across nodes in 1 lane", "auto"),
     (2, "device", "1 node x 2 ranks", "auto"),
-    (3, "device", "1 node x 3 ranks", "auto")],
-    ids=["2-auto-leader", "3-auto-no-leader", "3-auto-2+1-nodes", "2-device", "3-device"])
+    (3, "device", "1 node x 3 ranks", "auto"),
+    (2, "stream", "1 node x 2 ranks", "auto"),
+    (3, "stream", "1 node x 3 ranks", "0")],
+    ids=["2-auto-leader", "3-auto-no-leader", "3-auto-2+1-nodes", "2-device", "3-device",
+         "2-stream-leader", "3-stream-no-leader"])
 def test_node_algorithm_cuda(np, order, shape, leader):
     # the node algorithm on CUDA tensors: device slots mapped into the peers by CUDA IPC; 64 KiB
     # slots, so most ops go in pieces. Unavailable IPC would run the ring, and the
@@ -312,7 +318,7 @@ def test_node_algorithm_cuda(np, order, shape, leader):
         env["TORCH_MPIGPU_PRETEND_NODES"] = "2"
     else:
         env["MPIGPU_EXPECT_ORDER"] = NODE_ORDER[order]
-        env["MPIGPU_EXPECT_LEADER"] = "1" if order == "auto" and leader == "auto" else "0"
+        env["MPIGPU_EXPECT_LEADER"] = "1" if order in ("auto", "stream") and leader == "auto" else "0"
     out = run_mpi("collectives.py", np, env=env, timeout=600)
     assert passed_counts(out, np, COLLECTIVES | {"the group's nodes", FORCED_ALGORITHM}) > 1500
     assert "no device slots" not in out, out[-3000:]

@@ -329,6 +329,18 @@ NODE_SHAPES = {
                                                            "MPIGPU_EXPECT_ORDER": "ordered from the host",
                                                            "MPIGPU_EXPECT_LEADER": "1"},
                                                        "1 node x 4 ranks"),
+    # ordered by the slots themselves where stream waits would order them (NODE_DEVICE_ORDER=
+    # stream): the leader form with barriers on the device, as on a GPU the ranks share
+    "device-slot-code-on-host-1x3-stream-order-leader-form": (3, {"TORCH_MPIGPU_NODE_TEST_DEVICE_SLOTS": "1",
+                                                              "TORCH_MPIGPU_NODE_DEVICE_ORDER": "stream",
+                                                              "TORCH_MPIGPU_NODE_DEVICE_BUFFER_BYTES": "4096",
+                                                              "TORCH_MPIGPU_NODE_DEVICE_BUFFER_MAX_BYTES": "8192",
+                                                              "MPIGPU_EXPECT_SLOTS": "device slots 8192 bytes per "
+                                                              "rank and half (grown from 4096, at most 8192)",
+                                                              "MPIGPU_EXPECT_ORDER": "ordered by the slots "
+                                                              "themselves (tests: their own barrier, as stream waits)",
+                                                              "MPIGPU_EXPECT_LEADER": "1"},
+                                                          "1 node x 3 ranks"),
     "2+1+1-one-lane": (4, {"TORCH_MPIGPU_PRETEND_NODES": "3", "TORCH_MPIGPU_NODE_BUFFER_BYTES": "4096"},
                        "3 nodes of 1 to 2 ranks (not uniform), across nodes in 1 lane"),
     # the device-slot code (what the CUDA IPC slots run) on host memory, hierarchical, 4 KiB

@@ -658,12 +658,15 @@ bool onNode(Context& c, std::vector<at::Tensor> tensors, std::vector<bool> writt
 
 int64_t bytesOf(const at::Tensor& t) { return t.numel() * static_cast<int64_t>(t.element_size()); }
 
-// Tests only: host shared memory as "device" slots. With `ownBarrier` (NODE_DEVICE_ORDER=device)
-// they order the ranks themselves, as device flags do, through their own segment's barrier.
+// Tests only: host shared memory as "device" slots. With NODE_DEVICE_ORDER=device or stream they
+// order the ranks themselves, as device flags or stream waits do, through their own segment's
+// barrier; `stream` also takes the leader form, as stream waits on a GPU the ranks share do.
 class HostDeviceSlots final : public node::DeviceSlots {
  public:
-  HostDeviceSlots(std::unique_ptr<SharedSegment> seg, bool ownBarrier)
-      : seg_(std::move(seg)), ownBarrier_(ownBarrier) {}
+  HostDeviceSlots(std::unique_ptr<SharedSegment> seg, node::Ordering ordering)
+      : seg_(std::move(seg)),
+        ownBarrier_(ordering == node::Ordering::Device || ordering == node::Ordering::Stream),
+        asStreamWaits_(ordering == node::Ordering::Stream) {}
   at::Device device() const override { return at::Device(at::kCPU); }
   int64_t slotBytes() const override { return seg_->slotBytes(); }
   at::Tensor slot(int rank, at::ScalarType dtype, int64_t elems) const override {
@@ -675,15 +678,19 @@ class HostDeviceSlots final : public node::DeviceSlots {
     return makeHostReducer(kind);
   }
   bool ordersOnDevice() const override { return ownBarrier_; }
+  bool leaderSuits() const override { return !ownBarrier_ || asStreamWaits_; }
   void barrier(const char* op, int rank) override { seg_->sync(op, rank, never_); }
   std::string ordering() const override {
-    return ownBarrier_ ? "ordered by the slots themselves (tests: their own barrier)"
-                       : "ordered from the host";
+    if (!ownBarrier_) return "ordered from the host";
+    return asStreamWaits_
+               ? "ordered by the slots themselves (tests: their own barrier, as stream waits)"
+               : "ordered by the slots themselves (tests: their own barrier)";
   }
 
  private:
   std::unique_ptr<SharedSegment> seg_;
   const bool ownBarrier_;
+  const bool asStreamWaits_;
   const std::atomic<bool> never_{false};
 };
 
@@ -694,8 +701,7 @@ node::DeviceSlotsMaker hostDeviceSlotsForTests() {
             const char* op, int rank, std::string* why) -> std::unique_ptr<node::DeviceSlots> {
     auto seg = SharedSegment::create(nodeComm, spec.slotBytes, op, rank, why);
     if (!seg) return nullptr;
-    return std::make_unique<HostDeviceSlots>(std::move(seg),
-                                             spec.ordering == node::Ordering::Device);
+    return std::make_unique<HostDeviceSlots>(std::move(seg), spec.ordering);
   };
 }
 

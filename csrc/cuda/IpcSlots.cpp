@@ -7,14 +7,16 @@
 #include <cuda_runtime_api.h>
 
 #include <algorithm>
+#include <cstdio>
 #include <cstring>
 #include <set>
 #include <vector>
 
 #include "Errors.hpp"
 #include "algorithms/Reducer.hpp"
-#include "cuda/NodeBarrier.hpp"
 #include "cuda/CudaReducer.hpp"
+#include "cuda/NodeBarrier.hpp"
+#include "cuda/StreamBarrier.hpp"
 #include "mpi/Check.hpp"
 
 namespace mpigpu::cuda {
@@ -34,6 +36,7 @@ class IpcSlots final : public node::DeviceSlots {
         slotBytes_(slotBytes),
         localRank_(localRank) {}
   ~IpcSlots() override {
+    if (streamBarrier_) streamBarrier_->retire();
     c10::cuda::CUDAGuard guard(device_);
     for (size_t r = 0; r < peers_.size(); ++r) {
       if (static_cast<int>(r) == localRank_) continue;
@@ -60,14 +63,23 @@ class IpcSlots final : public node::DeviceSlots {
   }
 
   bool ordersOnDevice() const override { return onDevice_; }
+  bool leaderSuits() const override { return !onDevice_ || (streamBarrier_ && sharedGpu_); }
   void barrier(const char* op, int rank) override {
-    const cudaError_t e =
-        queueNodeBarrier(barrierArgs_, c10::cuda::getCurrentCUDAStream(device_.index()).stream());
+    const cudaStream_t stream = c10::cuda::getCurrentCUDAStream(device_.index()).stream();
+    if (streamBarrier_) {
+      const std::string why = streamBarrier_->queue(stream);
+      if (!why.empty())
+        MPIGPU_THROW_BACKEND(op, rank, "could not queue the node's stream barrier: ", why,
+                             " (TORCH_MPIGPU_NODE_DEVICE_ORDER=host orders from the host)");
+      return;
+    }
+    const cudaError_t e = queueNodeBarrier(barrierArgs_, stream);
     if (e != cudaSuccess)
       MPIGPU_THROW_BACKEND(op, rank, "could not queue the node's device barrier: ", cudaText(e),
                            " (TORCH_MPIGPU_NODE_DEVICE_ORDER=host orders from the host)");
   }
   void checkBarriers(const char* op, int rank) const override {
+    if (streamBarrier_) streamBarrier_->poll();  // (a barrier past its timeout gives up now)
     if (gaveUp_ == nullptr) return;
     const unsigned long long k = *static_cast<volatile unsigned long long*>(gaveUp_);
     if (k != 0)
@@ -80,11 +92,15 @@ class IpcSlots final : public node::DeviceSlots {
   std::string ordering() const override { return ordering_; }
   void cancel() override {
     if (gaveUp_ != nullptr) static_cast<volatile unsigned long long*>(gaveUp_)[1] = 1;
+    if (streamBarrier_) streamBarrier_->release();
   }
   void release() override {
     c10::cuda::CUDAGuard guard(device_);
-    cudaDeviceSynchronize();  // every kernel of this process that reads or writes a peer's memory
+    // every kernel of this process that reads or writes a peer's memory (a stream barrier
+    // stuck on a peer is released at its timeout meanwhile: the watchdog still polls it)
+    cudaDeviceSynchronize();
     cudaGetLastError();
+    if (streamBarrier_) streamBarrier_->retire();
     for (size_t r = 0; r < peers_.size(); ++r) {
       if (static_cast<int>(r) == localRank_) continue;
       if (peers_[r] != nullptr) cudaIpcCloseMemHandle(peers_[r]);
@@ -103,6 +119,9 @@ class IpcSlots final : public node::DeviceSlots {
   std::vector<void*> peerFlags_;
   unsigned long long* gaveUp_ = nullptr;
   bool onDevice_ = false;
+  // stream ordering: the barrier the op's stream waits for itself (null: the kernel's, or host)
+  std::shared_ptr<StreamBarrier> streamBarrier_;
+  bool sharedGpu_ = false;  // fewer GPUs than ranks on this node
   std::string ordering_ = "ordered from the host";
   NodeBarrierArgs barrierArgs_{};
 
@@ -119,6 +138,7 @@ struct Exported {
   cudaIpcMemHandle_t handle;
   cudaIpcMemHandle_t flagsHandle;
   char pciBusId[32];
+  char noStreamWaits[128];  // stream ordering asked: why this rank cannot ("" it can)
   int ok;
   int flagsOk;
 };
@@ -176,11 +196,19 @@ std::string gpuIdentity(c10::DeviceIndex index) {
 
 namespace {
 
-// Device flags or the host barrier, from what every local rank sent (the same answer on each).
-// Sets *device; returns why.
-std::string chooseOrdering(node::Ordering asked, const std::vector<Exported>& all, bool* device) {
-  *device = false;
+// Who waits for the node's barriers: the host (its segment's barrier), a kernel (device flags)
+// or the op's stream itself (the same flags, stream memory operations).
+enum class Waits { Host, Kernel, Stream };
+
+// How the node's ranks wait for each other, from what every local rank sent (the same answer on
+// each); sets *how and *shared (fewer GPUs than ranks); returns why.
+std::string chooseOrdering(node::Ordering asked, const std::vector<Exported>& all, Waits* how,
+                           bool* shared) {
+  *how = Waits::Host;
   const int n = static_cast<int>(all.size());
+  std::set<std::string> gpus;
+  for (const auto& e : all) gpus.insert(std::string(e.pciBusId, strnlen(e.pciBusId, 32)));
+  *shared = static_cast<int>(gpus.size()) < n;
   if (asked == node::Ordering::Host)
     return "ordered from the host (TORCH_MPIGPU_NODE_DEVICE_ORDER=host)";
   if (n > kMaxBarrierRanks)
@@ -189,16 +217,31 @@ std::string chooseOrdering(node::Ordering asked, const std::vector<Exported>& al
   for (int r = 0; r < n; ++r)
     if (!all[r].flagsOk)
       return c10::str("ordered from the host: local rank ", r, " could not make its barrier flags");
-  std::set<std::string> gpus;
-  for (const auto& e : all) gpus.insert(std::string(e.pciBusId, strnlen(e.pciBusId, 32)));
-  if (asked == node::Ordering::Auto && static_cast<int>(gpus.size()) < n)
+  if (asked == node::Ordering::Stream) {
+    for (int r = 0; r < n; ++r)
+      if (all[r].noStreamWaits[0] != '\0')
+        return c10::str("ordered from the host: local rank ", r, " cannot queue stream waits (",
+                        std::string(all[r].noStreamWaits, strnlen(all[r].noStreamWaits, 128)), ")");
+    *how = Waits::Stream;
+    return "ordered on the device by stream waits (TORCH_MPIGPU_NODE_DEVICE_ORDER=stream)";
+  }
+  if (asked == node::Ordering::Auto && *shared)
     return "ordered from the host: ranks of the node share a GPU, where a kernel waiting for "
            "another process would hold it for a whole time slice "
            "(TORCH_MPIGPU_NODE_DEVICE_ORDER=device overrides)";
-  *device = true;
+  *how = Waits::Kernel;
   return asked == node::Ordering::Device
              ? "ordered on the device by flags (TORCH_MPIGPU_NODE_DEVICE_ORDER=device)"
              : "ordered on the device by flags (every rank of the node has a GPU of its own)";
+}
+
+// The stream barrier over the flags mapFlags mapped, watched for timeouts by the watchdog.
+void startStreamBarrier(IpcSlots& slots, int localSize, int localRank) {
+  const NodeBarrierArgs& a = slots.barrierArgs_;
+  slots.streamBarrier_ = std::make_shared<StreamBarrier>(
+      slots.device().index(), std::vector<unsigned long long*>(a.flags, a.flags + localSize),
+      localRank, std::chrono::nanoseconds(a.timeoutNs), slots.gaveUp_);
+  Watchdog::addPoller(slots.streamBarrier_);
 }
 
 // Maps every peer's flags and fills the barrier's arguments; "" on success.
@@ -272,6 +315,9 @@ std::unique_ptr<node::DeviceSlots> makeIpcSlots(const mpi::Comm& nodeComm,
                          exportFlags(*slots, nodeComm.size, &mine).empty()
                      ? 1
                      : 0;
+  if (spec.ordering == node::Ordering::Stream && mine.flagsOk)
+    std::snprintf(mine.noStreamWaits, sizeof(mine.noStreamWaits), "%s",
+                  streamWaitsUnavailable(device.index()).c_str());
   std::vector<Exported> all(nodeComm.size);
   MPIGPU_MPI_CHECK(MPI_Allgather(&mine, sizeof(Exported), MPI_BYTE, all.data(), sizeof(Exported),
                                  MPI_BYTE, nodeComm.handle),
@@ -283,10 +329,12 @@ std::unique_ptr<node::DeviceSlots> makeIpcSlots(const mpi::Comm& nodeComm,
                       : c10::str("local rank ", r, " could not export its device buffer");
   }
   if (error.empty()) {
-    bool device = false;
-    slots->ordering_ = chooseOrdering(spec.ordering, all, &device);
-    if (device) error = mapFlags(*slots, all, nodeComm.rank, spec.barrierTimeoutMs);
-    slots->onDevice_ = device && error.empty();
+    Waits how = Waits::Host;
+    slots->ordering_ = chooseOrdering(spec.ordering, all, &how, &slots->sharedGpu_);
+    if (how != Waits::Host) error = mapFlags(*slots, all, nodeComm.rank, spec.barrierTimeoutMs);
+    if (error.empty() && how == Waits::Stream)
+      startStreamBarrier(*slots, nodeComm.size, nodeComm.rank);
+    slots->onDevice_ = how != Waits::Host && error.empty();
   }
   if (!error.empty()) {
     *why = error;

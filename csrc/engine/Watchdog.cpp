@@ -69,6 +69,7 @@ struct State {
   // until every member has left (looked at about once a second), at most until exit, so that the
   // others' notices never meet a closed store.
   Groups hosting;
+  std::vector<std::weak_ptr<Watchdog::Poller>> pollers;
   uint64_t nextId = 1;
   bool stop = false;
   std::thread thread;
@@ -367,12 +368,18 @@ void loop() {
     Groups groups, toPublish, held;
     std::vector<Entry> due;
     std::vector<Waiting> waiting;
+    std::vector<std::shared_ptr<Watchdog::Poller>> pollers;
     Clock::time_point now;
     {
       std::unique_lock<std::mutex> lock(st.mutex);
       st.cv.wait_for(lock, std::chrono::milliseconds(200), [&] { return st.stop; });
       if (st.stop) return;
       now = Clock::now();
+      auto& w = st.pollers;
+      w.erase(std::remove_if(w.begin(), w.end(), [](const auto& p) { return p.expired(); }),
+              w.end());
+      for (const auto& p : w)
+        if (auto live = p.lock()) pollers.push_back(std::move(live));
       groups = st.groups;
       if (now - st.lastPublish > std::chrono::seconds(1)) {
         toPublish = st.groups;
@@ -391,6 +398,8 @@ void loop() {
       }
     }
     endRankIfLauncherGone();
+    for (const auto& p : pollers) p->poll();
+    pollers.clear();  // (outside the lock: the last owner may be this thread)
     judgeDepartures(groups, waiting, now);
     if (!held.empty()) releaseWhenAllLeft(held);
     for (const auto& p : toPublish) publish(*p);
@@ -404,6 +413,13 @@ void loop() {
 }
 
 }  // namespace
+
+void Watchdog::addPoller(std::weak_ptr<Poller> poller) {
+  State& st = state();
+  std::lock_guard<std::mutex> lock(st.mutex);
+  if (!st.thread.joinable() && !st.stop) st.thread = std::thread(loop);
+  st.pollers.push_back(std::move(poller));
+}
 
 void Watchdog::addGroup(Progress p) {
   noteLauncher();  // (watched from now: see LauncherWatch.hpp)

@@ -73,6 +73,16 @@ class Watchdog {
   // The interpreter is exiting: every group still watched is left (after the engines drained).
   static void announceExit();
 
+  // What the watchdog's thread also looks at each tick (~200 ms), for as long as it lives: work
+  // queued on a device that no host thread watches, such as the node's barriers that the GPU's
+  // streams wait for themselves (cuda/StreamBarrier.hpp), which must still give up at a timeout.
+  class Poller {
+   public:
+    virtual ~Poller() = default;
+    virtual void poll() = 0;
+  };
+  static void addPoller(std::weak_ptr<Poller> poller);
+
   // Stops the watchdog thread (at exit, before MPI_Finalize).
   static void stop();
   // Lets go of the stores still held by leaveGroup (at exit, after MPI_Finalize: every rank has

@@ -3,7 +3,7 @@
 // device, reading the peers' buffers directly. A device type provides them through its paths
 // (paths/Devices.hpp: DevicePaths::nodeSlots; CUDA: cuda/IpcSlots.cpp, by CUDA IPC).
 //
-// The ranks' steps are ordered in one of two ways (TORCH_MPIGPU_NODE_DEVICE_ORDER):
+// The ranks' steps are ordered in one of three ways (TORCH_MPIGPU_NODE_DEVICE_ORDER):
 //   host    the host segment's barrier: before it, each rank waits for its own queued device
 //           work, so its writes are complete when a peer reads them. No kernel ever waits for
 //           another process, which is what ranks sharing one GPU need (a kernel that spins there
@@ -11,6 +11,9 @@
 //   device  flags in the slots' memory: a barrier is a kernel on the op's stream that marks this
 //           rank's arrival in every peer's flags and waits for theirs; no host round trip, so
 //           the ops queue ahead like NCCL's. What ranks with GPUs of their own need.
+//   stream  the same flags, written and waited for by the op's stream itself (CUDA: stream memory
+//           operations): no kernel occupies the GPU while a peer is late, so where the ranks
+//           share a GPU a blocked stream can leave it to the others; not yet measured.
 #pragma once
 
 #include <ATen/ATen.h>
@@ -56,6 +59,10 @@ class DeviceSlots {
   // ---- device-side ordering ----
   // True: the node op calls barrier() where it would settle and take the host barrier.
   virtual bool ordersOnDevice() const { return false; }
+  // Whether the leader form suits these slots when NODE_LEADER is auto: where the ranks' device
+  // work runs one process at a time (ordered from the host, or by stream waits on a GPU they
+  // share), one rank reducing for all costs the fewest switches between them.
+  virtual bool leaderSuits() const { return !ordersOnDevice(); }
   // Queues a barrier of the node's ranks on the current stream: this rank's writes queued so far
   // are visible to its peers, and its later work starts once every peer has queued (and reached)
   // the same barrier.

@@ -43,7 +43,7 @@ class Node {
   // slots). The same on every rank: the slots' ordering is agreed.
   bool leaderForm(const DeviceSlots* dev) const {
     if (host_.leader != NodeLeader::Auto) return host_.leader == NodeLeader::On;
-    return dev != nullptr && !dev->ordersOnDevice();
+    return dev != nullptr && dev->leaderSuits();
   }
   // At creation, collective over the group, where every member has a GPU: `mine` names this
   // rank's GPU (paths/Devices.hpp: nodeDeviceId; "" unknown). Reads whether every node holds
