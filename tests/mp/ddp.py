@@ -13,24 +13,30 @@ from common import Checker, run, use_test_device
 STEPS, PER_RANK = 6, 8
 
 
-def model():
+def model(device=None):
+    """Made on the host (the same weights whatever the device), then moved to `device` (default:
+    the tests' device)."""
     torch.manual_seed(0)
-    return torch.nn.Sequential(torch.nn.Linear(20, 32), torch.nn.Tanh(), torch.nn.Linear(32, 32),
-                               torch.nn.Tanh(), torch.nn.Linear(32, 4))
+    with torch.device("cpu"):
+        net = torch.nn.Sequential(torch.nn.Linear(20, 32), torch.nn.Tanh(), torch.nn.Linear(32, 32),
+                                  torch.nn.Tanh(), torch.nn.Linear(32, 4))
+    return net.to(device or torch.get_default_device())
 
 
-def batches(world):
+def batches(world, device=None):
     g = torch.Generator().manual_seed(1)
-    dev = torch.get_default_device()
+    dev = device or torch.get_default_device()
     return [(torch.randn(PER_RANK * world, 20, generator=g, device="cpu").to(dev),
              torch.randn(PER_RANK * world, 4, generator=g, device="cpu").to(dev))
             for _ in range(STEPS)]
 
 
 def reference(world, accumulate):
-    net = model().double()
+    """One process on the whole batch, on the host in float64: independent of the device and the
+    backend under test."""
+    net = model("cpu").double()
     opt = torch.optim.SGD(net.parameters(), lr=0.1)
-    for x, y in batches(world):
+    for x, y in batches(world, "cpu"):
         opt.zero_grad()
         if accumulate:  # two micro-batches per step, gradients summed then averaged
             for part in range(2):
@@ -112,44 +118,47 @@ def main():
     rank, world = dist.get_rank(), dist.get_world_size()
     device = use_test_device()
     c = Checker(f"ddp(np={world}, device={device})")
+    # (a section without checks: its seconds alone are reported, where the GPU runs' time goes)
+    c.section("the single-process references")
     ref = reference(world, accumulate=False)
     ref_acc = reference(world, accumulate=True)
 
-    def compare(name, params, expected, tol=1e-5, behaviour=None):
-        c.section(behaviour or name)
-        for i, (p, e) in enumerate(zip(params, expected)):
-            err = (p.double() - e).abs().max().item()
+    def compare(name, run_it, expected, tol=1e-5, behaviour=None):
+        c.section(behaviour or name)  # (before the training: each section's seconds are its own)
+        for i, (p, e) in enumerate(zip(run_it(), expected)):
+            err = (p.detach().double().cpu() - e).abs().max().item()
             c.true(f"{name} param {i}", err < tol, f"max abs error {err:.3g} >= {tol}")
 
-    compare("default", train(rank, world), ref)
-    compare("gradient_as_bucket_view", train(rank, world, gradient_as_bucket_view=True), ref)
-    compare("static_graph", train(rank, world, static_graph=True), ref)
-    compare("small buckets", train(rank, world, bucket_cap_mb=0.001), ref)
-    compare("no_sync accumulation", train(rank, world, accumulate=True), ref_acc)
-    compare("allreduce_hook", train(rank, world, hook=default_hooks.allreduce_hook), ref)
-    compare("fp16_compress_hook", train(rank, world, hook=default_hooks.fp16_compress_hook), ref, 5e-3)
+    compare("default", lambda: train(rank, world), ref)
+    compare("gradient_as_bucket_view", lambda: train(rank, world, gradient_as_bucket_view=True), ref)
+    compare("static_graph", lambda: train(rank, world, static_graph=True), ref)
+    compare("small buckets", lambda: train(rank, world, bucket_cap_mb=0.001), ref)
+    compare("no_sync accumulation", lambda: train(rank, world, accumulate=True), ref_acc)
+    compare("allreduce_hook", lambda: train(rank, world, hook=default_hooks.allreduce_hook), ref)
+    compare("fp16_compress_hook", lambda: train(rank, world, hook=default_hooks.fp16_compress_hook),
+            ref, 5e-3)
     # DDP accepts torch's bf16_compress_hook only in CUDA/XPU builds of torch (it checks the
     # build, not the backend); elsewhere the same hook, ungated, stands in.
     real_bf16 = torch.version.cuda is not None and dist.is_nccl_available()
     compare("bf16_compress_hook" if real_bf16 else "bf16 compress hook (ungated copy)",
-            train(rank, world, hook=default_hooks.bf16_compress_hook if real_bf16 else bf16_compress),
+            lambda: train(rank, world, hook=default_hooks.bf16_compress_hook if real_bf16 else bf16_compress),
             ref, 3e-2, behaviour="bf16_compress_hook")
     # torch has no sparse kernels for the tests' own device: there the model runs on the CPU
     sparse_dev = device if device.type in ("cpu", "cuda") else torch.device("cpu")
-    compare("sparse embedding gradients", train_sparse(rank, world, sparse_dev),
+    compare("sparse embedding gradients", lambda: train_sparse(rank, world, sparse_dev),
             train_sparse(-1, world, "cpu"))
     # PowerSGD is lossy by design: check it trains, stays identical on every rank and stays close
     state = powerSGD_hook.PowerSGDState(process_group=None, matrix_approximation_rank=1,
                                         start_powerSGD_iter=2, min_compression_rate=0.5)
-    psgd = train(rank, world, hook=powerSGD_hook.powerSGD_hook, state=state)
     c.section("powerSGD_hook")
+    psgd = train(rank, world, hook=powerSGD_hook.powerSGD_hook, state=state)
     for i, p in enumerate(psgd):
         gathered = [torch.empty_like(p) for _ in range(world)]
         dist.all_gather(gathered, p.contiguous())
         c.true(f"powerSGD identical on all ranks, param {i}",
                all(torch.equal(g, gathered[0]) for g in gathered))
         c.true(f"powerSGD close to reference, param {i}",
-               (p.double() - ref[i]).abs().max().item() < 0.2)
+               (p.detach().double().cpu() - ref[i]).abs().max().item() < 0.2)
     return c.finish()
 
 
