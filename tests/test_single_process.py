@@ -208,6 +208,17 @@ def test_single_rank_group_works_without_launcher():
     assert rc == 0 and "sum [0.0, 1.0, 2.0, 3.0, 4.0]" in out, out
 
 
+def test_the_watchdog_polls_what_waits_on_a_device():
+    # the stream barriers' timeouts (cuda/StreamBarrier.hpp) hang on the watchdog's tick (~200 ms)
+    rc, out = python(
+        "import torch, torch.distributed as dist, torch_mpi_gpu\n"
+        "dist.init_process_group('mpigpu', store=dist.HashStore(), rank=0, world_size=1)\n"
+        "print('polls', torch_mpi_gpu._C._watchdog_polls(1.5))\n"
+        "dist.destroy_process_group()")
+    polls = int(out.split("polls ")[1].split()[0]) if rc == 0 and "polls " in out else -1
+    assert 3 <= polls <= 10, out  # a tick every ~200 ms
+
+
 def test_plain_python_is_a_world_of_one():
     # no launcher, no RANK/WORLD_SIZE: an MPI singleton, rank and size from MPI itself
     rc, out = python(
