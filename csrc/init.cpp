@@ -198,6 +198,25 @@ void bindProgramComm(py::module_& m) {
 }
 
 // The process's end: stop engines, finalise or abort MPI.
+// Unit-test hook of the watchdog's pollers.
+void bindWatchdog(py::module_& m) {
+  m.def(
+      "_watchdog_polls",
+      [](double seconds) {
+        struct Counter final : mpigpu::Watchdog::Poller {
+          std::atomic<int> polls{0};
+          void poll() override { polls.fetch_add(1); }
+        };
+        auto counter = std::make_shared<Counter>();
+        mpigpu::Watchdog::addPoller(counter);
+        std::this_thread::sleep_for(std::chrono::duration<double>(seconds));
+        return counter->polls.load();
+      },
+      py::arg("seconds"), py::call_guard<py::gil_scoped_release>(),
+      "Tests: how often the watchdog's thread polled a poller registered for `seconds` (as it "
+      "polls the device barriers that streams wait for, cuda/StreamBarrier.hpp).");
+}
+
 void bindLifecycle(py::module_& m) {
   m.def(
       "shutdown",
@@ -225,21 +244,6 @@ void bindLifecycle(py::module_& m) {
       py::call_guard<py::gil_scoped_release>(),
       "Stops every engine and finalises MPI if torch_mpi_gpu initialised it (runs at exit).");
   m.def("is_finalized", &mpigpu::mpi::isFinalized);
-  m.def(
-      "_watchdog_polls",
-      [](double seconds) {
-        struct Counter final : mpigpu::Watchdog::Poller {
-          std::atomic<int> polls{0};
-          void poll() override { polls.fetch_add(1); }
-        };
-        auto counter = std::make_shared<Counter>();
-        mpigpu::Watchdog::addPoller(counter);
-        std::this_thread::sleep_for(std::chrono::duration<double>(seconds));
-        return counter->polls.load();
-      },
-      py::arg("seconds"), py::call_guard<py::gil_scoped_release>(),
-      "Tests: how often the watchdog's thread polled a poller registered for `seconds` (as it "
-      "polls the device barriers that streams wait for, cuda/StreamBarrier.hpp).");
   m.def("set_oversubscribed", &mpigpu::mpi::setCrowded, py::arg("oversubscribed"),
         "More ranks on this host than cores: waits inside MPI test and sleep instead of spinning, "
         "callers of wait() sleep at once (set at import).");
@@ -500,6 +504,7 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   bindRendezvous(m);
   bindProgramComm(m);
   bindLifecycle(m);
+  bindWatchdog(m);
   bindPaths(m);
   bindAlgorithms(m);
   bindAlgorithmTable(m);
