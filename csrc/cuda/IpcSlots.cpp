@@ -235,13 +235,17 @@ std::string chooseOrdering(node::Ordering asked, const std::vector<Exported>& al
              : "ordered on the device by flags (every rank of the node has a GPU of its own)";
 }
 
-// The stream barrier over the flags mapFlags mapped, watched for timeouts by the watchdog.
-void startStreamBarrier(IpcSlots& slots, int localSize, int localRank) {
+// The stream barrier over the flags mapFlags mapped, watched for timeouts by the watchdog; ""
+// on success.
+std::string startStreamBarrier(IpcSlots& slots, int localSize, int localRank) {
   const NodeBarrierArgs& a = slots.barrierArgs_;
-  slots.streamBarrier_ = std::make_shared<StreamBarrier>(
+  auto barrier = std::make_shared<StreamBarrier>(
       slots.device().index(), std::vector<unsigned long long*>(a.flags, a.flags + localSize),
       localRank, std::chrono::nanoseconds(a.timeoutNs), slots.gaveUp_);
+  if (!barrier->unavailable().empty()) return "the stream barrier: " + barrier->unavailable();
+  slots.streamBarrier_ = std::move(barrier);
   Watchdog::addPoller(slots.streamBarrier_);
+  return "";
 }
 
 // Maps every peer's flags and fills the barrier's arguments; "" on success.
@@ -333,7 +337,7 @@ std::unique_ptr<node::DeviceSlots> makeIpcSlots(const mpi::Comm& nodeComm,
     slots->ordering_ = chooseOrdering(spec.ordering, all, &how, &slots->sharedGpu_);
     if (how != Waits::Host) error = mapFlags(*slots, all, nodeComm.rank, spec.barrierTimeoutMs);
     if (error.empty() && how == Waits::Stream)
-      startStreamBarrier(*slots, nodeComm.size, nodeComm.rank);
+      error = startStreamBarrier(*slots, nodeComm.size, nodeComm.rank);
     slots->onDevice_ = how != Waits::Host && error.empty();
   }
   if (!error.empty()) {

@@ -81,8 +81,8 @@ StreamBarrier::StreamBarrier(int device, std::vector<unsigned long long*> flags,
     (void)cudaGetLastError();
   waitFlags_ = CU_STREAM_WAIT_VALUE_GEQ | (flush ? CU_STREAM_WAIT_VALUE_FLUSH : 0);
   if (cudaStreamCreateWithFlags(&releaseStream_, cudaStreamNonBlocking) != cudaSuccess) {
-    (void)cudaGetLastError();
-    releaseStream_ = nullptr;  // release() then writes on the legacy default stream's side
+    unavailable_ = c10::str("cudaStreamCreate: ", cudaGetErrorString(cudaGetLastError()));
+    releaseStream_ = nullptr;
   }
 }
 

@@ -41,6 +41,8 @@ class StreamBarrier final : public Watchdog::Poller {
   StreamBarrier(const StreamBarrier&) = delete;
   StreamBarrier& operator=(const StreamBarrier&) = delete;
 
+  // "" once made; else why it cannot serve (its release needs a stream of its own).
+  const std::string& unavailable() const { return unavailable_; }
   // Queues the next barrier on `stream`; "" or the CUDA error.
   std::string queue(cudaStream_t stream);
   // A barrier past its timeout gives up (any thread).
@@ -70,6 +72,7 @@ class StreamBarrier final : public Watchdog::Poller {
   std::deque<InFlight> inFlight_;
   std::vector<cudaEvent_t> spareEvents_;
   cudaStream_t releaseStream_ = nullptr;
+  std::string unavailable_;
   bool retired_ = false;
 };
 
