@@ -168,17 +168,18 @@ sanitize() {
     echo "=== $tool exit $?" | tee -a "$OUT/sanitizer.log"
   done
   # the node algorithm's CUDA IPC slots (#22): memcheck ordered from the host (auto there: the
-  # leader form, the first rank reducing for both), racecheck ordered by the device-flag kernel
-  for tool in memcheck racecheck; do
-    order=host
-    [ "$tool" = racecheck ] && order=device
+  # leader form, the first rank reducing for both), racecheck ordered by the device-flag kernel,
+  # memcheck ordered by stream waits (the leader form; its barriers give up after 60 s)
+  for spec in memcheck:host racecheck:device memcheck:stream; do
+    tool=${spec%%:*} order=${spec##*:}
     step "compute-sanitizer --tool $tool, node algorithm (device slots, ordered: $order), 20 soak cases, 2 ranks (budget ${SANITIZER_NODE_BUDGET_S}s)"
     (cd "$ROOT/tests/mp" && MPIGPU_TEST_DEVICE=cuda MPIGPU_RANDOM_CASES=20 MPIGPU_SOAK_MAX_ELEMENTS=20000 \
       TORCH_MPIGPU_ALGO=node TORCH_MPIGPU_NODE_DEVICE_ORDER=$order TORCH_MPIGPU_NODE_DEVICE_BUFFER_BYTES=65536 \
+      TORCH_MPIGPU_TIMEOUT=60 \
       timeout "$SANITIZER_NODE_BUDGET_S" mpirun --oversubscribe -np 2 \
       "$CUDA_HOME/bin/compute-sanitizer" --tool "$tool" --error-exitcode 9 python device_soak.py) \
       >> "$OUT/sanitizer.log" 2>&1
-    echo "=== $tool (node) exit $?" | tee -a "$OUT/sanitizer.log"
+    echo "=== $tool (node, $order) exit $?" | tee -a "$OUT/sanitizer.log"
   done
   grep -E "ERROR SUMMARY|=== .* exit" "$OUT/sanitizer.log"
 }
