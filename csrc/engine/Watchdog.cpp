@@ -412,12 +412,17 @@ void loop() {
   }
 }
 
+// The watchdog's thread, started by the first caller that needs it (under st.mutex).
+void startLocked(State& st) {
+  if (!st.thread.joinable() && !st.stop) st.thread = std::thread(loop);
+}
+
 }  // namespace
 
 void Watchdog::addPoller(std::weak_ptr<Poller> poller) {
   State& st = state();
   std::lock_guard<std::mutex> lock(st.mutex);
-  if (!st.thread.joinable() && !st.stop) st.thread = std::thread(loop);
+  startLocked(st);
   st.pollers.push_back(std::move(poller));
 }
 
@@ -425,7 +430,7 @@ void Watchdog::addGroup(Progress p) {
   noteLauncher();  // (watched from now: see LauncherWatch.hpp)
   State& st = state();
   std::lock_guard<std::mutex> lock(st.mutex);
-  if (!st.thread.joinable() && !st.stop) st.thread = std::thread(loop);
+  startLocked(st);
   auto published = std::make_shared<Published>();
   published->keys =
       "mpigpu_watchdog/" + p.group + "/" + std::to_string(st.groupsMade[p.group]++) + "/";
@@ -485,7 +490,7 @@ void Watchdog::announceExit() {
 Watchdog::Scope::Scope(Op op) {
   State& st = state();
   std::lock_guard<std::mutex> lock(st.mutex);
-  if (!st.thread.joinable() && !st.stop) st.thread = std::thread(loop);
+  startLocked(st);
   id_ = st.nextId++;
   st.running.emplace(id_, Entry{std::move(op), Clock::now(), false});
 }
