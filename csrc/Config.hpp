@@ -21,12 +21,13 @@ enum class CudaProbe : int8_t { Auto, Off, Fail };
 // How the node algorithm's ranks wait for each other in device slots
 // (TORCH_MPIGPU_NODE_DEVICE_ORDER=auto|host|device|stream; node/DeviceSlots.hpp).
 enum class NodeDeviceOrder : int8_t { Auto, Host, Device, Stream };
-// The node algorithm's leader form (TORCH_MPIGPU_NODE_LEADER=auto|1|0;
+// The node algorithm's leader form (TORCH_MPIGPU_NODE_LEADER=auto|1|0|mapped;
 // algorithms/NodeAlgorithms.cpp): the node's first rank reduces one-node all_reduce and
 // reduce_scatter for all and takes all_gather's rows after its peers have placed theirs, so each
 // peer's device work comes in one turn per op (a GPU the ranks share switches twice, not 4-6
-// times).
-enum class NodeLeader : int8_t { Auto, On, Off };
+// times). `Mapped`: in device slots ordered from the host, the leader maps its peers' tensors for
+// the op and does all their work itself, so they queue none (one switch per op).
+enum class NodeLeader : int8_t { Auto, On, Off, Mapped };
 // How receives from any source meet MPI (TORCH_MPIGPU_ANY_SOURCE_RECV=auto|post|probe;
 // mpi/AnySource.hpp).
 enum class AnySourceRecv : int8_t { Auto, Post, Probe };

@@ -85,7 +85,12 @@ const SettingSpec kSettings[] = {
      "all_gather's rows after its peers have placed theirs, so each peer's device work comes in "
      "one turn per op: on a GPU that the ranks share, their time slices switch twice per op "
      "instead of 4-6 times; `0`: every rank reduces its share (one-shot or two-shot); `auto`: `1` "
-     "in device slots ordered from the host (ranks sharing a GPU), else `0`"},
+     "in device slots ordered from the host (ranks sharing a GPU), else `0`; `mapped`: `1`, and in "
+     "device slots ordered from the host the leader maps its peers' tensors for the op (CUDA IPC, "
+     "opened and closed within it) and does all_reduce, reduce_scatter and all_gather for them, so "
+     "they queue no device work (one switch between time slices per op on a GPU they share; where "
+     "a peer's memory cannot be mapped, that op goes through the slots); not yet measured, so never "
+     "auto's choice"},
     {"TORCH_MPIGPU_NODE_TEST_DEVICE_SLOTS", "0", "", ReadAt::GroupCreation,
      "tests only: `1` runs the node algorithm's device-slot code (what the CUDA IPC slots use) "
      "on host shared memory in groups without a GPU, so CPU CI covers it"},

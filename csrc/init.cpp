@@ -341,6 +341,8 @@ void bindAlgorithmTable(py::module_& m) {
         d["single_copy_reads"] = w.singleCopyReads;
         d["settle_us"] = static_cast<double>(w.settleNs) / 1e3;
         d["barrier_us"] = static_cast<double>(w.barrierNs) / 1e3;
+        d["mapped_ops"] = w.mappedOps;
+        d["mapped_refused"] = w.mappedRefused;
         d["start_wait_us"] = static_cast<double>(mpigpu::paths::startWaitNs()) / 1e3;
         return d;
       },
@@ -351,7 +353,9 @@ void bindAlgorithmTable(py::module_& m) {
       "peers' buffers read in place (process_vm_readv) by all_gather; settle_us: microseconds "
       "waiting for this rank's own device work before a barrier or MPI, barrier_us: waiting at "
       "host barriers for the peers, start_wait_us: ops' start waiting for the caller's queued "
-      "device work (any algorithm).");
+      "device work (any algorithm); mapped_ops: ops the node's leader did with its peers' "
+      "tensors mapped (TORCH_MPIGPU_NODE_LEADER=mapped), mapped_refused: ops that went through "
+      "the slots instead (some tensor could not be mapped).");
   m.def(
       "algorithms",
       [] {

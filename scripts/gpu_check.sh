@@ -48,9 +48,10 @@ SANITIZER_NODE_BUDGET_S="${SANITIZER_NODE_BUDGET_S:-40}"
 # the node's first rank reducing for both (auto there) or each rank its share (NODE_LEADER=0:
 # 2026-12-04's form), by device flags (forced; each barrier waits for the other process's
 # time slice here) and by stream waits (forced, the leader form: no kernel spins while it waits;
-# not yet measured). mpigpu[NODE_BUFFER_BYTES=0]: auto without the node algorithm, i.e. what auto
+# not yet measured) and with the leader mapping its peer's tensors for each op (NODE_LEADER=mapped:
+# the peer queues no device work; not yet measured). mpigpu[NODE_BUFFER_BYTES=0]: auto without the node algorithm, i.e. what auto
 # took before 2026-12-04b (MPI's own, then the ring), so "no size slower" shows in one run.
-ALLREDUCE_BACKENDS="${ALLREDUCE_BACKENDS:-mpigpu,mpigpu[NODE_BUFFER_BYTES=0],mpigpu[ALGO=node],mpigpu[ALGO=node;NODE_LEADER=0],mpigpu[ALGO=node;NODE_DEVICE_ORDER=device],mpigpu[ALGO=node;NODE_DEVICE_ORDER=stream],mpigpu[ALGO=mpi],mpigpu[ALGO=ring;CUDA_REDUCE=direct],mpigpu[ALGO=allgather;CUDA_REDUCE=direct],mpigpu[ALGO=rhd;CUDA_REDUCE=direct],MPI,gloo-host}"
+ALLREDUCE_BACKENDS="${ALLREDUCE_BACKENDS:-mpigpu,mpigpu[NODE_BUFFER_BYTES=0],mpigpu[ALGO=node],mpigpu[ALGO=node;NODE_LEADER=0],mpigpu[ALGO=node;NODE_DEVICE_ORDER=device],mpigpu[ALGO=node;NODE_DEVICE_ORDER=stream],mpigpu[ALGO=node;NODE_LEADER=mapped],mpigpu[ALGO=mpi],mpigpu[ALGO=ring;CUDA_REDUCE=direct],mpigpu[ALGO=allgather;CUDA_REDUCE=direct],mpigpu[ALGO=rhd;CUDA_REDUCE=direct],MPI,gloo-host}"
 mkdir -p "$OUT" /tmp/ompi /tmp/nccl
 exec > >(tee "$OUT/gpu_check.log") 2>&1
 export PYTHONUNBUFFERED=1
@@ -147,7 +148,7 @@ bench "$ALLREDUCE_BUDGET_S" allreduce_cuda_2ranks --ops allreduce -b 16 -e 256M 
   --backends "$(backends "$ALLREDUCE_BACKENDS")"
 # the other ops: mpigpu's defaults against the previous default, raw MPI and NCCL
 bench "$OTHERS_BUDGET_S" others_cuda_2ranks --ops reduce_scatter,allgather,broadcast -b 16 -e 256M -f 8 -n 20 \
-  --backends "mpigpu,mpigpu[NODE_BUFFER_BYTES=0],mpigpu[ALGO=node],mpigpu[ALGO=node;NODE_LEADER=0],mpigpu[ALGO=node;NODE_DEVICE_ORDER=stream],mpigpu[ALGO=mpi]${MPI_OK:+,$MPI_OK}"
+  --backends "mpigpu,mpigpu[NODE_BUFFER_BYTES=0],mpigpu[ALGO=node],mpigpu[ALGO=node;NODE_LEADER=0],mpigpu[ALGO=node;NODE_DEVICE_ORDER=stream],mpigpu[ALGO=node;NODE_LEADER=mapped],mpigpu[ALGO=mpi]${MPI_OK:+,$MPI_OK}"
 
 fi
 
@@ -169,17 +170,18 @@ sanitize() {
   done
   # the node algorithm's CUDA IPC slots (#22): memcheck ordered from the host (auto there: the
   # leader form, the first rank reducing for both), racecheck ordered by the device-flag kernel,
-  # memcheck ordered by stream waits (the leader form; its barriers give up after 60 s)
-  for spec in memcheck:host racecheck:device memcheck:stream; do
-    tool=${spec%%:*} order=${spec##*:}
-    step "compute-sanitizer --tool $tool, node algorithm (device slots, ordered: $order), 20 soak cases, 2 ranks (budget ${SANITIZER_NODE_BUDGET_S}s)"
+  # memcheck ordered by stream waits (the leader form; its barriers give up after 60 s), memcheck
+  # with the leader mapping its peer's tensors (NODE_LEADER=mapped: CUDA IPC opened per op)
+  for spec in memcheck:host:auto racecheck:device:auto memcheck:stream:auto memcheck:host:mapped; do
+    IFS=: read -r tool order leader <<< "$spec"
+    step "compute-sanitizer --tool $tool, node algorithm (device slots, ordered: $order, leader: $leader), 20 soak cases, 2 ranks (budget ${SANITIZER_NODE_BUDGET_S}s)"
     (cd "$ROOT/tests/mp" && MPIGPU_TEST_DEVICE=cuda MPIGPU_RANDOM_CASES=20 MPIGPU_SOAK_MAX_ELEMENTS=20000 \
       TORCH_MPIGPU_ALGO=node TORCH_MPIGPU_NODE_DEVICE_ORDER=$order TORCH_MPIGPU_NODE_DEVICE_BUFFER_BYTES=65536 \
-      TORCH_MPIGPU_TIMEOUT=60 \
+      TORCH_MPIGPU_NODE_LEADER=$leader TORCH_MPIGPU_TIMEOUT=60 \
       timeout "$SANITIZER_NODE_BUDGET_S" mpirun --oversubscribe -np 2 \
       "$CUDA_HOME/bin/compute-sanitizer" --tool "$tool" --error-exitcode 9 python device_soak.py) \
       >> "$OUT/sanitizer.log" 2>&1
-    echo "=== $tool (node, $order) exit $?" | tee -a "$OUT/sanitizer.log"
+    echo "=== $tool (node, $order, leader $leader) exit $?" | tee -a "$OUT/sanitizer.log"
   done
   grep -E "ERROR SUMMARY|=== .* exit" "$OUT/sanitizer.log"
 }

@@ -297,6 +297,8 @@ NODE_ORDER = {"auto": "ordered from the host: ranks of the node share a GPU",
 # fewer switches between the ranks' time slices); `0` keeps one-shot and two-shot covered there.
 # Stream waits (the op's stream waits on the flags itself, no kernel spins): the leader form on
 # the GPU the ranks share, and one-shot and two-shot at 3 ranks.
+# Mapped (NODE_LEADER=mapped): the leader opens its peers' tensors by CUDA IPC for each op and
+# does every rank's work, so the peers queue none.
 @pytest.mark.parametrize("np, order, shape, leader", [
     (2, "auto", "1 node x 2 ranks", "auto"),
     (3, "auto", "1 node x 3 ranks", "0"),
@@ -304,9 +306,11 @@ NODE_ORDER = {"auto": "ordered from the host: ranks of the node share a GPU",
     (2, "device", "1 node x 2 ranks", "auto"),
     (3, "device", "1 node x 3 ranks", "auto"),
     (2, "stream", "1 node x 2 ranks", "auto"),
-    (3, "stream", "1 node x 3 ranks", "0")],
+    (3, "stream", "1 node x 3 ranks", "0"),
+    (2, "auto", "1 node x 2 ranks", "mapped"),
+    (3, "auto", "1 node x 3 ranks", "mapped")],
     ids=["2-auto-leader", "3-auto-no-leader", "3-auto-2+1-nodes", "2-device", "3-device",
-         "2-stream-leader", "3-stream-no-leader"])
+         "2-stream-leader", "3-stream-no-leader", "2-mapped-leader", "3-mapped-leader"])
 def test_node_algorithm_cuda(np, order, shape, leader):
     # the node algorithm on CUDA tensors: device slots mapped into the peers by CUDA IPC; 64 KiB
     # slots, so most ops go in pieces. Unavailable IPC would run the ring, and the
@@ -318,7 +322,10 @@ def test_node_algorithm_cuda(np, order, shape, leader):
         env["TORCH_MPIGPU_PRETEND_NODES"] = "2"
     else:
         env["MPIGPU_EXPECT_ORDER"] = NODE_ORDER[order]
-        env["MPIGPU_EXPECT_LEADER"] = "1" if order in ("auto", "stream") and leader == "auto" else "0"
+        env["MPIGPU_EXPECT_LEADER"] = ("mapped" if leader == "mapped" else
+                                       "1" if order in ("auto", "stream") and leader == "auto" else "0")
+    if leader == "mapped":  # every op's tensors from torch's caching allocator: none refused
+        env["MPIGPU_EXPECT_MAPPED"] = "some"
     timeout = 600
     if order == "stream":  # not yet run on a GPU: a barrier that never passes gives up in a minute
         env["TORCH_MPIGPU_TIMEOUT"], timeout = "60", 240

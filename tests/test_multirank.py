@@ -341,6 +341,21 @@ NODE_SHAPES = {
                                                               "themselves (tests: their own barrier, as stream waits)",
                                                               "MPIGPU_EXPECT_LEADER": "1"},
                                                           "1 node x 3 ranks"),
+    # the leader with its peers' tensors mapped (NODE_LEADER=mapped), here emulated: each peer's
+    # tensors copied into its slot, back after the op; those beyond the slot are refused, so both
+    # the mapped ops and the fallback to the slots run (at 2 ranks the first peer's tensor is
+    # also the reduction's second output)
+    **{f"device-slot-code-on-host-1x{n}-mapped-leader": (n, {"TORCH_MPIGPU_NODE_TEST_DEVICE_SLOTS": "1",
+                                                             "TORCH_MPIGPU_NODE_DEVICE_ORDER": "host",
+                                                             "TORCH_MPIGPU_NODE_LEADER": "mapped",
+                                                             "TORCH_MPIGPU_NODE_DEVICE_BUFFER_BYTES": "4096",
+                                                             "TORCH_MPIGPU_NODE_DEVICE_BUFFER_MAX_BYTES": str(slots),
+                                                             "MPIGPU_EXPECT_SLOTS": "device slots",
+                                                             "MPIGPU_EXPECT_ORDER": "ordered from the host",
+                                                             "MPIGPU_EXPECT_LEADER": "mapped",
+                                                             "MPIGPU_EXPECT_MAPPED": "some, some refused"},
+                                                         f"1 node x {n} ranks")
+       for n, slots in ((2, 65536), (3, 8192))},
     "2+1+1-one-lane": (4, {"TORCH_MPIGPU_PRETEND_NODES": "3", "TORCH_MPIGPU_NODE_BUFFER_BYTES": "4096"},
                        "3 nodes of 1 to 2 ranks (not uniform), across nodes in 1 lane"),
     # the device-slot code (what the CUDA IPC slots run) on host memory, hierarchical, 4 KiB

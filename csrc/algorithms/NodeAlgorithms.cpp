@@ -25,6 +25,9 @@ std::atomic<uint64_t> g_hostWaits{0}, g_deviceWaits{0};
 // Nanoseconds this process's node ops spent waiting for their own device work (settle) and for
 // their node's peers at host barriers: where an op's time goes (the benchmark's columns).
 std::atomic<uint64_t> g_settleNs{0}, g_barrierNs{0};
+// Ops the leader did with its peers' tensors mapped, and ops that went through the slots instead
+// because some tensor could not be mapped (NODE_LEADER=mapped).
+std::atomic<uint64_t> g_mappedOps{0}, g_mappedRefused{0};
 
 uint64_t nanosSince(std::chrono::steady_clock::time_point start) {
   return static_cast<uint64_t>(
@@ -233,6 +236,117 @@ void leaderPiece(NodeOp& o, const at::Tensor& part, double scale) {
   if (me != 0) part.copy_(result);
 }
 
+// ---- the leader form with the peers' tensors mapped (NODE_LEADER=mapped) ----
+// Each peer shares its op's tensors and waits; the leader maps them for the op and does every
+// rank's copies and reductions itself, so the peers queue no device work: on a GPU that the ranks
+// share, one switch between their time slices per op (the leader's), where the slots take two.
+// Three host barriers, none of which waits for device work but the peers' own queued work (their
+// tensors complete) and the leader's (done before they go on).
+
+// The leader's answer after trying to map every peer's tensors: in its host slot.
+struct MappedVerdict {
+  int32_t ok;
+  char why[252];
+};
+
+// Every local rank's tensors as the leader sees them: [r][i] is rank r's i-th (the leader's own
+// at [0], the peers' mapped), as bytes.
+using MappedTensors = std::vector<std::vector<at::Tensor>>;
+
+at::Tensor asBytes(const at::Tensor& t) {
+  // contiguous, but a size-1 dimension may carry any stride: the elements as one dense row
+  return t.as_strided({t.numel()}, {1}).view(at::kByte);
+}
+
+// The leader maps every peer's tensors (their refs in their host slots); "" or why not.
+std::string mapPeers(NodeOp& o, const std::vector<at::Tensor>& mine, MappedTensors* all) {
+  const int L = o.topo.localSize;
+  all->assign(L, {});
+  for (const at::Tensor& t : mine) (*all)[0].push_back(asBytes(t));
+  for (int r = 1; r < L; ++r) {
+    const auto* refs = reinterpret_cast<const node::SharedTensorRef*>(o.seg.slotData(r));
+    for (size_t i = 0; i < mine.size(); ++i) {
+      if (!refs[i].ok)
+        return c10::str("local rank ", r, "'s tensor: ",
+                        std::string(refs[i].why, strnlen(refs[i].why, sizeof(refs[i].why))));
+      std::string why;
+      // every rank's i-th tensor has the same size (the op's contract, checked before the op)
+      at::Tensor t = o.dev->mapShared(r, refs[i], mine[i].numel() * mine[i].element_size(), &why);
+      if (!t.defined()) return c10::str("local rank ", r, "'s tensor: ", why);
+      (*all)[r].push_back(t);
+    }
+  }
+  return "";
+}
+
+// Runs lead(all) on the leader, the peers' tensors mapped, and returns true; or false on every
+// rank alike, nothing written, where some tensor could not be shared or mapped (the caller then
+// takes the slots). `mine`: this rank's tensors, contiguous; the same count and sizes on every
+// rank.
+template <typename F>
+bool withPeersMapped(NodeOp& o, const std::vector<at::Tensor>& mine, F&& lead) {
+  const int me = o.topo.localRank;
+  const size_t k = mine.size();
+  if (o.seg.slotBytes() <
+      static_cast<int64_t>(std::max(k * sizeof(node::SharedTensorRef), sizeof(MappedVerdict))))
+    return false;  // (every rank's host slots are the same size)
+  auto* refs = reinterpret_cast<node::SharedTensorRef*>(o.seg.slotData(me));
+  const bool contiguous = std::all_of(mine.begin(), mine.end(),
+                                      [](const at::Tensor& t) { return t.is_contiguous(); });
+  if (me != 0 && contiguous) o.dev->share(mine, refs);
+  for (size_t i = 0; me != 0 && !contiguous && i < k; ++i) {
+    refs[i].ok = 0;
+    std::snprintf(refs[i].why, sizeof(refs[i].why), "not contiguous");
+  }
+  o.sync(/*wroteForPeers=*/me != 0);  // each peer's tensors complete before the leader reads them
+  auto* verdict = reinterpret_cast<MappedVerdict*>(o.seg.slotData(0));
+  MappedTensors all;
+  if (me == 0) {
+    const std::string why =
+        contiguous ? mapPeers(o, mine, &all) : std::string("the leader's tensor is not contiguous");
+    verdict->ok = why.empty() ? 1 : 0;
+    std::snprintf(verdict->why, sizeof(verdict->why), "%s", why.c_str());
+    if (!why.empty()) {
+      o.dev->unmapShared();
+      TORCH_WARN_ONCE("mpigpu: [rank ", o.rank, "] ", o.op,
+                      ": the node's leader could not map its peers' tensors (", why,
+                      "); such ops go through the device slots (TORCH_MPIGPU_NODE_LEADER=1 "
+                      "takes them always)");
+    }
+  }
+  o.sync(/*wroteForPeers=*/false);  // the leader's verdict
+  if (!verdict->ok) {
+    g_mappedRefused.fetch_add(1, std::memory_order_relaxed);
+    o.flip();
+    return false;
+  }
+  if (me == 0) {
+    lead(all);
+    // done before the peers go on, and unmapped before they can free their memory
+    settleTimed(*o.dev);
+    o.dev->unmapShared();
+  }
+  o.sync(/*wroteForPeers=*/false);
+  if (me != 0) o.dev->collectShared(mine, refs);
+  o.flip();
+  g_mappedOps.fetch_add(1, std::memory_order_relaxed);
+  return true;
+}
+
+// all_reduce: the leader reduces every rank's tensor in rank order (the slots' bits) into its own
+// and the first peer's in one pass, then copies the result to the others.
+bool allreduceMapped(NodeOp& o, const at::Tensor& buf, double scale) {
+  const auto dtype = buf.scalar_type();
+  const int64_t n = buf.numel();
+  return withPeersMapped(o, {buf}, [&](const MappedTensors& all) {
+    auto typed = [&](const at::Tensor& bytes) { return bytes.view(dtype).view({n}); };
+    std::vector<at::Tensor> sources;
+    for (const auto& rank : all) sources.push_back(typed(rank[0]));
+    combineAll(o.c, sources[0], sources, scale, /*also=*/sources[1]);
+    for (size_t r = 2; r < all.size(); ++r) sources[r].copy_(sources[0]);
+  });
+}
+
 // In place on the host tensor `buf`, in pieces of one slot.
 void allreduceOnHost(NodeOp& o, const at::Tensor& buf) {
   prescale(o.c, buf, /*inPlace=*/true);
@@ -244,6 +358,7 @@ void allreduceOnHost(NodeOp& o, const at::Tensor& buf) {
   const int64_t chunk = o.slotBytes() / buf.element_size();
   // one-shot: every rank reduces all slots in rank order (the same bits everywhere); two-shot:
   // each rank reduces its 1/L, then all copy every slice
+  if (o.node.mapsPeers(o.dev) && buf.numel() > 0 && allreduceMapped(o, buf, scale)) return;
   const bool oneShot = t.nodes == 1 && buf.numel() * buf.element_size() <= o.node.oneShotBytes();
   const bool leader = t.nodes == 1 && o.node.leaderForm(o.dev);
   forPieces(buf.numel(), chunk, [&](int64_t off, int64_t m) {
@@ -340,6 +455,23 @@ void reduceScatterLeaderPiece(NodeOp& o, const at::Tensor& cols, const at::Tenso
   if (me != 0) dst.copy_(results[me]);
 }
 
+// reduce_scatter (NODE_LEADER=mapped): the leader sums block j of every rank's input, in rank
+// order (the slots' bits), into rank j's output. A rank whose output overlaps its input shares a
+// copy of the input.
+bool reduceScatterMapped(NodeOp& o, const at::Tensor& input, const at::Tensor& out, double scale) {
+  const int L = o.topo.localSize;
+  const auto dtype = out.scalar_type();
+  const int64_t m = out.numel();
+  const at::Tensor held = overlaps(input, out) ? input.clone() : input;
+  return withPeersMapped(o, {held, out}, [&](const MappedTensors& all) {
+    for (int j = 0; j < L; ++j) {
+      std::vector<at::Tensor> sources;
+      for (int r = 0; r < L; ++r) sources.push_back(all[r][0].view(dtype).view({L, m})[j]);
+      combineAll(o.c, all[j][1].view(dtype), sources, scale);
+    }
+  });
+}
+
 // `in` holds size x out.numel() elements in group rank order; this rank's block reduced to out.
 void reduceScatterOnHost(NodeOp& o, const at::Tensor& in, const at::Tensor& out) {
   const Topology& t = o.topo;
@@ -352,6 +484,7 @@ void reduceScatterOnHost(NodeOp& o, const at::Tensor& in, const at::Tensor& out)
   const at::Tensor rows = input.view({p, m});
   const int64_t cols = std::max<int64_t>(1, o.slotBytes() / (out.element_size() * p));
   const double scale = finalScale(o.c, p);
+  if (o.node.mapsPeers(o.dev) && m > 0 && reduceScatterMapped(o, input, out, scale)) return;
   if (t.nodes == 1 && o.node.leaderForm(o.dev)) {
     // the leader reads its input in place after writing its output: apart, if they overlap
     const at::Tensor held = me == 0 && overlaps(input, out) ? rows.clone() : rows;
@@ -435,6 +568,21 @@ struct RowMove {
 };
 using RowsOnNode = std::vector<std::vector<RowMove>>;
 
+// all_gather (NODE_LEADER=mapped): the leader copies every rank's rows into every rank's output
+// (a row already in its place is left there).
+bool gatherMapped(NodeOp& o, const at::Tensor& mine, const RowsOnNode& rows, int64_t rowBytes,
+                  const at::Tensor& out) {
+  return withPeersMapped(o, {mine, out}, [&](const MappedTensors& all) {
+    for (size_t j = 0; j < all.size(); ++j)
+      for (size_t i = 0; i < all.size(); ++i)
+        for (const RowMove& row : rows[i]) {
+          const at::Tensor from = all[i][0].narrow(0, row.held * rowBytes, rowBytes);
+          const at::Tensor to = all[j][1].narrow(0, row.to * rowBytes, rowBytes);
+          if (from.const_data_ptr() != to.const_data_ptr()) to.copy_(from);
+        }
+  });
+}
+
 // Every local rank's rows to every rank of the node, in one copy: each rank publishes what it
 // holds and reads every peer's rows straight into `out` (process_vm_readv), where the slots cost
 // two copies of each row (into the writer's slot, out of it). The second barrier keeps `held`
@@ -481,6 +629,7 @@ void shareRows(NodeOp& o, const at::Tensor& held, const RowsOnNode& rows, int64_
   const at::Tensor mine = overlaps(held, out) && !inItsPlace ? held.clone() : held;
   if (o.onHost() && o.node.singleCopy(rowBytes))
     return shareRowsInPlace(o, mine, rows, rowBytes, out);
+  if (o.node.mapsPeers(o.dev) && rowBytes > 0 && gatherMapped(o, mine, rows, rowBytes, out)) return;
   const ByteSpan from = spanOf(o, mine), into = spanOf(o, out);
   const int64_t width = std::max<int64_t>(eb, o.slotBytes() / static_cast<int64_t>(most) / eb * eb);
   // the leader form (leaderPiece): the peers place their rows, then the leader places its own and
@@ -680,6 +829,31 @@ class HostDeviceSlots final : public node::DeviceSlots {
   bool ordersOnDevice() const override { return ownBarrier_; }
   bool leaderSuits() const override { return !ownBarrier_ || asStreamWaits_; }
   void barrier(const char* op, int rank) override { seg_->sync(op, rank, never_); }
+  // The leader's mapping, emulated: each peer copies its tensors into its own slot, the leader
+  // works on the slots, the peer copies back after the op; tensors beyond the slot are refused,
+  // so the fallback to the slots runs too.
+  void share(const std::vector<at::Tensor>& ts, node::SharedTensorRef* refs) override {
+    int64_t at = 0;
+    for (size_t i = 0; i < ts.size(); ++i) {
+      const int64_t bytes = bytesOf(ts[i]);
+      refs[i].offset = at;
+      refs[i].ok = at + bytes <= slotBytes() ? 1 : 0;
+      if (refs[i].ok)
+        ownBytes().narrow(0, at, bytes).copy_(asBytes(ts[i]));
+      else
+        std::snprintf(refs[i].why, sizeof(refs[i].why), "tests: beyond the %lld-byte test slot",
+                      static_cast<long long>(slotBytes()));
+      at += (bytes + 63) / 64 * 64;
+    }
+  }
+  at::Tensor mapShared(int r, const node::SharedTensorRef& ref, int64_t bytes,
+                       std::string*) override {
+    return seg_->slot(r, at::kByte, slotBytes()).narrow(0, ref.offset, bytes);
+  }
+  void collectShared(const std::vector<at::Tensor>& ts, const node::SharedTensorRef* refs) override {
+    for (size_t i = 0; i < ts.size(); ++i)
+      asBytes(ts[i]).copy_(ownBytes().narrow(0, refs[i].offset, bytesOf(ts[i])));
+  }
   std::string ordering() const override {
     if (!ownBarrier_) return "ordered from the host";
     return asStreamWaits_
@@ -688,6 +862,8 @@ class HostDeviceSlots final : public node::DeviceSlots {
   }
 
  private:
+  at::Tensor ownBytes() const { return seg_->slot(seg_->localRank(), at::kByte, slotBytes()); }
+
   std::unique_ptr<SharedSegment> seg_;
   const bool ownBarrier_;
   const bool asStreamWaits_;
@@ -709,7 +885,8 @@ NodeWaits nodeWaits() {
   return {
       g_hostWaits.load(std::memory_order_relaxed), g_deviceWaits.load(std::memory_order_relaxed),
       SharedSegment::yieldsToPeerOnThisCpu(),      SharedSegment::singleCopyReads(),
-      g_settleNs.load(std::memory_order_relaxed),  g_barrierNs.load(std::memory_order_relaxed)};
+      g_settleNs.load(std::memory_order_relaxed),  g_barrierNs.load(std::memory_order_relaxed),
+      g_mappedOps.load(std::memory_order_relaxed), g_mappedRefused.load(std::memory_order_relaxed)};
 }
 
 bool nodeAllreduce(Context& c, const at::Tensor& buf) {

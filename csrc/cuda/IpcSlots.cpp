@@ -4,6 +4,7 @@
 #include <c10/cuda/CUDAGuard.h>
 #include <c10/cuda/CUDAStream.h>
 #include <c10/util/StringUtil.h>
+#include <cuda.h>
 #include <cuda_runtime_api.h>
 
 #include <algorithm>
@@ -15,6 +16,7 @@
 #include "Errors.hpp"
 #include "algorithms/Reducer.hpp"
 #include "cuda/CudaReducer.hpp"
+#include "cuda/DriverApi.hpp"
 #include "cuda/NodeBarrier.hpp"
 #include "cuda/StreamBarrier.hpp"
 #include "mpi/Check.hpp"
@@ -25,6 +27,27 @@ namespace {
 std::string cudaText(cudaError_t e) {
   cudaGetLastError();  // the error is reported here, not left for the next CUDA call
   return cudaGetErrorString(e);
+}
+
+using AddressRange = CUresult (*)(CUdeviceptr*, size_t*, CUdeviceptr);
+
+// The start of the allocation holding `p` (what cudaIpcGetMemHandle exports); null, with why.
+void* allocationStart(const void* p, std::string* why) {
+  static std::string missing;
+  static const auto range =
+      reinterpret_cast<AddressRange>(driverFunction("cuMemGetAddressRange", &missing));
+  if (range == nullptr) {
+    *why = missing;
+    return nullptr;
+  }
+  CUdeviceptr base = 0;
+  size_t size = 0;
+  const CUresult r = range(&base, &size, reinterpret_cast<CUdeviceptr>(p));
+  if (r != CUDA_SUCCESS) {
+    *why = c10::str("cuMemGetAddressRange failed (CUresult ", static_cast<int>(r), ")");
+    return nullptr;
+  }
+  return reinterpret_cast<void*>(base);
 }
 
 class IpcSlots final : public node::DeviceSlots {
@@ -94,6 +117,56 @@ class IpcSlots final : public node::DeviceSlots {
     if (gaveUp_ != nullptr) static_cast<volatile unsigned long long*>(gaveUp_)[1] = 1;
     if (streamBarrier_) streamBarrier_->release();
   }
+  // The leader's mapping of its peers' tensors (NODE_LEADER=mapped): each op's tensors are
+  // exported by handle and opened by the leader for that op only. A mapping kept past the op
+  // could outlive the peer's allocation (its caching allocator may free the segment; freeing
+  // memory another process has open is undefined behaviour in CUDA).
+  void share(const std::vector<at::Tensor>& ts, node::SharedTensorRef* refs) override {
+    static_assert(sizeof(cudaIpcMemHandle_t) <= sizeof(refs->handle));
+    c10::cuda::CUDAGuard guard(device_);
+    for (size_t i = 0; i < ts.size(); ++i) {
+      node::SharedTensorRef& ref = refs[i];
+      std::string why;
+      void* start = ts[i].device() == device_ ? allocationStart(ts[i].const_data_ptr(), &why)
+                                              : nullptr;
+      cudaIpcMemHandle_t handle{};
+      cudaError_t e = cudaSuccess;
+      if (ts[i].device() != device_)
+        why = c10::str("on ", ts[i].device(), ", not the slots' ", device_);
+      else if (start != nullptr && (e = cudaIpcGetMemHandle(&handle, start)) != cudaSuccess)
+        why = c10::str("cudaIpcGetMemHandle: ", cudaText(e),
+                       " (memory that cannot be exported: expandable segments, a memory pool, "
+                       "or mapped from another process)");
+      ref.ok = why.empty() ? 1 : 0;
+      std::snprintf(ref.why, sizeof(ref.why), "%s", why.c_str());
+      std::memcpy(ref.handle, &handle, sizeof(handle));
+      ref.offset = ref.ok ? static_cast<const uint8_t*>(ts[i].const_data_ptr()) -
+                                static_cast<const uint8_t*>(start)
+                          : 0;
+    }
+  }
+  at::Tensor mapShared(int r, const node::SharedTensorRef& ref, int64_t bytes,
+                       std::string* why) override {
+    c10::cuda::CUDAGuard guard(device_);
+    cudaIpcMemHandle_t handle;
+    std::memcpy(&handle, ref.handle, sizeof(handle));
+    void* p = nullptr;
+    const cudaError_t e = cudaIpcOpenMemHandle(&p, handle, cudaIpcMemLazyEnablePeerAccess);
+    if (e != cudaSuccess) {
+      *why = c10::str("cudaIpcOpenMemHandle: ", cudaText(e));
+      return {};
+    }
+    mappedShared_.push_back(p);  // (the same allocation twice: opened twice, closed twice)
+    return at::from_blob(static_cast<uint8_t*>(p) + ref.offset, {bytes},
+                         at::TensorOptions().dtype(at::kByte).device(device_));
+  }
+  void unmapShared() override {
+    c10::cuda::CUDAGuard guard(device_);
+    for (void* p : mappedShared_) cudaIpcCloseMemHandle(p);
+    mappedShared_.clear();
+    cudaGetLastError();  // a close that failed leaks a mapping; it is not the next call's error
+  }
+
   void release() override {
     c10::cuda::CUDAGuard guard(device_);
     // every kernel of this process that reads or writes a peer's memory (a stream barrier
@@ -124,6 +197,7 @@ class IpcSlots final : public node::DeviceSlots {
   bool sharedGpu_ = false;  // fewer GPUs than ranks on this node
   std::string ordering_ = "ordered from the host";
   NodeBarrierArgs barrierArgs_{};
+  std::vector<void*> mappedShared_;  // the peers' tensors' allocations, open for this op
 
  private:
   const at::Device device_;

@@ -4,13 +4,14 @@
 #include <c10/util/StringUtil.h>
 #include <cuda.h>
 
+#include "cuda/DriverApi.hpp"
+
 namespace mpigpu::cuda {
 namespace {
 
 using StreamValue64 = CUresult (*)(CUstream, CUdeviceptr, cuuint64_t, unsigned int);
 
-// The driver's stream memory operations, found through the runtime: the extension does not link
-// libcuda, so that it loads where no GPU driver is installed.
+// The driver's stream memory operations (cuda/DriverApi.hpp).
 struct StreamMemOps {
   StreamValue64 write = nullptr;
   StreamValue64 wait = nullptr;
@@ -22,17 +23,8 @@ const StreamMemOps& streamMemOps() {
     StreamMemOps o;
     for (auto [symbol, fn] :
          {std::pair{"cuStreamWriteValue64", &o.write}, std::pair{"cuStreamWaitValue64", &o.wait}}) {
-      void* p = nullptr;
-      cudaDriverEntryPointQueryResult found{};
-      const cudaError_t e =
-          cudaGetDriverEntryPointByVersion(symbol, &p, 12000, cudaEnableDefault, &found);
-      if (e != cudaSuccess || found != cudaDriverEntryPointSuccess || p == nullptr) {
-        (void)cudaGetLastError();
-        o.missing = c10::str("this CUDA driver does not give ", symbol, " (",
-                             e != cudaSuccess ? cudaGetErrorString(e) : "symbol not found", ")");
-        return o;
-      }
-      *fn = reinterpret_cast<StreamValue64>(p);
+      *fn = reinterpret_cast<StreamValue64>(driverFunction(symbol, &o.missing));
+      if (*fn == nullptr) return StreamMemOps{nullptr, nullptr, o.missing};
     }
     return o;
   }();

@@ -19,9 +19,11 @@
 #include <ATen/ATen.h>
 #include <torch/csrc/distributed/c10d/Types.hpp>
 
+#include <cstdio>
 #include <functional>
 #include <memory>
 #include <string>
+#include <vector>
 
 #include "Config.hpp"
 #include "mpi/Collectives.hpp"
@@ -33,6 +35,16 @@ class Reducer;
 namespace mpigpu::node {
 
 using Ordering = NodeDeviceOrder;
+
+// A rank's tensor as the node's leader maps it for one op (NODE_LEADER=mapped): what the device
+// needs to map its memory (CUDA: the allocation's IPC handle) and where in it the tensor lies.
+// Plain bytes: it travels through the host segment's slots.
+struct SharedTensorRef {
+  uint8_t handle[64];
+  int64_t offset;  // bytes from the start of what `handle` maps
+  int32_t ok;      // 0: this tensor cannot be mapped; `why` says why
+  char why[116];
+};
 
 // What the node asks of its slots. `Auto`: device flags where every local rank has a GPU of its
 // own, the host barrier where some share one.
@@ -75,6 +87,27 @@ class DeviceSlots {
   // abort() (any thread): device barriers queued or waiting give up at once instead of waiting
   // for peers that will not come.
   virtual void cancel() {}
+  // ---- the leader maps its peers' tensors for one op (NODE_LEADER=mapped) ----
+  // Fills refs[i] so the leader can map ts[i] (contiguous, this rank's) while this rank waits
+  // inside the op; ok 0, and why, where it cannot.
+  virtual void share(const std::vector<at::Tensor>& ts, SharedTensorRef* refs) {
+    for (size_t i = 0; i < ts.size(); ++i) {
+      refs[i].ok = 0;
+      std::snprintf(refs[i].why, sizeof(refs[i].why), "these device slots cannot share tensors");
+    }
+  }
+  // Local rank r's tensor from its `ref` (bytes), mapped here until unmapShared(); undefined,
+  // with the reason in `why`, where it cannot be mapped.
+  virtual at::Tensor mapShared(int r, const SharedTensorRef& ref, int64_t bytes, std::string* why) {
+    *why = "these device slots cannot map tensors";
+    return {};
+  }
+  // Unmaps what mapShared mapped, once this rank's device work on it has finished (settled).
+  virtual void unmapShared() {}
+  // The owner, after the op: what the leader wrote is in ts (tests' host slots copy it back;
+  // mapped memory already holds it).
+  virtual void collectShared(const std::vector<at::Tensor>& ts, const SharedTensorRef* refs) {}
+
   // Before the slots go (node/Node.cpp: retire): waits for all of this process's device work and
   // unmaps the peers' buffers; the node then waits for every rank before any frees its own, so
   // no rank frees memory a peer still reads or maps.

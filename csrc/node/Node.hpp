@@ -42,8 +42,15 @@ class Node {
   // Whether the node's ops take the leader form (Config.hpp: NodeLeader) in `dev` (null: host
   // slots). The same on every rank: the slots' ordering is agreed.
   bool leaderForm(const DeviceSlots* dev) const {
-    if (host_.leader != NodeLeader::Auto) return host_.leader == NodeLeader::On;
+    if (host_.leader != NodeLeader::Auto) return host_.leader != NodeLeader::Off;
     return dev != nullptr && dev->leaderSuits();
+  }
+  // Whether the leader form maps its peers' tensors (NODE_LEADER=mapped) in `dev`: device slots
+  // ordered from the host, where each peer waits inside the op while the leader works on its
+  // memory. The same on every rank.
+  bool mapsPeers(const DeviceSlots* dev) const {
+    return host_.leader == NodeLeader::Mapped && dev != nullptr && !dev->ordersOnDevice() &&
+           topology_.nodes == 1;
   }
   // At creation, collective over the group, where every member has a GPU: `mine` names this
   // rank's GPU (paths/Devices.hpp: nodeDeviceId; "" unknown). Reads whether every node holds
