@@ -117,12 +117,11 @@ Config Config::fromEnv() {
                                                     {"host", NodeDeviceOrder::Host},
                                                     {"device", NodeDeviceOrder::Device},
                                                     {"stream", NodeDeviceOrder::Stream}});
-  c.nodeLeader = parseChoice<NodeLeader>(
-      "TORCH_MPIGPU_NODE_LEADER",
-      {{"auto", NodeLeader::Auto},
-       {"1", NodeLeader::On},
-       {"0", NodeLeader::Off},
-       {"mapped", NodeLeader::Mapped}});
+  c.nodeLeader =
+      parseChoice<NodeLeader>("TORCH_MPIGPU_NODE_LEADER", {{"auto", NodeLeader::Auto},
+                                                           {"1", NodeLeader::On},
+                                                           {"0", NodeLeader::Off},
+                                                           {"mapped", NodeLeader::Mapped}});
   c.testHostPieceBytes = parseInt("TORCH_MPIGPU_TEST_HOST_PIECE_BYTES", 0, kTiB);
   c.nodeAcrossMinBytes = parseInt("TORCH_MPIGPU_NODE_ACROSS_MIN_BYTES", 0, kHuge);
   c.pretendNodes = static_cast<int>(parseInt("TORCH_MPIGPU_PRETEND_NODES", 1, 1 << 20));

@@ -89,7 +89,8 @@ const SettingSpec kSettings[] = {
      "device slots ordered from the host the leader maps its peers' tensors for the op (CUDA IPC, "
      "opened and closed within it) and does all_reduce, reduce_scatter and all_gather for them, so "
      "they queue no device work (one switch between time slices per op on a GPU they share; where "
-     "a peer's memory cannot be mapped, that op goes through the slots); not yet measured, so never "
+     "a peer's memory cannot be mapped, that op goes through the slots); not yet measured, so "
+     "never "
      "auto's choice"},
     {"TORCH_MPIGPU_NODE_TEST_DEVICE_SLOTS", "0", "", ReadAt::GroupCreation,
      "tests only: `1` runs the node algorithm's device-slot code (what the CUDA IPC slots use) "

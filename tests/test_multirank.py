@@ -644,11 +644,19 @@ def test_random_ops_with_node_algorithm_on_nodes_holding_different_counts(np, pr
 # The leader form (NODE_LEADER=1: the node's first rank reduces one-node all_reduce and
 # reduce_scatter for all, and takes all_gather's rows after its peers placed theirs) with the
 # random cases' sizes, dtypes, views and async interleavings: on one node, and on nodes holding
-# different counts (3 + 2 pretended: all_gather's rows shared in the leader form on each node)
-@pytest.mark.parametrize("np, pretend_nodes", [(3, 1), (5, 2)], ids=["1x3", "3+2"])
-def test_random_ops_with_node_algorithm_in_the_leader_form(np, pretend_nodes):
+# different counts (3 + 2 pretended: all_gather's rows shared in the leader form on each node);
+# and the leader mapping its peers' tensors (NODE_LEADER=mapped, emulated on the device-slot code:
+# each peer's tensors copied into its 8 KiB slot and back; larger ones through the slots)
+MAPPED_ON_TEST_SLOTS = {"TORCH_MPIGPU_NODE_LEADER": "mapped", "TORCH_MPIGPU_NODE_TEST_DEVICE_SLOTS": "1",
+                        "TORCH_MPIGPU_NODE_DEVICE_ORDER": "host", "TORCH_MPIGPU_NODE_DEVICE_BUFFER_BYTES": "8192",
+                        "TORCH_MPIGPU_NODE_DEVICE_BUFFER_MAX_BYTES": "8192"}
+
+
+@pytest.mark.parametrize("np, pretend_nodes, extra", [(3, 1, {}), (5, 2, {}), (3, 1, MAPPED_ON_TEST_SLOTS)],
+                         ids=["1x3", "3+2", "1x3-mapped"])
+def test_random_ops_with_node_algorithm_in_the_leader_form(np, pretend_nodes, extra):
     env = {"MPIGPU_RANDOM_CASES": "500", **algo_env("node"), "TORCH_MPIGPU_NODE_BUFFER_BYTES": "4096",
-           "TORCH_MPIGPU_NODE_LEADER": "1", "TORCH_MPIGPU_PRETEND_NODES": str(pretend_nodes)}
+           "TORCH_MPIGPU_NODE_LEADER": "1", "TORCH_MPIGPU_PRETEND_NODES": str(pretend_nodes), **extra}
     assert passed_counts(run_mpi("random_ops.py", np, env=env, timeout=900), np) >= 500
 
 

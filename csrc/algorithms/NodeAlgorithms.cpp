@@ -291,8 +291,8 @@ bool withPeersMapped(NodeOp& o, const std::vector<at::Tensor>& mine, F&& lead) {
       static_cast<int64_t>(std::max(k * sizeof(node::SharedTensorRef), sizeof(MappedVerdict))))
     return false;  // (every rank's host slots are the same size)
   auto* refs = reinterpret_cast<node::SharedTensorRef*>(o.seg.slotData(me));
-  const bool contiguous = std::all_of(mine.begin(), mine.end(),
-                                      [](const at::Tensor& t) { return t.is_contiguous(); });
+  const bool contiguous =
+      std::all_of(mine.begin(), mine.end(), [](const at::Tensor& t) { return t.is_contiguous(); });
   if (me != 0 && contiguous) o.dev->share(mine, refs);
   for (size_t i = 0; me != 0 && !contiguous && i < k; ++i) {
     refs[i].ok = 0;
@@ -321,7 +321,13 @@ bool withPeersMapped(NodeOp& o, const std::vector<at::Tensor>& mine, F&& lead) {
     return false;
   }
   if (me == 0) {
-    lead(all);
+    try {
+      lead(all);
+    } catch (...) {
+      o.dev->settle();  // (what was queued reads the peers' memory: finished before it is unmapped)
+      o.dev->unmapShared();
+      throw;
+    }
     // done before the peers go on, and unmapped before they can free their memory
     settleTimed(*o.dev);
     o.dev->unmapShared();
@@ -850,7 +856,8 @@ class HostDeviceSlots final : public node::DeviceSlots {
                        std::string*) override {
     return seg_->slot(r, at::kByte, slotBytes()).narrow(0, ref.offset, bytes);
   }
-  void collectShared(const std::vector<at::Tensor>& ts, const node::SharedTensorRef* refs) override {
+  void collectShared(const std::vector<at::Tensor>& ts,
+                     const node::SharedTensorRef* refs) override {
     for (size_t i = 0; i < ts.size(); ++i)
       asBytes(ts[i]).copy_(ownBytes().narrow(0, refs[i].offset, bytesOf(ts[i])));
   }

@@ -127,8 +127,8 @@ class IpcSlots final : public node::DeviceSlots {
     for (size_t i = 0; i < ts.size(); ++i) {
       node::SharedTensorRef& ref = refs[i];
       std::string why;
-      void* start = ts[i].device() == device_ ? allocationStart(ts[i].const_data_ptr(), &why)
-                                              : nullptr;
+      void* start =
+          ts[i].device() == device_ ? allocationStart(ts[i].const_data_ptr(), &why) : nullptr;
       cudaIpcMemHandle_t handle{};
       cudaError_t e = cudaSuccess;
       if (ts[i].device() != device_)
