@@ -79,8 +79,15 @@ def require_library(name):
 
 
 def pytest_collection_modifyitems(config, items):
-    """Across the two hosts a one-rank job never leaves h0, so its cases are deselected there (the
+    """Tests marked long_first(seconds=s) run first, longest first: pytest-xdist hands tests out
+    in order, so a long one collected last ends the run alone (test_gpu.py on the lent GPU: its
+    82 s tests began at 78%).
+    Across the two hosts a one-rank job never leaves h0, so its cases are deselected there (the
     one-host legs run them): reported as deselected, not as passed or skipped."""
+    def seconds(item):
+        mark = item.get_closest_marker("long_first")
+        return mark.kwargs.get("seconds", 1) if mark else 0
+    items.sort(key=lambda i: -seconds(i))  # (stable: the rest keep their order)
     if not LAUNCHER.startswith("two-hosts"):
         return
     one_rank = [i for i in items if getattr(i, "callspec", None) and i.callspec.params.get("np") == 1]

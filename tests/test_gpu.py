@@ -23,6 +23,8 @@ from test_reliability import check_ending_a_group_with_a_stuck_op
 
 pytestmark = [pytest.mark.gpu,
               pytest.mark.skipif(not torch.cuda.is_available(), reason="no CUDA device visible")]
+# long_first(seconds=s): the tests that took s (25-82) seconds a case on the lent H200 (2026-12-04b,
+# 4 workers) start first, longest first, so no worker ends the run on one alone (tests/conftest.py)
 
 # The paths themselves: the node algorithm off (auto would take it for all_gather and the large
 # reductions where the ranks share the GPU, as here), so every op goes through the path.
@@ -132,6 +134,7 @@ def host_reducer_failures(op, dtype, n, a, b, scale, expect):
     return failures
 
 
+@pytest.mark.long_first(seconds=49)
 def test_reduce_kernels_match_torch():
     # One process: our CUDA kernels for every reduce op x dtype against torch's ops. The copies
     # both ways are queued, not waited for, and each dtype's results read after one synchronize:
@@ -299,6 +302,7 @@ NODE_ORDER = {"auto": "ordered from the host: ranks of the node share a GPU",
 # the GPU the ranks share, and one-shot and two-shot at 3 ranks.
 # Mapped (NODE_LEADER=mapped): the leader opens its peers' tensors by CUDA IPC for each op and
 # does every rank's work, so the peers queue none.
+@pytest.mark.long_first(seconds=30)
 @pytest.mark.parametrize("np, order, shape, leader", [
     (2, "auto", "1 node x 2 ranks", "auto"),
     (3, "auto", "1 node x 3 ranks", "0"),
@@ -343,6 +347,7 @@ def test_auto_takes_the_leader_form_on_a_shared_gpu(np):
     assert passed_counts(out, np, AUTO_ON_GPU) >= 20
 
 
+@pytest.mark.long_first(seconds=82)
 @pytest.mark.parametrize("order", ["auto", "device"])
 def test_ddp_and_fsdp2_through_the_node_algorithm_cuda(order):
     # training through the CUDA IPC slots, ordered from the host (auto: the ranks share the GPU)
@@ -356,6 +361,7 @@ def test_ddp_and_fsdp2_through_the_node_algorithm_cuda(order):
     assert passed_counts(out, 2, (FSDP - {"FSDP2 mpigpu matches gloo"}) | ran) >= 6
 
 
+@pytest.mark.long_first(seconds=49)
 def test_node_algorithm_cuda_without_ipc_falls_back():
     # device slots that cannot be made (a 1 TiB cudaMalloc fails here as a blocked CUDA IPC
     # would): one warning naming why, and every op through the ring, still right
@@ -384,6 +390,7 @@ def test_cuda_awareness_probe(probe):
         assert "TORCH_MPIGPU_CUDA_AWARE=1 forces them" in out, out[-3000:]
 
 
+@pytest.mark.long_first(seconds=36)
 @pytest.mark.parametrize("path", ["direct", "staged", "hybrid"])
 def test_ddp_cuda(path):
     out = run_mpi("ddp.py", 2, env={"MPIGPU_TEST_DEVICE": "cuda", **path_env(path)})
