@@ -343,6 +343,7 @@ void bindAlgorithmTable(py::module_& m) {
         d["barrier_us"] = static_cast<double>(w.barrierNs) / 1e3;
         d["mapped_ops"] = w.mappedOps;
         d["mapped_refused"] = w.mappedRefused;
+        d["map_us"] = static_cast<double>(w.mapNs) / 1e3;
         d["start_wait_us"] = static_cast<double>(mpigpu::paths::startWaitNs()) / 1e3;
         return d;
       },
@@ -355,7 +356,8 @@ void bindAlgorithmTable(py::module_& m) {
       "host barriers for the peers, start_wait_us: ops' start waiting for the caller's queued "
       "device work (any algorithm); mapped_ops: ops the node's leader did with its peers' "
       "tensors mapped (TORCH_MPIGPU_NODE_LEADER=mapped), mapped_refused: ops that went through "
-      "the slots instead (some tensor could not be mapped).");
+      "the slots instead (some tensor could not be mapped), map_us: the leader opening and closing "
+      "them.");
   m.def(
       "algorithms",
       [] {

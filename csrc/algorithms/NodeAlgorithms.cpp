@@ -28,6 +28,8 @@ std::atomic<uint64_t> g_settleNs{0}, g_barrierNs{0};
 // Ops the leader did with its peers' tensors mapped, and ops that went through the slots instead
 // because some tensor could not be mapped (NODE_LEADER=mapped).
 std::atomic<uint64_t> g_mappedOps{0}, g_mappedRefused{0};
+// Nanoseconds the leader spent opening and closing its peers' tensors (CUDA IPC, every op).
+std::atomic<uint64_t> g_mapNs{0};
 
 uint64_t nanosSince(std::chrono::steady_clock::time_point start) {
   return static_cast<uint64_t>(
@@ -302,8 +304,10 @@ bool withPeersMapped(NodeOp& o, const std::vector<at::Tensor>& mine, F&& lead) {
   auto* verdict = reinterpret_cast<MappedVerdict*>(o.seg.slotData(0));
   MappedTensors all;
   if (me == 0) {
+    const auto start = std::chrono::steady_clock::now();
     const std::string why =
         contiguous ? mapPeers(o, mine, &all) : std::string("the leader's tensor is not contiguous");
+    g_mapNs.fetch_add(nanosSince(start), std::memory_order_relaxed);
     verdict->ok = why.empty() ? 1 : 0;
     std::snprintf(verdict->why, sizeof(verdict->why), "%s", why.c_str());
     if (!why.empty()) {
@@ -330,7 +334,9 @@ bool withPeersMapped(NodeOp& o, const std::vector<at::Tensor>& mine, F&& lead) {
     }
     // done before the peers go on, and unmapped before they can free their memory
     settleTimed(*o.dev);
+    const auto start = std::chrono::steady_clock::now();
     o.dev->unmapShared();
+    g_mapNs.fetch_add(nanosSince(start), std::memory_order_relaxed);
   }
   o.sync(/*wroteForPeers=*/false);
   if (me != 0) o.dev->collectShared(mine, refs);
@@ -893,7 +899,8 @@ NodeWaits nodeWaits() {
       g_hostWaits.load(std::memory_order_relaxed), g_deviceWaits.load(std::memory_order_relaxed),
       SharedSegment::yieldsToPeerOnThisCpu(),      SharedSegment::singleCopyReads(),
       g_settleNs.load(std::memory_order_relaxed),  g_barrierNs.load(std::memory_order_relaxed),
-      g_mappedOps.load(std::memory_order_relaxed), g_mappedRefused.load(std::memory_order_relaxed)};
+      g_mappedOps.load(std::memory_order_relaxed), g_mappedRefused.load(std::memory_order_relaxed),
+      g_mapNs.load(std::memory_order_relaxed)};
 }
 
 bool nodeAllreduce(Context& c, const at::Tensor& buf) {

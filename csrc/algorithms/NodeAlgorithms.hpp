@@ -26,6 +26,7 @@ struct NodeWaits {
   uint64_t barrierNs;          // waiting at host barriers for the node's peers
   uint64_t mappedOps;          // ops the leader did with its peers' tensors mapped (NODE_LEADER)
   uint64_t mappedRefused;      // ops that went through the slots: some tensor could not be mapped
+  uint64_t mapNs;              // the leader opening and closing its peers' tensors
 };
 NodeWaits nodeWaits();
 
