@@ -368,9 +368,9 @@ void allreduceOnHost(NodeOp& o, const at::Tensor& buf) {
   const double scale = finalScale(o.c, t.size);
   if (small(o, buf)) return smallSum(o, buf, buf, 0, scale);
   const int64_t chunk = o.slotBytes() / buf.element_size();
+  if (o.node.mapsPeers(o.dev) && buf.numel() > 0 && allreduceMapped(o, buf, scale)) return;
   // one-shot: every rank reduces all slots in rank order (the same bits everywhere); two-shot:
   // each rank reduces its 1/L, then all copy every slice
-  if (o.node.mapsPeers(o.dev) && buf.numel() > 0 && allreduceMapped(o, buf, scale)) return;
   const bool oneShot = t.nodes == 1 && buf.numel() * buf.element_size() <= o.node.oneShotBytes();
   const bool leader = t.nodes == 1 && o.node.leaderForm(o.dev);
   forPieces(buf.numel(), chunk, [&](int64_t off, int64_t m) {
