@@ -109,6 +109,7 @@ Config Config::fromEnv() {
   c.nodeOneShotBytes = parseInt("TORCH_MPIGPU_NODE_ONE_SHOT_BYTES", 0, kHuge);
   c.nodeSingleCopyBytes = parseInt("TORCH_MPIGPU_NODE_SINGLE_COPY_BYTES", 0, kHuge);
   c.testNoSingleCopy = parseFlag("TORCH_MPIGPU_TEST_NO_SINGLE_COPY");
+  c.testLeaderFailsAt = parseInt("TORCH_MPIGPU_TEST_LEADER_FAILS_AT", 0, kHuge);
   c.nodeDeviceBufferBytes = parseInt("TORCH_MPIGPU_NODE_DEVICE_BUFFER_BYTES", 1, kTiB);
   c.nodeDeviceBufferMaxBytes = parseInt("TORCH_MPIGPU_NODE_DEVICE_BUFFER_MAX_BYTES", 1, kTiB);
   c.nodeTestDeviceSlots = parseFlag("TORCH_MPIGPU_NODE_TEST_DEVICE_SLOTS");

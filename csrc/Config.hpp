@@ -99,6 +99,7 @@ struct Config {
   int64_t nodeSingleCopyBytes = 0;
   // Tests only: this rank's single-copy probe fails (the group must fall back as one).
   bool testNoSingleCopy = false;
+  int64_t testLeaderFailsAt = 0;  // tests: the node's leader fails its Nth mapped op (0: never)
   // Groups whose every member has a GPU: the node algorithm's slots in device memory (CUDA IPC),
   // per rank and half; ops are cut into pieces of this size, each piece two host round trips.
   int64_t nodeDeviceBufferBytes = 0;

@@ -357,7 +357,7 @@ void ProcessGroupMPIGPU::readNodes(int hasGpu) {
   node_ = std::make_unique<node::Node>(
       node::Topology::build(algoComm_, config_.pretendNodes, "new_group"), algoComm_,
       node::HostSpec{config_.nodeBufferBytes, config_.nodeOneShotBytes, config_.nodeSingleCopyBytes,
-                     config_.testNoSingleCopy, config_.nodeLeader},
+                     config_.testNoSingleCopy, config_.nodeLeader, config_.testLeaderFailsAt},
       allGpu != 0 || testSlots,
       testSlots ? algo::hostDeviceSlotsForTests() : paths_->nodeSlots(c10::DeviceType::CUDA),
       node::SlotsSpec{config_.nodeDeviceBufferBytes, config_.nodeDeviceOrder, timeoutMs_.load(),

@@ -110,6 +110,10 @@ const SettingSpec kSettings[] = {
     {"TORCH_MPIGPU_TEST_NO_SINGLE_COPY", "0", "", ReadAt::GroupCreationPerRank,
      "tests only: `1` fails this rank's single-copy probe, as where the kernel forbids it; the "
      "group then copies through the slots as one"},
+    {"TORCH_MPIGPU_TEST_LEADER_FAILS_AT", "0", "", ReadAt::GroupCreationPerRank,
+     "tests only: the node's leader fails this process's Nth op with its peers' tensors mapped "
+     "(`NODE_LEADER=mapped`), as a failed kernel would; its peers must raise, naming it, not "
+     "wait; `0`: never"},
     {"TORCH_MPIGPU_NODE_ACROSS_MIN_BYTES", "262144", "", ReadAt::GroupCreation,
      "auto, groups that span nodes: reductions, all_gather and broadcast from this size take the "
      "node algorithm (hierarchical), smaller ones MPI's own"},

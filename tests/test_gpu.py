@@ -338,6 +338,15 @@ def test_node_algorithm_cuda(np, order, shape, leader):
     assert "no device slots" not in out, out[-3000:]
 
 
+def test_a_leader_failing_with_its_peers_tensors_mapped_fails_the_op_on_every_rank():
+    # as the CPU test (test_multirank.py), with the peers' tensors mapped by CUDA IPC: the
+    # leader's failure still closes them, and the group goes on
+    env = {"MPIGPU_TEST_DEVICE": "cuda", "TORCH_MPIGPU_ALGO": "node", "TORCH_MPIGPU_NODE_LEADER": "mapped",
+           "TORCH_MPIGPU_TEST_LEADER_FAILS_AT": "2"}
+    out = run_mpi("mapped_leader_fails.py", 2, env=env)
+    assert passed_counts(out, 2, {"the leader fails a mapped op"}) >= 4
+
+
 @pytest.mark.parametrize("np", [2, 3])
 def test_auto_takes_the_leader_form_on_a_shared_gpu(np):
     # auto's choice for CUDA tensors where the ranks share the GPU (Algorithms.cpp: nodePicks):

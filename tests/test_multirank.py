@@ -660,6 +660,18 @@ def test_random_ops_with_node_algorithm_in_the_leader_form(np, pretend_nodes, ex
     assert passed_counts(run_mpi("random_ops.py", np, env=env, timeout=900), np) >= 500
 
 
+@pytest.mark.parametrize("np", [2, 3])
+def test_a_leader_failing_with_its_peers_tensors_mapped_fails_the_op_on_every_rank(np):
+    # the leader's second mapped op fails (a test hook, as a failed kernel would): it raises its
+    # own error, each peer one naming the op, itself and the leader, none waits for it, and the
+    # ops either side are right
+    if LAUNCHER.startswith("two-hosts"):
+        pytest.skip("one node's leader; across the hosts no rank shares a node with one here")
+    env = {**MAPPED_ON_TEST_SLOTS, **algo_env("node"), "TORCH_MPIGPU_TEST_LEADER_FAILS_AT": "2"}
+    out = run_mpi("mapped_leader_fails.py", np, env=env)
+    assert passed_counts(out, np, {"the leader fails a mapped op"}) >= 4
+
+
 @pytest.mark.parametrize("np", RANKS)
 def test_random_ops_against_reference(np):
     # 1000 seeded random cases per world size; MPIGPU_RANDOM_CASES=20000 for a long run

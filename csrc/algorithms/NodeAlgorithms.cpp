@@ -6,6 +6,7 @@
 #include <atomic>
 #include <chrono>
 #include <cstring>
+#include <exception>
 #include <vector>
 
 #include "Errors.hpp"
@@ -30,6 +31,8 @@ std::atomic<uint64_t> g_settleNs{0}, g_barrierNs{0};
 std::atomic<uint64_t> g_mappedOps{0}, g_mappedRefused{0};
 // Nanoseconds the leader spent opening and closing its peers' tensors (CUDA IPC, every op).
 std::atomic<uint64_t> g_mapNs{0};
+// Ops this process led with its peers' tensors mapped, failed ones too (the tests' failure hook).
+std::atomic<int64_t> g_ledMapped{0};
 
 uint64_t nanosSince(std::chrono::steady_clock::time_point start) {
   return static_cast<uint64_t>(
@@ -245,10 +248,13 @@ void leaderPiece(NodeOp& o, const at::Tensor& part, double scale) {
 // Three host barriers, none of which waits for device work but the peers' own queued work (their
 // tensors complete) and the leader's (done before they go on).
 
-// The leader's answer after trying to map every peer's tensors: in its host slot.
+// The leader's answers, in its host slot: whether it mapped every peer's tensors (read after the
+// second barrier), then whether its work on them succeeded (after the third).
 struct MappedVerdict {
   int32_t ok;
-  char why[252];
+  int32_t done;
+  char why[248];
+  char failed[256];
 };
 
 // Every local rank's tensors as the leader sees them: [r][i] is rank r's i-th (the leader's own
@@ -279,6 +285,41 @@ std::string mapPeers(NodeOp& o, const std::vector<at::Tensor>& mine, MappedTenso
     }
   }
   return "";
+}
+
+// The leader's part once every peer's tensors are mapped: lead(all), its device work finished
+// and the peers' tensors unmapped before they go on (before they could free that memory), and
+// the outcome in the verdict for them; what lead threw, for the leader to raise.
+template <typename F>
+std::exception_ptr leadMapped(NodeOp& o, const MappedTensors& all, MappedVerdict* verdict,
+                              F&& lead) {
+  std::exception_ptr failure;
+  std::string failed;
+  try {
+    const int64_t failAt = o.node.testLeaderFailsAt();
+    if (g_ledMapped.fetch_add(1, std::memory_order_relaxed) + 1 == failAt)
+      MPIGPU_THROW_BACKEND(o.op, o.rank, "tests: TORCH_MPIGPU_TEST_LEADER_FAILS_AT=", failAt);
+    lead(all);
+    settleTimed(*o.dev);
+  } catch (const c10::Error& e) {
+    failure = std::current_exception();
+    failed = e.what_without_backtrace();
+  } catch (const std::exception& e) {
+    failure = std::current_exception();
+    failed = e.what();
+  }
+  if (failure) {
+    std::snprintf(verdict->failed, sizeof(verdict->failed), "%s", failed.c_str());
+    try {
+      o.dev->settle();  // (what was queued reads the peers' memory: finished before it is unmapped)
+    } catch (const std::exception&) {
+    }
+  }
+  const auto start = std::chrono::steady_clock::now();
+  o.dev->unmapShared();
+  g_mapNs.fetch_add(nanosSince(start), std::memory_order_relaxed);
+  verdict->done = failure ? 0 : 1;
+  return failure;
 }
 
 // Runs lead(all) on the leader, the peers' tensors mapped, and returns true; or false on every
@@ -324,23 +365,23 @@ bool withPeersMapped(NodeOp& o, const std::vector<at::Tensor>& mine, F&& lead) {
     o.flip();
     return false;
   }
-  if (me == 0) {
-    try {
-      lead(all);
-    } catch (...) {
-      o.dev->settle();  // (what was queued reads the peers' memory: finished before it is unmapped)
-      o.dev->unmapShared();
-      throw;
-    }
-    // done before the peers go on, and unmapped before they can free their memory
-    settleTimed(*o.dev);
-    const auto start = std::chrono::steady_clock::now();
-    o.dev->unmapShared();
-    g_mapNs.fetch_add(nanosSince(start), std::memory_order_relaxed);
-  }
+  std::exception_ptr failure;
+  if (me == 0) failure = leadMapped(o, all, verdict, std::forward<F>(lead));
   o.sync(/*wroteForPeers=*/false);
-  if (me != 0) o.dev->collectShared(mine, refs);
+  const bool done = verdict->done != 0;
+  const std::string failed =
+      done ? "" : std::string(verdict->failed, strnlen(verdict->failed, sizeof(verdict->failed)));
+  if (me != 0 && done) o.dev->collectShared(mine, refs);  // (before the slots' halves flip)
   o.flip();
+  if (failure) std::rethrow_exception(failure);
+  // (the leader may have written part of this rank's tensors: they are not results)
+  if (!done)
+    MPIGPU_THROW_BACKEND(o.op, o.rank,
+                         "the node's leader (local rank 0) failed in this op while working on "
+                         "this rank's tensors (",
+                         failed,
+                         "), so they hold no result; see the leader's error, and restart the job "
+                         "(TORCH_MPIGPU_NODE_LEADER=1 keeps each rank's tensors to itself)");
   g_mappedOps.fetch_add(1, std::memory_order_relaxed);
   return true;
 }

@@ -20,6 +20,7 @@ struct HostSpec {
   int64_t singleCopyBytes;  // all_gather from this (per rank) reads the peers' buffers in place
   bool refuseSingleCopy;    // tests: this rank's probe fails, as where the kernel forbids reads
   NodeLeader leader = NodeLeader::Auto;  // the leader form (Config.hpp)
+  int64_t testLeaderFailsAt = 0;         // tests: the leader fails its Nth mapped op (Config.hpp)
 };
 
 class Node {
@@ -36,6 +37,7 @@ class Node {
 
   const Topology& topology() const { return topology_; }
   int64_t oneShotBytes() const { return host_.oneShotBytes; }
+  int64_t testLeaderFailsAt() const { return host_.testLeaderFailsAt; }
   // Whether a host all_gather of `bytes` per rank reads the peers' buffers in place
   // (SharedSegment::readPublished). After segment(); the same on every rank.
   bool singleCopy(int64_t bytes) const { return singleCopy_ && bytes >= host_.singleCopyBytes; }
