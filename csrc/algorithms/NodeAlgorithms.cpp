@@ -253,7 +253,6 @@ void leaderPiece(NodeOp& o, const at::Tensor& part, double scale) {
 struct MappedVerdict {
   int32_t ok;
   int32_t done;
-  char why[248];
   char failed[256];
 };
 
@@ -350,7 +349,6 @@ bool withPeersMapped(NodeOp& o, const std::vector<at::Tensor>& mine, F&& lead) {
         contiguous ? mapPeers(o, mine, &all) : std::string("the leader's tensor is not contiguous");
     g_mapNs.fetch_add(nanosSince(start), std::memory_order_relaxed);
     verdict->ok = why.empty() ? 1 : 0;
-    std::snprintf(verdict->why, sizeof(verdict->why), "%s", why.c_str());
     if (!why.empty()) {
       o.dev->unmapShared();
       TORCH_WARN_ONCE("mpigpu: [rank ", o.rank, "] ", o.op,
