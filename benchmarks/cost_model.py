@@ -43,7 +43,8 @@ P = {
                                           "733 us for 9 x 256 MiB; large copies run faster)"),
     # the leader form there, 2026-12-04 (gpu_h200_2026-12-04b/): 382-505 us from 16 B to 256 KiB
     "shared_leader_fixed_s": Param(452e-6, "measured: the leader form's median op from 16 B to 256 KiB "
-                                           "(2 designed switches took ~3.2 switch times: not explained)"),
+                                           "(2 designed switches took ~3.2 switch times; the likely third: the "
+                                           "leader's stream events, queued while its peer's copies ran)"),
     "gpu_copy_Bps": Param(16 * MIB / 20e-6, "measured: the H200 copies 16 MiB in ~20 us"),
     "today_ring_handoffs_16m": Param(6.5, "measured: today's ring at 16 MiB, 2 ranks: 6-7 hand-offs"),
     # a real node: 8 GPUs, each its own, NVSwitch; and nodes joined by one 400 Gb/s NIC per GPU
@@ -162,17 +163,29 @@ def shared_gpu_leader_checks():
     return rows
 
 
+# Opening and closing a CUDA IPC handle, as UCX measured them with nvprof (V100, 2019,
+# rapidsai/ucx-py#334: cuIpcOpenMemHandle 1.33 ms, cuIpcCloseMemHandle 0.50 ms a call, which is
+# why UCX, Open MPI and NCCL keep what they open). Not measured on the lent GPU's driver yet.
+IPC_OPEN_CLOSE_UCX_2019_S = 1.33e-3 + 0.50e-3
+
+
 def shared_gpu_predictions():
-    """#22's targets on the lent GPU, 2 ranks: what the leader form was predicted to take before
-    it ran (2 switches), and the form where the leader maps its peers' own tensors
-    (NODE_LEADER=mapped: CUDA IPC of the caller's memory, built, not yet run): the peers queue no
-    device work, so one switch at most and 4n bytes (read both inputs, write both outputs); the
-    handles' opening and closing in every op is not in the model (not measured anywhere yet)."""
+    """#22's targets on the lent GPU, 2 ranks. The leader form at its 2 designed switches: what it
+    should take now that an op queues no stream event where the stream has no work left (the
+    leader's events were queued while its peer's copies ran: the likely third switch; not run).
+    The form where the leader maps its peers' own tensors (NODE_LEADER=mapped, not run): the
+    peers queue no device work, so one switch at most and 4n bytes (read both inputs, write both
+    outputs), plus its handles' opening and closing in every op, unknown on this driver: with
+    UCX's 2019 figures it would lose to the slots at every size."""
     rows = []
     for n, target in ((16 * MIB, "<= 0.45 ms"), (256 * MIB, "<= 1.0 ms")):
-        rows.append((f"leader form as predicted (2 switches), {fmt_b(n)}", shared_gpu(n, 2, 8), target))
+        large = v("shared_mem_large_Bps") if n > 16 * MIB else None
+        rows.append((f"leader form, 2 switches (no idle-stream events; not run), {fmt_b(n)}",
+                     shared_gpu(n, 2, 8, large), target))
         rows.append((f"peers' tensors mapped (NODE_LEADER=mapped, not run), {fmt_b(n)}",
-                     shared_gpu(n, 1, 4, v("shared_mem_large_Bps") if n > 16 * MIB else None), target))
+                     shared_gpu(n, 1, 4, large), target))
+        rows.append(("  the same, with an IPC open + close at UCX's 2019 cost",
+                     shared_gpu(n, 1, 4, large) + IPC_OPEN_CLOSE_UCX_2019_S, target))
     return rows
 
 

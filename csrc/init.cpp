@@ -345,6 +345,9 @@ void bindAlgorithmTable(py::module_& m) {
         d["mapped_refused"] = w.mappedRefused;
         d["map_us"] = static_cast<double>(w.mapNs) / 1e3;
         d["start_wait_us"] = static_cast<double>(mpigpu::paths::startWaitNs()) / 1e3;
+        const auto events = mpigpu::paths::orderEvents();
+        d["stream_events"] = events.recorded;
+        d["stream_events_skipped"] = events.skipped;
         return d;
       },
       "How often this process's node-algorithm ops waited for their node's peers: barriers in "
@@ -357,7 +360,10 @@ void bindAlgorithmTable(py::module_& m) {
       "device work (any algorithm); mapped_ops: ops the node's leader did with its peers' "
       "tensors mapped (TORCH_MPIGPU_NODE_LEADER=mapped), mapped_refused: ops that went through "
       "the slots instead (some tensor could not be mapped), map_us: the leader opening and closing "
-      "them.");
+      "them; stream_events: events a device path recorded to order an op after the caller's "
+      "stream or its consumers after the op, stream_events_skipped: those left out because the "
+      "stream had no work left (each event is a device command, a switch where ranks share a "
+      "GPU).");
   m.def(
       "algorithms",
       [] {

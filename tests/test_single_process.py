@@ -922,11 +922,14 @@ def test_auto_env_off_leaves_the_rendezvous_variables_alone(monkeypatch):
     assert "RANK" not in os.environ and "MASTER_ADDR" not in os.environ
 
 
-def test_the_benchmarks_waits_column_counts_the_leaders_mapped_ops():
+def test_the_benchmarks_waits_column_counts_the_leaders_mapped_ops_and_stream_events():
     # waits/op: host and device barriers, then (NODE_LEADER=mapped) the ops the leader did with its
-    # peers' tensors mapped and those that fell back to the slots: a sweep says which form it timed
+    # peers' tensors mapped and those that fell back to the slots: a sweep says which form it timed;
+    # then the stream events queued per op (each a device command, a switch on a shared GPU)
     from torch_mpi_gpu.bench import waits_text
     assert waits_text({}) == "-"
     assert waits_text({"node_waits_per_op": {"host": 2.0, "device": 0.0, "mapped_ops": 0.0}}) == "2h"
     assert waits_text({"node_waits_per_op": {"host": 3.0, "mapped_ops": 1.0, "mapped_refused": 0.0}}) == "3h 1m"
     assert waits_text({"node_waits_per_op": {"host": 3.0, "mapped_ops": 0.5, "mapped_refused": 0.5}}) == "3h 0.5m 0.5r"
+    assert waits_text({"node_waits_per_op": {"host": 2.0, "stream_events": 0.0}}) == "2h"
+    assert waits_text({"node_waits_per_op": {"host": 2.0, "stream_events": 2.0}}) == "2h 2e"

@@ -491,11 +491,14 @@ def wait_times_text(row):
 def waits_text(row):
     """Node-algorithm waits per op: "2h" (host barriers), "2d" (device barriers), "-" (none);
     then, with NODE_LEADER=mapped, " 1m" (ops the leader did with the peers' tensors mapped) and
-    " 1r" (ops that went through the slots instead)."""
+    " 1r" (ops that went through the slots instead); then " 2e": stream events a device path
+    queued to order the op (each a device command: on a GPU the ranks share, one queued during a
+    peer's work costs a switch). This rank's counts (rank 0: the node's leader)."""
     w = row.get("node_waits_per_op") or {}
     parts = [f"{w[k]:.3g}{k[0]}" for k in ("host", "device") if w.get(k)]
-    mapped = [f"{w[k]:.3g}{tag}" for k, tag in (("mapped_ops", "m"), ("mapped_refused", "r")) if w.get(k)]
-    return " ".join(["+".join(parts) or "-"] + mapped)
+    more = [f"{w[k]:.3g}{tag}" for k, tag in (("mapped_ops", "m"), ("mapped_refused", "r"),
+                                              ("stream_events", "e")) if w.get(k)]
+    return " ".join(["+".join(parts) or "-"] + more)
 
 
 def lookup(rows, op, size_bytes, backend):

@@ -125,8 +125,15 @@ class CudaOpBuffers final : public paths::OpBuffers {
 
   void issued(const char* op, int rank) override {
     refuseInsideCapture(device_, op, rank);
-    // MPI must see everything the caller queued on its current stream up to this point.
-    ready_.record(c10::cuda::getCurrentCUDAStream(device_.index()).unwrap());
+    // MPI must see everything the caller queued on its current stream up to this point. Where
+    // that stream has finished it all (the host knows without a device command), there is
+    // nothing to wait for: an event recorded anyway is a command that, on a GPU the ranks share,
+    // can take a switch to this process's time slice in the middle of a peer's work (the node
+    // leader's next op, issued while its peers copy out the last result).
+    const auto current = c10::cuda::getCurrentCUDAStream(device_.index());
+    const bool pending = !current.query();
+    if (pending) ready_.record(current.unwrap());
+    paths::noteOrderEvent(pending);
   }
 
   c10::OptionalStreamGuard enter() override { return c10::OptionalStreamGuard(comm_.unwrap()); }
@@ -203,8 +210,13 @@ class CudaOpBuffers final : public paths::OpBuffers {
         unpackInto(dev, s.users, true);
       }
     }
-    // Consumers (Work.wait(), the future) order their streams after this.
-    done_.record(comm_.unwrap());
+    // Consumers (Work.wait()) order their streams after this; where the comm stream has finished
+    // already (the node leader waited for its work before its last barrier, MPI's device copies
+    // end with the call), they have nothing to wait for, and no event is queued (see issued).
+    // (A future, once asked for, records its own events: c10's CUDA-aware Future.)
+    const bool pending = !comm_.query();
+    if (pending) done_.record(comm_.unwrap());
+    paths::noteOrderEvent(pending);
   }
 
   void release() override {

@@ -10,7 +10,8 @@ namespace mpigpu::paths {
 
 namespace {
 std::atomic<uint64_t> g_startWaitNs{0};
-}
+std::atomic<uint64_t> g_orderEventsRecorded{0}, g_orderEventsSkipped{0};
+}  // namespace
 void noteStartWaitSince(std::chrono::steady_clock::time_point start) {
   const auto waited = std::chrono::steady_clock::now() - start;
   g_startWaitNs.fetch_add(
@@ -18,6 +19,13 @@ void noteStartWaitSince(std::chrono::steady_clock::time_point start) {
       std::memory_order_relaxed);
 }
 uint64_t startWaitNs() { return g_startWaitNs.load(std::memory_order_relaxed); }
+void noteOrderEvent(bool recorded) {
+  (recorded ? g_orderEventsRecorded : g_orderEventsSkipped).fetch_add(1, std::memory_order_relaxed);
+}
+OrderEvents orderEvents() {
+  return {g_orderEventsRecorded.load(std::memory_order_relaxed),
+          g_orderEventsSkipped.load(std::memory_order_relaxed)};
+}
 
 size_t OpBuffers::add(std::vector<at::Tensor> users, Access access, bool elementwise) {
   TORCH_INTERNAL_ASSERT(!users.empty(), "mpigpu: a slot needs at least one tensor");

@@ -40,6 +40,16 @@ enum class Access { Read, ReadWrite, Write };
 // time slice (the benchmark reports it beside the node algorithm's waits).
 void noteStartWaitSince(std::chrono::steady_clock::time_point start);
 uint64_t startWaitNs();
+// Stream events a device path recorded to order an op against the caller's stream (at issue)
+// and its consumers against the op (at its end), and those it left out because the stream had
+// already finished its work. Each event is a command on the device: where the ranks share a
+// GPU, one queued while a peer's work runs costs a switch between their time slices.
+struct OrderEvents {
+  uint64_t recorded;
+  uint64_t skipped;
+};
+void noteOrderEvent(bool recorded);
+OrderEvents orderEvents();
 
 class OpBuffers {
  public:

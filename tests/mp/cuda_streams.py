@@ -1,6 +1,7 @@
 """CUDA stream ordering (run only on a GPU): a collective issued while the producer kernel is
 still running must see the producer's result; consumers on other streams that wait on the Work or
-its future must see the op's result. Every ordering check here fails if the ordering is missing:
+its future must see the op's result; an op queues an ordering event only where the stream has
+work left. Every ordering check here fails if the ordering is missing:
 the producer sleeps on the GPU for tens of milliseconds before writing, so an unordered read sees
 the old zeros. Last, an op issued while the stream is captured into a CUDA graph is refused (a
 graph cannot replay MPI), the capture left intact. MPIGPU_EXPECT_PATH names the path the run must
@@ -132,7 +133,30 @@ def main():
                        for i in range(8)])
     c.close("8 async all_reduces in flight", seen, exp)
 
-    # 5. Inside a CUDA graph capture: refused before anything is queued (MPI runs from the host,
+    # 5. An ordering event only where the stream has work left: each is a command on the device,
+    # and on a GPU the ranks share one queued while a peer's work runs costs a switch between
+    # their time slices (the node leader's next op, issued while its peers copy out).
+    c.section("an ordering event only where the stream has work left")
+    x = torch.full((N // 16,), rank + 1.0, device=dev)
+    torch.cuda.synchronize()
+    idle = torch_mpi_gpu._C.node_waits()
+    dist.all_reduce(x)  # the current stream has finished everything: no event at the start
+    busy = torch_mpi_gpu._C.node_waits()
+    torch.cuda._sleep(SLEEP_CYCLES)
+    x.fill_(rank + 1.0)  # the producer, still queued when the op is issued
+    dist.all_reduce(x)
+    after = torch_mpi_gpu._C.node_waits()
+    torch.cuda.synchronize()
+    c.true("an op issued on an idle stream leaves out its start event",
+           busy["stream_events_skipped"] > idle["stream_events_skipped"],
+           f"skipped {idle['stream_events_skipped']} -> {busy['stream_events_skipped']}")
+    c.true("an op issued on a busy stream records its start event",
+           after["stream_events"] > busy["stream_events"],
+           f"recorded {busy['stream_events']} -> {after['stream_events']}")
+    c.close("the op after a busy producer sees the producer's values", x,
+            torch.full((N // 16,), total))
+
+    # 6. Inside a CUDA graph capture: refused before anything is queued (MPI runs from the host,
     # so a graph could never replay the op); the capture stays intact and the group works after.
     c.section("an op inside a CUDA graph capture is refused")
     x = torch.full((N // 16,), rank + 1.0, device=dev)
