@@ -125,6 +125,8 @@ Config Config::fromEnv() {
                                                            {"mapped", NodeLeader::Mapped}});
   c.testHostPieceBytes = parseInt("TORCH_MPIGPU_TEST_HOST_PIECE_BYTES", 0, kTiB);
   c.nodeAcrossMinBytes = parseInt("TORCH_MPIGPU_NODE_ACROSS_MIN_BYTES", 0, kHuge);
+  c.nodeSharedGpuAllreduceBytes =
+      parseInt("TORCH_MPIGPU_NODE_SHARED_GPU_ALLREDUCE_BYTES", 0, kHuge);
   c.pretendNodes = static_cast<int>(parseInt("TORCH_MPIGPU_PRETEND_NODES", 1, 1 << 20));
   return c;
 }

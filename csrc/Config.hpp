@@ -113,6 +113,9 @@ struct Config {
   int64_t testHostPieceBytes = 0;
   // auto: groups that span nodes take the node algorithm (hierarchical) from this size.
   int64_t nodeAcrossMinBytes = 0;
+  // auto: all_reduce of CUDA tensors where the ranks of one node share a GPU takes the node
+  // algorithm's leader form from this size (the evidence: algorithms/Algorithms.cpp, nodePicks).
+  int64_t nodeSharedGpuAllreduceBytes = 0;
   // Test-only: each real node is cut into this many pretend nodes (hierarchical code on one host).
   int pretendNodes = 1;
   // The settings every rank must share (Settings.hpp: sharedSettings), as read with the rest;

@@ -117,13 +117,18 @@ const SettingSpec kSettings[] = {
     {"TORCH_MPIGPU_NODE_ACROSS_MIN_BYTES", "262144", "", ReadAt::GroupCreation,
      "auto, groups that span nodes: reductions, all_gather and broadcast from this size take the "
      "node algorithm (hierarchical), smaller ones MPI's own"},
+    {"TORCH_MPIGPU_NODE_SHARED_GPU_ALLREDUCE_BYTES", "1048576", "", ReadAt::GroupCreation,
+     "auto, CUDA tensors where the ranks of one node share a GPU: all_reduce from this size takes "
+     "the node algorithm's leader form, smaller ones MPI's own (reduce_scatter from "
+     "`ALGO_MIN_BYTES`, all_gather at any size)"},
     {"TORCH_MPIGPU_PRETEND_NODES", "1", "", ReadAt::GroupCreation,
      "test-only: cut each node into this many nodes of consecutive ranks, so the hierarchical "
      "algorithms run on one host"},
     {"TORCH_MPIGPU_ALGO_MIN_BYTES", "2097152", "", ReadAt::GroupCreation,
      "auto, groups with a GPU: reductions below this use MPI's own collectives, from here the "
      "ring, or the node algorithm's leader form for CUDA tensors where the ranks of one node "
-     "share a GPU (all_gather there takes it at any size)"},
+     "share a GPU (all_reduce there from `NODE_SHARED_GPU_ALLREDUCE_BYTES`, all_gather at any "
+     "size)"},
     {"TORCH_MPIGPU_ALGO_PIECE_BYTES", "33554432", "", ReadAt::GroupCreation,
      "largest message of our algorithms (pieces pipeline against the reduction)"},
     {"TORCH_MPIGPU_CUDA_DIRECT_BYTES", "1048576", "", ReadAt::GroupCreation,

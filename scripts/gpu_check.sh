@@ -43,8 +43,9 @@ SANITIZER="${SANITIZER:-1}"
 SANITIZER_BUDGET_S="${SANITIZER_BUDGET_S:-60}"
 SANITIZER_NODE_BUDGET_S="${SANITIZER_NODE_BUDGET_S:-40}"
 # What the all_reduce sweep compares (bench --backends); the default is the full comparison.
-# mpigpu[ALGO=node]: the node algorithm in CUDA IPC device slots (#22; auto takes it here from
-# ALGO_MIN_BYTES, all_gather at any size, from this sweep's 2026-12-04 run), ordered from the host (auto: the ranks share the GPU),
+# mpigpu[ALGO=node]: the node algorithm in CUDA IPC device slots (#22; auto takes it here for
+# all_reduce from NODE_SHARED_GPU_ALLREDUCE_BYTES, reduce_scatter from ALGO_MIN_BYTES, all_gather
+# at any size, from this sweep's 2026-12-04 run), ordered from the host (auto: the ranks share the GPU),
 # the node's first rank reducing for both (auto there) or each rank its share (NODE_LEADER=0:
 # 2026-12-04's form), by device flags (forced; each barrier waits for the other process's
 # time slice here) and by stream waits (forced, the leader form: no kernel spins while it waits;
@@ -163,6 +164,7 @@ sanitize() {
     step "compute-sanitizer --tool $tool over 40 soak cases, 2 ranks (budget ${SANITIZER_BUDGET_S}s)"
     (cd "$ROOT/tests/mp" && MPIGPU_TEST_DEVICE=cuda MPIGPU_RANDOM_CASES=40 MPIGPU_SOAK_MAX_ELEMENTS=20000 \
       TORCH_MPIGPU_CUDA_DIRECT_BYTES=32768 TORCH_MPIGPU_ALGO_MIN_BYTES=65536 TORCH_MPIGPU_ALGO_PIECE_BYTES=8192 \
+      TORCH_MPIGPU_NODE_SHARED_GPU_ALLREDUCE_BYTES=24576 \
       timeout "$SANITIZER_BUDGET_S" mpirun --oversubscribe -np 2 \
       "$CUDA_HOME/bin/compute-sanitizer" --tool "$tool" --error-exitcode 9 python device_soak.py) \
       >> "$OUT/sanitizer.log" 2>&1

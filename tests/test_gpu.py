@@ -224,8 +224,11 @@ def test_stream_ordering(path, np):
 # The random differential soak on CUDA tensors (#24): each path and forced algorithms at 2-4 ranks
 # on the one GPU, and mixed CUDA/CPU ranks; the thresholds lowered so sizes either side of each
 # stay small. 600 cases a run, 6,000 in all. hybrid (the default) takes auto's node algorithm
-# (the leader form) for all_gather and the reductions from ALGO_MIN_BYTES; direct and staged do not.
-SOAK_THRESHOLDS = {"TORCH_MPIGPU_ALGO_MIN_BYTES": "65536", "TORCH_MPIGPU_CUDA_DIRECT_BYTES": "32768",
+# (the leader form) for all_gather, all_reduce from NODE_SHARED_GPU_ALLREDUCE_BYTES and
+# reduce_scatter from ALGO_MIN_BYTES; direct and staged do not.
+SOAK_THRESHOLDS = {"TORCH_MPIGPU_ALGO_MIN_BYTES": "65536",
+                   "TORCH_MPIGPU_NODE_SHARED_GPU_ALLREDUCE_BYTES": "24576",
+                   "TORCH_MPIGPU_CUDA_DIRECT_BYTES": "32768",
                    "TORCH_MPIGPU_STAGING_CHUNK_BYTES": "16384", "TORCH_MPIGPU_ALGO_PIECE_BYTES": "8192"}
 SOAK_RUNS = {
     "direct, 2 ranks": (2, "direct", {}), "direct, 3 ranks": (3, "direct", {}),
@@ -350,8 +353,9 @@ def test_a_leader_failing_with_its_peers_tensors_mapped_fails_the_op_on_every_ra
 @pytest.mark.parametrize("np", [2, 3])
 def test_auto_takes_the_leader_form_on_a_shared_gpu(np):
     # auto's choice for CUDA tensors where the ranks share the GPU (Algorithms.cpp: nodePicks):
-    # the node algorithm's leader form for all_gather at any size and the reductions from
-    # ALGO_MIN_BYTES, MPI's own just below and for broadcast; results against the CPU reference
+    # the node algorithm's leader form for all_gather at any size, all_reduce from
+    # NODE_SHARED_GPU_ALLREDUCE_BYTES and reduce_scatter from ALGO_MIN_BYTES, MPI's own just below
+    # and for broadcast; results against the CPU reference
     out = run_mpi("auto_algorithm.py", np, timeout=300)
     assert passed_counts(out, np, AUTO_ON_GPU) >= 20
 

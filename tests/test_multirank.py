@@ -240,7 +240,8 @@ STALE_NAME = {"MPIGPU_TEST_STALE_SEGMENT": "1"}
 # algorithm's leader form for CUDA tensors, tests/mp/auto_algorithm.py: shared_gpu)
 AUTO_ON_GPU = {"a member has a GPU: MPI's own below ALGO_MIN_BYTES, then the ring",
                "CUDA tensors on a GPU the ranks share: the node algorithm's leader form for "
-               "all_gather, all_reduce and reduce_scatter from ALGO_MIN_BYTES"}
+               "all_gather, all_reduce from NODE_SHARED_GPU_ALLREDUCE_BYTES, reduce_scatter from "
+               "ALGO_MIN_BYTES"}
 
 
 @pytest.mark.parametrize("np, env", [(1, {}), (2, NO_NODE), (3, NO_NODE), (2, {}), (3, {}),
@@ -461,6 +462,7 @@ def test_device_soak_generator_and_reference_on_cpu(np, algo):
     env = {"MPIGPU_RANDOM_CASES": "300", "TORCH_MPIGPU_ALGO": algo,
            "TORCH_MPIGPU_NODE_BUFFER_BYTES": "8192", "TORCH_MPIGPU_NODE_ONE_SHOT_BYTES": "2048",
            "TORCH_MPIGPU_NODE_SINGLE_COPY_BYTES": "4096",
+           "TORCH_MPIGPU_NODE_SHARED_GPU_ALLREDUCE_BYTES": "6144",
            "TORCH_MPIGPU_ALGO_PIECE_BYTES": "4096"}
     out = run_mpi("device_soak.py", np, env=env)
     assert passed_counts(out, np, {"random cases against the CPU reference"}) >= 300

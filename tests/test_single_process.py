@@ -417,18 +417,20 @@ def test_auto_rules_at_their_thresholds():
         return C._auto_algorithm(op, nbytes, dtype, world, gpu, suits, spans, shared)
 
     algo_min = int(cfg.get("TORCH_MPIGPU_ALGO_MIN_BYTES"))
+    allreduce_min = int(cfg.get("TORCH_MPIGPU_NODE_SHARED_GPU_ALLREDUCE_BYTES"))
+    assert allreduce_min < algo_min  # (the defaults: each threshold met below the other)
     across = int(cfg.get("TORCH_MPIGPU_NODE_ACROSS_MIN_BYTES"))
     # device tensors on a GPU the node's ranks share: the leader form, all_gather at any size,
-    # the two reductions from ALGO_MIN_BYTES (MPI's own just below), never broadcast or reduce
-    for nbytes in (4, algo_min - 4, algo_min, 1 << 28):
+    # all_reduce from NODE_SHARED_GPU_ALLREDUCE_BYTES and reduce_scatter from ALGO_MIN_BYTES (MPI's
+    # own just below), never broadcast or reduce
+    for nbytes in (4, allreduce_min - 4, allreduce_min, algo_min - 4, algo_min, 1 << 28):
         assert pick("all_gather", nbytes, gpu=True, shared=True) == "node"
         assert pick("broadcast", nbytes, gpu=True, shared=True) == "mpi"
-        below = nbytes < algo_min
-        for op in ("all_reduce", "reduce_scatter"):
+        for op, threshold in (("all_reduce", allreduce_min), ("reduce_scatter", algo_min)):
             for dtype in (torch.float32, torch.bfloat16):
-                want = "mpi" if below else "node"
+                want = "mpi" if nbytes < threshold else "node"
                 assert pick(op, nbytes, gpu=True, shared=True, dtype=dtype) == want, (op, nbytes)
-        assert pick("reduce", nbytes, gpu=True, shared=True) == ("mpi" if below else "ring")
+        assert pick("reduce", nbytes, gpu=True, shared=True) == ("mpi" if nbytes < algo_min else "ring")
     # a GPU per rank, groups spanning nodes, one rank per node: the node rule stays off for GPUs
     for kw in ({}, {"shared": True, "spans": True}, {"shared": True, "suits": False}):
         assert pick("all_gather", 1 << 20, gpu=True, **kw) == "mpi", kw

@@ -308,9 +308,10 @@ bool isHalf(at::ScalarType t) { return t == at::kHalf || t == at::kBFloat16; }
 // 64-256 KiB (MPI's own is one IPC copy there) and on par or up to 1.2x slower below;
 // reduce_scatter 1.80x at 4 MiB, 1.68x at 32 MiB, 1.46x at 256 MiB, slower to 512 KiB; all_gather
 // 1.66-1.86x faster at every size to 32 MiB and 1.24x at 256 MiB (MPI's own all_gather of
-// device memory took 614 us even at 16 B). So all_gather at any size and the two reductions
-// from ALGO_MIN_BYTES (2 MiB: reduce_scatter's crossing lies between 512 KiB and 4 MiB, and one
-// threshold keeps every size at least as fast as before). broadcast stays MPI's own (one copy in
+// device memory took 614 us even at 16 B). So all_gather at any size, all_reduce from
+// NODE_SHARED_GPU_ALLREDUCE_BYTES (1 MiB: its crossing lies between 256 KiB, 0.72x, and 1 MiB,
+// 2.27x; the sweep's points) and reduce_scatter from ALGO_MIN_BYTES (2 MiB: its crossing lies
+// between 512 KiB and 4 MiB, the other sweep's points, neither measured closer). broadcast stays MPI's own (one copy in
 // the receiver's process: 70 against 295 us), reduce too (not measured). Each rank reducing (no
 // leader) was slower than the leader form at every size (1.2-2.4x) and is never auto's choice on
 // a GPU; with a GPU per rank (device flags) the node algorithm has not been measured against
@@ -320,8 +321,8 @@ bool nodePicks(const Config& config, const Facts& f) {
   if (f.groupHasGpu) {
     if (!f.onSharedDevice || f.spansNodes) return false;
     if (f.kind == OpKind::Allgather) return true;
-    return (f.kind == OpKind::Allreduce || f.kind == OpKind::ReduceScatter) &&
-           f.bytes >= config.algoMinBytes;
+    if (f.kind == OpKind::Allreduce) return f.bytes >= config.nodeSharedGpuAllreduceBytes;
+    return f.kind == OpKind::ReduceScatter && f.bytes >= config.algoMinBytes;
   }
   return !f.spansNodes || f.bytes >= config.nodeAcrossMinBytes;
 }
@@ -330,8 +331,9 @@ std::string nodeRule(const Config& config, bool groupHasGpu) {
   if (groupHasGpu) {
     return c10::str(
         "node, leader form, for GPU tensors where the ranks of one node share a GPU: all_gather at "
-        "any size, all_reduce and reduce_scatter from ",
-        config.algoMinBytes, " bytes");
+        "any size, all_reduce from ",
+        config.nodeSharedGpuAllreduceBytes, " bytes, reduce_scatter from ", config.algoMinBytes,
+        " bytes");
   }
   return c10::str(
       "node (reductions, all_gather, broadcast) where more than one rank shares a node: at any "

@@ -55,19 +55,20 @@ def uneven_nodes(c, rank, world, ran, all_reduce, reduce_scatter):
 
 
 SHARED_GPU = ("CUDA tensors on a GPU the ranks share: the node algorithm's leader form for all_gather, "
-              "all_reduce and reduce_scatter from ALGO_MIN_BYTES")
+              "all_reduce from NODE_SHARED_GPU_ALLREDUCE_BYTES, reduce_scatter from ALGO_MIN_BYTES")
 
 
 def shared_gpu(c, rank, world, ran, algo_min):
-    """Every rank on the one GPU (the lent machine): all_gather at any size, all_reduce and
-    reduce_scatter from ALGO_MIN_BYTES (the op's bytes, any dtype) take the node algorithm in the
-    leader form, MPI's own just below; broadcast stays MPI's own. Results against the CPU
-    reference."""
+    """Every rank on the one GPU (the lent machine): all_gather at any size, all_reduce from
+    NODE_SHARED_GPU_ALLREDUCE_BYTES and reduce_scatter from ALGO_MIN_BYTES (the op's bytes, any
+    dtype) take the node algorithm in the leader form, MPI's own just below; broadcast stays MPI's
+    own. Results against the CPU reference."""
     c.section(SHARED_GPU)
     dev = torch.device("cuda", torch.cuda.current_device())
+    allreduce_min = int(torch_mpi_gpu.config.get("TORCH_MPIGPU_NODE_SHARED_GPU_ALLREDUCE_BYTES"))
     for dtype in (torch.float32, torch.bfloat16):
         size = torch.empty(0, dtype=dtype).element_size()
-        for numel, want in ((algo_min // size - 1, False), (algo_min // size, True)):
+        for numel, want in ((allreduce_min // size - 1, False), (allreduce_min // size, True)):
             which = "node" if want else "MPI's own"
             inputs = [make_input(110, r, numel, dtype) for r in range(world)]
             t = inputs[rank].to(dev)
@@ -75,6 +76,8 @@ def shared_gpu(c, rank, world, ran, algo_min):
             c.true(f"CUDA {dtype} all_reduce of {numel * size} bytes: {which}", node == want)
             expect, bound = reduced("sum", inputs, dtype)
             c.close(f"CUDA {dtype} all_reduce of {numel * size} bytes", t.cpu(), expect, dtype, bound=bound)
+        for numel, want in ((algo_min // size - 1, False), (algo_min // size, True)):
+            which = "node" if want else "MPI's own"
             per_rank = -(-numel // world) if want else numel // world  # the input's bytes either side
             inputs = [make_input(111, r, world * per_rank, dtype) for r in range(world)]
             out = torch.empty(per_rank, dtype=dtype, device=dev)

@@ -1,7 +1,7 @@
 """Random differential soak (#24): random_ops.py's cases (every collective, dtype, reduce op, root,
 in place or not, sync or async with waits in shuffled order) plus what the device paths add:
 sizes 0, 1, odd and one element either side of every size threshold in effect (ALGO_MIN_BYTES,
-CUDA_DIRECT_BYTES, STAGING_CHUNK_BYTES, ALGO_PIECE_BYTES, NODE_ONE_SHOT_BYTES,
+NODE_SHARED_GPU_ALLREDUCE_BYTES, CUDA_DIRECT_BYTES, STAGING_CHUNK_BYTES, ALGO_PIECE_BYTES, NODE_ONE_SHOT_BYTES,
 NODE_BUFFER_BYTES, NODE_SINGLE_COPY_BYTES: the tests lower them so those sizes stay small), tensors that are views at an
 offset into a larger buffer (whose other elements must stay untouched), point-to-point rings, and
 on a GPU inputs produced on a side stream that is still busy when the op is issued. Expected
@@ -20,7 +20,8 @@ import torch_mpi_gpu
 from common import SEED_OFFSET, Checker, run, use_test_device
 from random_ops import OPS, RED, CaseRun, run_batches
 
-THRESHOLDS = ["TORCH_MPIGPU_ALGO_MIN_BYTES", "TORCH_MPIGPU_CUDA_DIRECT_BYTES",
+THRESHOLDS = ["TORCH_MPIGPU_ALGO_MIN_BYTES", "TORCH_MPIGPU_NODE_SHARED_GPU_ALLREDUCE_BYTES",
+              "TORCH_MPIGPU_CUDA_DIRECT_BYTES",
               "TORCH_MPIGPU_STAGING_CHUNK_BYTES", "TORCH_MPIGPU_ALGO_PIECE_BYTES",
               "TORCH_MPIGPU_NODE_ONE_SHOT_BYTES", "TORCH_MPIGPU_NODE_BUFFER_BYTES",
               "TORCH_MPIGPU_NODE_SINGLE_COPY_BYTES"]
