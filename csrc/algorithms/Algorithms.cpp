@@ -311,11 +311,12 @@ bool isHalf(at::ScalarType t) { return t == at::kHalf || t == at::kBFloat16; }
 // device memory took 614 us even at 16 B). So all_gather at any size, all_reduce from
 // NODE_SHARED_GPU_ALLREDUCE_BYTES (1 MiB: its crossing lies between 256 KiB, 0.72x, and 1 MiB,
 // 2.27x; the sweep's points) and reduce_scatter from ALGO_MIN_BYTES (2 MiB: its crossing lies
-// between 512 KiB and 4 MiB, the other sweep's points, neither measured closer). broadcast stays MPI's own (one copy in
-// the receiver's process: 70 against 295 us), reduce too (not measured). Each rank reducing (no
-// leader) was slower than the leader form at every size (1.2-2.4x) and is never auto's choice on
-// a GPU; with a GPU per rank (device flags) the node algorithm has not been measured against
-// NCCL-class nodes (a shared GPU gives no verdict on it): there auto keeps MPI's own and the ring.
+// between 512 KiB and 4 MiB, the other sweep's points, neither measured closer). broadcast stays
+// MPI's own (one copy in the receiver's process: 70 against 295 us), reduce too (not measured).
+// Each rank reducing (no leader) was slower than the leader form at every size (1.2-2.4x) and is
+// never auto's choice on a GPU; with a GPU per rank (device flags) the node algorithm has not been
+// measured against NCCL-class nodes (a shared GPU gives no verdict on it): there auto keeps MPI's
+// own and the ring.
 bool nodePicks(const Config& config, const Facts& f) {
   if (!f.nodeSuits || f.worldSize == 1 || config.nodeBufferBytes == 0) return false;
   if (f.groupHasGpu) {
