@@ -87,6 +87,8 @@ Config Config::fromEnv() {
   c.cudaReduce = parseChoice<CudaReduce>(
       "TORCH_MPIGPU_CUDA_REDUCE",
       {{"auto", CudaReduce::Auto}, {"direct", CudaReduce::Direct}, {"staged", CudaReduce::Staged}});
+  c.cudaOrderEventsAlways =
+      parseChoice<bool>("TORCH_MPIGPU_CUDA_ORDER_EVENTS", {{"auto", false}, {"always", true}});
   c.cudaProbe = parseChoice<CudaProbe>(
       "TORCH_MPIGPU_CUDA_PROBE",
       {{"auto", CudaProbe::Auto}, {"off", CudaProbe::Off}, {"fail", CudaProbe::Fail}});

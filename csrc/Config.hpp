@@ -46,6 +46,9 @@ struct Config {
   CudaAware cudaAware = CudaAware::Auto;
   CudaReduce cudaReduce = CudaReduce::Auto;
   CudaProbe cudaProbe = CudaProbe::Auto;
+  // TORCH_MPIGPU_CUDA_ORDER_EVENTS=always: a CUDA op records its ordering events even where the
+  // stream has no work left (cuda/CudaPaths.cpp: CudaOpBuffers::issued, stageOut).
+  bool cudaOrderEventsAlways = false;
   AnySourceRecv anySourceRecv = AnySourceRecv::Auto;
   // Piece size of the staged path's pipeline: copies of one piece overlap MPI on the previous.
   int64_t stagingChunkBytes = 0;

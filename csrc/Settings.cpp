@@ -48,6 +48,12 @@ const SettingSpec kSettings[] = {
      "`auto` staged on Open MPI (it reduces device buffers on the host anyway), direct "
      "elsewhere. Our algorithms (the GPU reduces either way): `auto` device pointers for ops "
      "from `TORCH_MPIGPU_CUDA_DIRECT_BYTES`, pinned staging below; `direct`; `staged`"},
+    {"TORCH_MPIGPU_CUDA_ORDER_EVENTS", "auto", "", ReadAt::GroupCreationPerRank,
+     "the stream events that order a CUDA op after the caller's current stream (at issue) and "
+     "`Work.wait()`'s stream after the op: `auto` records each only where its stream still has "
+     "work queued (an event is a device command: where ranks share a GPU, one queued during a "
+     "peer's work costs a switch between their time slices); `always` records both in every op "
+     "(as before 2026-12-05: for comparison)"},
     {"TORCH_MPIGPU_ANY_SOURCE_RECV", "auto", "", ReadAt::GroupCreation,
      "receives from any source (`recv` with `src=None`): `post` hands MPI_Irecv(MPI_ANY_SOURCE) "
      "to the library; `probe` matches each with MPI_Improbe and receives it with MPI_Imrecv "

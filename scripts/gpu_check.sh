@@ -46,13 +46,15 @@ SANITIZER_NODE_BUDGET_S="${SANITIZER_NODE_BUDGET_S:-40}"
 # mpigpu[ALGO=node]: the node algorithm in CUDA IPC device slots (#22; auto takes it here for
 # all_reduce from NODE_SHARED_GPU_ALLREDUCE_BYTES, reduce_scatter from ALGO_MIN_BYTES, all_gather
 # at any size, from this sweep's 2026-12-04 run), ordered from the host (auto: the ranks share the GPU),
-# the node's first rank reducing for both (auto there) or each rank its share (NODE_LEADER=0:
-# 2026-12-04's form), by device flags (forced; each barrier waits for the other process's
+# the node's first rank reducing for both (auto there), the same with every op's stream events
+# recorded as before 2026-12-05 (CUDA_ORDER_EVENTS=always: auto leaves out those whose stream has
+# no work left, the likely third switch of the leader form), by device flags (forced; each
+# barrier waits for the other process's
 # time slice here) and by stream waits (forced, the leader form: no kernel spins while it waits;
 # not yet measured) and with the leader mapping its peer's tensors for each op (NODE_LEADER=mapped:
 # the peer queues no device work; not yet measured). mpigpu[NODE_BUFFER_BYTES=0]: auto without the node algorithm, i.e. what auto
 # took before 2026-12-04b (MPI's own, then the ring), so "no size slower" shows in one run.
-ALLREDUCE_BACKENDS="${ALLREDUCE_BACKENDS:-mpigpu,mpigpu[NODE_BUFFER_BYTES=0],mpigpu[ALGO=node],mpigpu[ALGO=node;NODE_LEADER=0],mpigpu[ALGO=node;NODE_DEVICE_ORDER=device],mpigpu[ALGO=node;NODE_DEVICE_ORDER=stream],mpigpu[ALGO=node;NODE_LEADER=mapped],mpigpu[ALGO=mpi],mpigpu[ALGO=ring;CUDA_REDUCE=direct],mpigpu[ALGO=allgather;CUDA_REDUCE=direct],mpigpu[ALGO=rhd;CUDA_REDUCE=direct],MPI,gloo-host}"
+ALLREDUCE_BACKENDS="${ALLREDUCE_BACKENDS:-mpigpu,mpigpu[NODE_BUFFER_BYTES=0],mpigpu[ALGO=node],mpigpu[ALGO=node;CUDA_ORDER_EVENTS=always],mpigpu[ALGO=node;NODE_DEVICE_ORDER=device],mpigpu[ALGO=node;NODE_DEVICE_ORDER=stream],mpigpu[ALGO=node;NODE_LEADER=mapped],mpigpu[ALGO=mpi],mpigpu[ALGO=ring;CUDA_REDUCE=direct],mpigpu[ALGO=allgather;CUDA_REDUCE=direct],mpigpu[ALGO=rhd;CUDA_REDUCE=direct],MPI,gloo-host}"
 mkdir -p "$OUT" /tmp/ompi /tmp/nccl
 exec > >(tee "$OUT/gpu_check.log") 2>&1
 export PYTHONUNBUFFERED=1
@@ -149,7 +151,7 @@ bench "$ALLREDUCE_BUDGET_S" allreduce_cuda_2ranks --ops allreduce -b 16 -e 256M 
   --backends "$(backends "$ALLREDUCE_BACKENDS")"
 # the other ops: mpigpu's defaults against the previous default, raw MPI and NCCL
 bench "$OTHERS_BUDGET_S" others_cuda_2ranks --ops reduce_scatter,allgather,broadcast -b 16 -e 256M -f 8 -n 20 \
-  --backends "mpigpu,mpigpu[NODE_BUFFER_BYTES=0],mpigpu[ALGO=node],mpigpu[ALGO=node;NODE_LEADER=0],mpigpu[ALGO=node;NODE_DEVICE_ORDER=stream],mpigpu[ALGO=node;NODE_LEADER=mapped],mpigpu[ALGO=mpi]${MPI_OK:+,$MPI_OK}"
+  --backends "mpigpu,mpigpu[NODE_BUFFER_BYTES=0],mpigpu[ALGO=node],mpigpu[ALGO=node;CUDA_ORDER_EVENTS=always],mpigpu[ALGO=node;NODE_DEVICE_ORDER=stream],mpigpu[ALGO=node;NODE_LEADER=mapped],mpigpu[ALGO=mpi]${MPI_OK:+,$MPI_OK}"
 
 fi
 

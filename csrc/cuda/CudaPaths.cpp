@@ -116,12 +116,15 @@ void refuseInsideCapture(const at::Device& device, const char* op, int rank) {
 class CudaOpBuffers final : public paths::OpBuffers {
  public:
   // `directFromBytes`: our algorithms' messages of ops from this size go as device pointers,
-  // smaller ones (or all, at INT64_MAX) through pinned host memory.
-  CudaOpBuffers(Mode mode, at::Device device, c10::cuda::CUDAStream comm, int64_t directFromBytes)
+  // smaller ones (or all, at INT64_MAX) through pinned host memory. `eventsAlways`: record the
+  // ordering events even where their stream has no work left (CUDA_ORDER_EVENTS=always).
+  CudaOpBuffers(Mode mode, at::Device device, c10::cuda::CUDAStream comm, int64_t directFromBytes,
+                bool eventsAlways)
       : OpBuffers(modeName(mode), device),
         mode_(mode),
         comm_(comm),
-        directFromBytes_(directFromBytes) {}
+        directFromBytes_(directFromBytes),
+        eventsAlways_(eventsAlways) {}
 
   void issued(const char* op, int rank) override {
     refuseInsideCapture(device_, op, rank);
@@ -131,7 +134,7 @@ class CudaOpBuffers final : public paths::OpBuffers {
     // can take a switch to this process's time slice in the middle of a peer's work (the node
     // leader's next op, issued while its peers copy out the last result).
     const auto current = c10::cuda::getCurrentCUDAStream(device_.index());
-    const bool pending = !current.query();
+    const bool pending = eventsAlways_ || !current.query();
     if (pending) ready_.record(current.unwrap());
     paths::noteOrderEvent(pending);
   }
@@ -214,7 +217,7 @@ class CudaOpBuffers final : public paths::OpBuffers {
     // already (the node leader waited for its work before its last barrier, MPI's device copies
     // end with the call), they have nothing to wait for, and no event is queued (see issued).
     // (A future, once asked for, records its own events: c10's CUDA-aware Future.)
-    const bool pending = !comm_.query();
+    const bool pending = eventsAlways_ || !comm_.query();
     if (pending) done_.record(comm_.unwrap());
     paths::noteOrderEvent(pending);
   }
@@ -288,6 +291,7 @@ class CudaOpBuffers final : public paths::OpBuffers {
   const Mode mode_;
   c10::cuda::CUDAStream comm_;
   const int64_t directFromBytes_;
+  const bool eventsAlways_;
   c10::Event ready_{c10::DeviceType::CUDA};
   mutable c10::Event done_{c10::DeviceType::CUDA};
   std::vector<at::Tensor> deviceFlat_;  // staged elementwise slots: the device side of the pipe
@@ -378,6 +382,7 @@ class CudaPaths final : public paths::DevicePaths {
         // made on the thread that creates the group: its device is the one the rank chose
         // (the engine thread's current device is always 0)
         callerDevice_(at::hasCUDA() ? c10::cuda::current_device() : 0),
+        eventsAlways_(config.cudaOrderEventsAlways),
         streams_(std::make_shared<GroupStreams>()) {
     std::tie(move_, moveWhy_) = chooseMode(config);
     std::tie(reduce_, reduceWhy_) = chooseReduceMode(config, move_);
@@ -392,7 +397,7 @@ class CudaPaths final : public paths::DevicePaths {
   std::shared_ptr<paths::OpBuffers> create(const at::Device& device, Use use) override {
     const Mode mode = use == Use::Algorithm ? Mode::Algo : use == Use::Reduce ? reduce_ : move_;
     return std::make_shared<CudaOpBuffers>(mode, device, streams_->get(device.index()),
-                                           algoDirectFrom_);
+                                           algoDirectFrom_, eventsAlways_);
   }
 
   // Staged moves and MPI's own reductions go in pipeline pieces; a rank without a GPU has no
@@ -502,6 +507,7 @@ class CudaPaths final : public paths::DevicePaths {
   Mode move_ = Mode::Staged, reduce_ = Mode::Staged;
   std::string moveWhy_, reduceWhy_;
   int64_t algoDirectFrom_ = 0;
+  const bool eventsAlways_;
   std::shared_ptr<GroupStreams> streams_;
 };
 

@@ -8,6 +8,7 @@ graph cannot replay MPI), the capture left intact. MPIGPU_EXPECT_PATH names the 
 take (so a test of the staged path cannot silently run the direct one)."""
 
 import contextlib
+import os
 
 import torch
 import torch.distributed as dist
@@ -155,6 +156,21 @@ def main():
            f"recorded {busy['stream_events']} -> {after['stream_events']}")
     c.close("the op after a busy producer sees the producer's values", x,
             torch.full((N // 16,), total))
+    # TORCH_MPIGPU_CUDA_ORDER_EVENTS=always (read at group creation): both events in every op
+    os.environ["TORCH_MPIGPU_CUDA_ORDER_EVENTS"] = "always"
+    always = dist.new_group(list(range(world)))
+    del os.environ["TORCH_MPIGPU_CUDA_ORDER_EVENTS"]
+    x.fill_(rank + 1.0)
+    torch.cuda.synchronize()
+    before = torch_mpi_gpu._C.node_waits()
+    dist.all_reduce(x, group=always)
+    after = torch_mpi_gpu._C.node_waits()
+    c.true("CUDA_ORDER_EVENTS=always records both events on an idle stream",
+           after["stream_events"] - before["stream_events"] >= 2
+           and after["stream_events_skipped"] == before["stream_events_skipped"],
+           f"recorded {before['stream_events']} -> {after['stream_events']}, skipped "
+           f"{before['stream_events_skipped']} -> {after['stream_events_skipped']}")
+    c.close("CUDA_ORDER_EVENTS=always: the values", x, torch.full((N // 16,), total))
 
     # 6. Inside a CUDA graph capture: refused before anything is queued (MPI runs from the host,
     # so a graph could never replay the op); the capture stays intact and the group works after.
