@@ -30,7 +30,8 @@ P = {
     "cpu_reduce_Bps": Param(0.5 * MIB / 13.5e-6, "measured: reducing a 512 KiB slice of 2 slots, 12-15 us"),
     "cpu_barrier_s": Param(1e-6, "measured: a shared-memory barrier with the peer running, 0.1-1 us"),
     "hosts_link_Bps": Param(10e9 / 8, "spec: the simulated hosts' link, tc tbf 10 Gbit/s each way"),
-    # the lent H200 shared by 2 ranks (issue #22, scripts/gpu_check.sh runs)
+    # the lent H200 shared by 2 ranks (issue #22, scripts/gpu_check.sh runs; from the next lease
+    # benchmarks/shared_gpu_handoff.py measures the hand-off, and a stray event's cost, directly)
     "shared_handoff_s": Param(150e-6, "measured: kernel in A, sync, host flag, kernel in B, one GPU time-sliced"),
     # the node algorithm in CUDA IPC slots on that GPU, 2026-12-04 (gpu_h200_2026-12-04/):
     # one-shot ops (4 switches) took 564-579 us from 16 B to 64 KiB, two-shot (6) 866-867 us

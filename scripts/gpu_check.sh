@@ -117,6 +117,11 @@ env | grep '^OMPI_MCA' || true
 
 cd "$OUT"
 if [ "$BENCH" = 1 ]; then
+# what one switch between two processes' time slices costs here, and whether a stray stream
+# event (a command with no work) queued by one during the other's kernel costs it a switch (the
+# cost model's shared_switch_s; the leader form's third switch, CUDA_ORDER_EVENTS)
+step "hand-offs between two processes on the GPU (budget 60s)"
+timeout 60 python "$ROOT/benchmarks/shared_gpu_handoff.py" --rounds 200 | tee "$OUT/handoff.txt"
 MPI_OK=mpi
 timeout 60 mpirun -np 1 python -c "from mpi4py import MPI; print('mpi4py on', MPI.Get_library_version().splitlines()[0])" \
   || { MPI_OK=; echo "mpi4py cannot use this MPI: raw MPI left out of the benchmark"; }

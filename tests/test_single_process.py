@@ -935,3 +935,13 @@ def test_the_benchmarks_waits_column_counts_the_leaders_mapped_ops_and_stream_ev
     assert waits_text({"node_waits_per_op": {"host": 3.0, "mapped_ops": 0.5, "mapped_refused": 0.5}}) == "3h 0.5m 0.5r"
     assert waits_text({"node_waits_per_op": {"host": 2.0, "stream_events": 0.0}}) == "2h"
     assert waits_text({"node_waits_per_op": {"host": 2.0, "stream_events": 2.0}}) == "2h 2e"
+
+
+def test_the_shared_gpu_handoff_benchmark_runs_its_protocol_on_the_host():
+    # benchmarks/shared_gpu_handoff.py (gpu_check.sh runs it on the lent GPU): its two processes'
+    # three phases, here with host work, end and print every phase
+    out = subprocess.run([sys.executable, str(ROOT / "benchmarks" / "shared_gpu_handoff.py"),
+                          "--device", "cpu", "--rounds", "20", "--work-us", "10"],
+                         capture_output=True, text=True, timeout=120, check=True).stdout
+    for phase in ("alone", "stray event", "hand-off"):
+        assert re.search(rf"^{phase} +\d+\.\d", out, re.M), out
