@@ -9,12 +9,14 @@ a few words of host shared memory.
     python benchmarks/shared_gpu_handoff.py [--rounds 200] [--work-us 50] [--device cuda|cpu]
 
 Process A times its own work, a kernel (torch.cuda._sleep of WORK_US x 1000 cycles: 25-50 us at
-1-2 GHz) then a synchronize,
-in three phases of ROUNDS rounds (medians, microseconds):
+1-2 GHz) then a synchronize, in four phases of ROUNDS rounds (medians, microseconds):
   alone        B does nothing on the device; it only answers A's flag (the host round trip)
   stray event  as alone, but B records an event on its own idle stream while A's kernel runs
+  stray copy   as alone, but B queues a 1 MiB device-to-device copy meanwhile (copy engines
+               may serve another process's copies beside a kernel: peers' copies in and out
+               beside the leader's kernel, if so)
   hand-off     A and B in turn, each its kernel + synchronize, a flag passing the turn: the
-               round trip halved, less one process's turn, is one switch each way
+               round trip, less two turns alone, halved: one switch each way
 
 `--device cpu` runs the same protocol with host work (no time slices: it checks the harness; the
 tests run it so)."""
@@ -29,7 +31,7 @@ import torch.multiprocessing as mp
 
 # the words both processes see: [phase, request, answer, ready]
 PHASE, REQUEST, ANSWER, READY = range(4)
-ALONE, STRAY, HANDOFF, DONE = 1, 2, 3, 4
+ALONE, STRAY, STRAY_COPY, HANDOFF, DONE = 1, 2, 3, 4, 5
 
 
 def wait_for(flags, index, value):
@@ -65,7 +67,7 @@ def a_round(flags, i, device, work_us):
 
 def process_a(flags, device, rounds, work_us, out):
     times = {}
-    for phase in (ALONE, STRAY):
+    for phase in (ALONE, STRAY, STRAY_COPY):
         flags[PHASE] = phase
         wait_for(flags, READY, phase)
         samples = [a_round(flags, phase * 1_000_000 + i, device, work_us) for i in range(rounds)]
@@ -82,13 +84,16 @@ def process_a(flags, device, rounds, work_us, out):
         samples.append(time.perf_counter() - start)
     times[HANDOFF] = statistics.median(samples[rounds // 10:])
     flags[PHASE] = DONE
-    out.extend([times[ALONE], times[STRAY], times[HANDOFF]])
+    out.extend([times[ALONE], times[STRAY], times[STRAY_COPY], times[HANDOFF]])
 
 
 def process_b(flags, device, work_us):
     """B answers A's requests: at once (alone), after recording an event on its own idle stream
     (stray event), or after its own kernel + synchronize (hand-off)."""
     event_stream = torch.cuda.Stream(device) if device.type == "cuda" else None
+    src = torch.ones(1 << 18, device=device)  # 1 MiB
+    dst = torch.empty_like(src)
+    synchronize(device)
     seen = 0
     while True:
         phase = flags[PHASE]
@@ -103,6 +108,9 @@ def process_b(flags, device, work_us):
             continue
         if phase == STRAY and event_stream is not None:
             torch.cuda.Event().record(event_stream)  # a command with no work before it
+        if phase == STRAY_COPY and event_stream is not None:
+            with torch.cuda.stream(event_stream):
+                dst.copy_(src, non_blocking=True)
         if phase == HANDOFF:
             device_work(device, work_us)
             synchronize(device)
@@ -133,7 +141,7 @@ def main(argv=None):
         sys.exit("--device cuda: no CUDA device visible")
     ctx = mp.get_context("spawn")
     flags = ctx.Array("q", 4, lock=False)
-    results = ctx.Array("d", 3, lock=False)
+    results = ctx.Array("d", 4, lock=False)
     procs = [ctx.Process(target=child, args=(role, flags, args.device, args.rounds, args.work_us,
                                              results)) for role in ("a", "b")]
     for p in procs:
@@ -142,13 +150,15 @@ def main(argv=None):
         p.join(timeout=600)
         if p.exitcode != 0:
             sys.exit(f"a process exited with {p.exitcode}")
-    alone, stray, handoff = (t * 1e6 for t in results)
+    alone, stray, copy, handoff = (t * 1e6 for t in results)
     name = torch.cuda.get_device_name(0) if args.device.startswith("cuda") else "host (harness check)"
     print(f"# {name}: 2 processes, {args.rounds} rounds each phase, work {args.work_us:.0f} us, medians")
     print(f"{'phase':<14}{'us':>10}  reading")
     print(f"{'alone':<14}{alone:>10.1f}  A's kernel + synchronize, B answering from the host")
     print(f"{'stray event':<14}{stray:>10.1f}  the same, B recording an event meanwhile: "
           f"{stray / alone:.2f}x alone, {stray - alone:+.1f} us")
+    print(f"{'stray copy':<14}{copy:>10.1f}  the same, B copying 1 MiB meanwhile: "
+          f"{copy / alone:.2f}x alone, {copy - alone:+.1f} us")
     print(f"{'hand-off':<14}{handoff:>10.1f}  A's turn and B's: one switch each way = "
           f"{max(handoff - 2 * alone, 0) / 2:.1f} us each beyond the two turns alone")
 

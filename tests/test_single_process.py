@@ -943,5 +943,5 @@ def test_the_shared_gpu_handoff_benchmark_runs_its_protocol_on_the_host():
     out = subprocess.run([sys.executable, str(ROOT / "benchmarks" / "shared_gpu_handoff.py"),
                           "--device", "cpu", "--rounds", "20", "--work-us", "10"],
                          capture_output=True, text=True, timeout=120, check=True).stdout
-    for phase in ("alone", "stray event", "hand-off"):
+    for phase in ("alone", "stray event", "stray copy", "hand-off"):
         assert re.search(rf"^{phase} +\d+\.\d", out, re.M), out
