@@ -148,21 +148,30 @@ class IpcSlots final : public node::DeviceSlots {
   at::Tensor mapShared(int r, const node::SharedTensorRef& ref, int64_t bytes,
                        std::string* why) override {
     c10::cuda::CUDAGuard guard(device_);
-    cudaIpcMemHandle_t handle;
-    std::memcpy(&handle, ref.handle, sizeof(handle));
-    void* p = nullptr;
-    const cudaError_t e = cudaIpcOpenMemHandle(&p, handle, cudaIpcMemLazyEnablePeerAccess);
-    if (e != cudaSuccess) {
-      *why = c10::str("cudaIpcOpenMemHandle: ", cudaText(e));
-      return {};
+    // One open per allocation and op: a peer's tensors of one op often share one (an all_gather
+    // in place: its input is its row of the output), and an open may cost milliseconds.
+    auto opened = std::find_if(mappedShared_.begin(), mappedShared_.end(), [&](const auto& m) {
+      return m.rank == r && std::memcmp(m.handle.reserved, ref.handle, sizeof(m.handle)) == 0;
+    });
+    void* p = opened != mappedShared_.end() ? opened->p : nullptr;
+    if (p == nullptr) {
+      OpenedHandle next{r, {}, nullptr};
+      std::memcpy(&next.handle, ref.handle, sizeof(next.handle));
+      const cudaError_t e =
+          cudaIpcOpenMemHandle(&next.p, next.handle, cudaIpcMemLazyEnablePeerAccess);
+      if (e != cudaSuccess) {
+        *why = c10::str("cudaIpcOpenMemHandle: ", cudaText(e));
+        return {};
+      }
+      mappedShared_.push_back(next);
+      p = next.p;
     }
-    mappedShared_.push_back(p);  // (the same allocation twice: opened twice, closed twice)
     return at::from_blob(static_cast<uint8_t*>(p) + ref.offset, {bytes},
                          at::TensorOptions().dtype(at::kByte).device(device_));
   }
   void unmapShared() override {
     c10::cuda::CUDAGuard guard(device_);
-    for (void* p : mappedShared_) cudaIpcCloseMemHandle(p);
+    for (const auto& m : mappedShared_) cudaIpcCloseMemHandle(m.p);
     mappedShared_.clear();
     cudaGetLastError();  // a close that failed leaks a mapping; it is not the next call's error
   }
@@ -197,7 +206,13 @@ class IpcSlots final : public node::DeviceSlots {
   bool sharedGpu_ = false;  // fewer GPUs than ranks on this node
   std::string ordering_ = "ordered from the host";
   NodeBarrierArgs barrierArgs_{};
-  std::vector<void*> mappedShared_;  // the peers' tensors' allocations, open for this op
+  // the peers' tensors' allocations, open for this op: local rank, handle, where mapped here
+  struct OpenedHandle {
+    int rank;
+    cudaIpcMemHandle_t handle;
+    void* p;
+  };
+  std::vector<OpenedHandle> mappedShared_;
 
  private:
   const at::Device device_;
