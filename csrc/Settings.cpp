@@ -53,7 +53,8 @@ const SettingSpec kSettings[] = {
      "`Work.wait()`'s stream after the op: `auto` records each only where its stream still has "
      "work queued (an event is a device command: where ranks share a GPU, one queued during a "
      "peer's work costs a switch between their time slices); `always` records both in every op "
-     "(as before 2026-12-05: for comparison)"},
+     "(as before 2026-12-05: for comparison, and where an input comes from a blocking stream made "
+     "outside torch that only the legacy default stream's implicit wait ordered)"},
     {"TORCH_MPIGPU_ANY_SOURCE_RECV", "auto", "", ReadAt::GroupCreation,
      "receives from any source (`recv` with `src=None`): `post` hands MPI_Irecv(MPI_ANY_SOURCE) "
      "to the library; `probe` matches each with MPI_Improbe and receives it with MPI_Imrecv "
