@@ -157,6 +157,8 @@ bench "$ALLREDUCE_BUDGET_S" allreduce_cuda_2ranks --ops allreduce -b 16 -e 256M 
 # the other ops: mpigpu's defaults against the previous default, raw MPI and NCCL
 bench "$OTHERS_BUDGET_S" others_cuda_2ranks --ops reduce_scatter,allgather,broadcast -b 16 -e 256M -f 8 -n 20 \
   --backends "mpigpu,mpigpu[NODE_BUFFER_BYTES=0],mpigpu[ALGO=node],mpigpu[ALGO=node;CUDA_ORDER_EVENTS=always],mpigpu[ALGO=node;NODE_DEVICE_ORDER=stream],mpigpu[ALGO=node;NODE_LEADER=mapped],mpigpu[ALGO=mpi]${MPI_OK:+,$MPI_OK}"
+# #22's targets from the two sweeps, met or not, and every form at the target sizes
+python "$ROOT/benchmarks/gpu_targets.py" allreduce_cuda_2ranks.json others_cuda_2ranks.json | tee targets.txt || true
 
 fi
 

@@ -945,3 +945,48 @@ def test_the_shared_gpu_handoff_benchmark_runs_its_protocol_on_the_host():
                          capture_output=True, text=True, timeout=120, check=True).stdout
     for phase in ("alone", "stray event", "stray copy", "hand-off"):
         assert re.search(rf"^{phase} +\d+\.\d", out, re.M), out
+
+
+def test_the_gpu_scorecard_reads_a_lent_gpus_run():
+    # benchmarks/gpu_targets.py (gpu_check.sh runs it after its sweeps) on the committed
+    # 2026-12-04b run: what that run's README says, target by target
+    run = ROOT / "benchmarks" / "results" / "gpu_h200_2026-12-04b"
+    out = subprocess.run([sys.executable, str(ROOT / "benchmarks" / "gpu_targets.py"),
+                          str(run / "call1_allreduce_cuda_2ranks.json"),
+                          str(run / "call1_others_cuda_2ranks.json")],
+                         capture_output=True, text=True, timeout=60, check=True).stdout
+    assert re.search(r"^all_reduce 16 MiB <= 0.45 ms +NOT MET +1.13 ms$", out, re.M), out
+    assert re.search(r"^all_reduce 256 MiB .* +NOT MET +1.66 ms, 162 GB/s$", out, re.M), out
+    assert "1 MiB 872 us > 762 us" in out, out
+    assert re.search(r"^reduce_scatter >= 2x .*NOT MET +32 MiB 1.68x, 256 MiB 1.46x", out, re.M), out
+    assert re.search(r"^all_gather >= 2x .*NOT MET +32 MiB 1.70x, 256 MiB 1.24x", out, re.M), out
+    assert re.search(r"^mpigpu\[ALGO=node\] +383 us \(2h\) +523 us \(2h\) +1.02 ms \(2h\)$", out, re.M), out
+
+
+def test_the_gpu_scorecard_says_met_where_a_run_meets_the_targets(tmp_path):
+    # a made-up run that meets every target, and one size of all_reduce behind the same run's
+    # auto without the node algorithm: each line must say so
+    MIB = 1 << 20
+
+    def row(op, nbytes, backend, us, host=0.0):
+        return {"op": op, "bytes": nbytes, "backend": backend, "median_us": us,
+                "busbw_GBps": nbytes / us / 1e3, "node_waits_per_op": {"host": host}}
+    before = "mpigpu[NODE_BUFFER_BYTES=0]"
+    ar = [row("allreduce", b, "mpigpu", us, host) for b, us, host in
+          ((16, 200, 0), (64 << 10, 150, 0), (MIB, 300, 2), (16 * MIB, 350, 2), (256 * MIB, 900, 2))]
+    ar += [row("allreduce", b, before, us) for b, us in
+           ((16, 150, ), (64 << 10, 160), (MIB, 800), (16 * MIB, 1100), (256 * MIB, 1600))]
+    ot = [row(op, b, be, us) for op in ("reduce_scatter", "allgather")
+          for b, be, us in ((32 * MIB, "mpigpu", 300), (32 * MIB, before, 700),
+                            (256 * MIB, "mpigpu", 500), (256 * MIB, before, 1100))]
+    paths = []
+    for name, rows in (("ar.json", ar), ("ot.json", ot)):
+        (tmp_path / name).write_text(json.dumps({"header": {}, "rows": rows}))
+        paths.append(str(tmp_path / name))
+    out = subprocess.run([sys.executable, str(ROOT / "benchmarks" / "gpu_targets.py"), *paths],
+                         capture_output=True, text=True, timeout=60, check=True).stdout
+    for target in ("all_reduce 16 MiB", "all_reduce 256 MiB", "<= 2 hand-offs", "071b096",
+                   "reduce_scatter >= 2x", "all_gather >= 2x"):
+        assert re.search(rf"^[^\n]*{re.escape(target)}[^\n]* met ", out, re.M), (target, out)
+    assert re.search(r"^all_reduce no slower than auto without node .* NOT MET +16 B 200 us > 150 us$",
+                     out, re.M), out

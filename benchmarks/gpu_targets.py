@@ -1,0 +1,134 @@
+"""#22's scorecard for one shared GPU, 2 ranks: each benchmark target, what a `gpu_check.sh` run
+measured, the ratio, met / not met; then every node-algorithm form at the target sizes, so the
+run says which form would meet them. Nothing here asserts: the table is the result.
+
+    python benchmarks/gpu_targets.py RUN/allreduce_cuda_2ranks.json RUN/others_cuda_2ranks.json
+
+Targets (issue #22, "Done when", one shared GPU, 2 ranks, fp32 medians):
+  1. all_reduce 16 MiB <= 0.45 ms;
+  2. all_reduce 256 MiB <= 1.0 ms and >= 270 GB/s bus bandwidth;
+  3. at most two cross-process hand-offs per op (the benchmark's host barriers per op, `waits/op`);
+  4. no size slower than "today": 071b096's all_reduce on the lent H200 (the issue's table), and
+     the same run's auto without the node algorithm (`mpigpu[NODE_BUFFER_BYTES=0]`) where present;
+  5. reduce_scatter and all_gather >= 2x "today" from 16 MiB: against the same run's auto without
+     the node algorithm (or, in runs from before that row existed, auto itself, which then was).
+"""
+
+import argparse
+import json
+
+MIB = 1 << 20
+AUTO, BEFORE = "mpigpu", "mpigpu[NODE_BUFFER_BYTES=0]"
+# 071b096 on the lent H200, 2 ranks (issue #22's table): bytes -> all_reduce median, seconds
+TODAY_ALLREDUCE = {16: 320e-6, 64 << 10: 252e-6, MIB: 762e-6, 16 * MIB: 1.01e-3, 256 * MIB: 1.67e-3}
+
+
+def load(path):
+    with open(path) as f:
+        rows = json.load(f)["rows"]
+    return {(r["op"], r["bytes"], r["backend"]): r for r in rows if "median_us" in r}
+
+
+def us(row):
+    return row["median_us"] if row else None
+
+
+def verdict(ok):
+    return "-" if ok is None else ("met" if ok else "NOT MET")
+
+
+def size(b):
+    return f"{b // MIB} MiB" if b >= MIB else f"{b // 1024} KiB" if b >= 1024 else f"{b} B"
+
+
+def fmt(t_us):
+    if t_us is None:
+        return "-"
+    return f"{t_us:.0f} us" if t_us < 1000 else f"{t_us / 1000:.2f} ms"
+
+
+def allreduce_targets(ar):
+    lines = []
+    r16, r256 = ar.get(("allreduce", 16 * MIB, AUTO)), ar.get(("allreduce", 256 * MIB, AUTO))
+    lines.append(("all_reduce 16 MiB <= 0.45 ms", fmt(us(r16)),
+                  verdict(r16 and us(r16) <= 450)))
+    ok256 = r256 and us(r256) <= 1000 and r256["busbw_GBps"] >= 270
+    lines.append(("all_reduce 256 MiB <= 1.0 ms, >= 270 GB/s",
+                  f"{fmt(us(r256))}, {r256['busbw_GBps']:.0f} GB/s" if r256 else "-", verdict(ok256)))
+    # (MPI's own and the ring count none here: only the node algorithm's host barriers)
+    waits = [r["node_waits_per_op"].get("host", 0.0) for (op, b, be), r in ar.items()
+             if be == AUTO and op == "allreduce" and r["node_waits_per_op"].get("host")]
+    lines.append(("<= 2 hand-offs per op (auto's node ops)",
+                  f"at most {max(waits):.3g} per op" if waits else "auto took no node op",
+                  verdict(max(waits) <= 2) if waits else "-"))
+    slower = []
+    for b, t in sorted(TODAY_ALLREDUCE.items()):
+        r = ar.get(("allreduce", b, AUTO))
+        if r and us(r) > t * 1e6:
+            slower.append(f"{size(b)} {fmt(us(r))} > {fmt(t * 1e6)}")
+    lines.append(("all_reduce no slower than 071b096", "; ".join(slower) or "none slower",
+                  verdict(not slower)))
+    same_run = [(b, r, ar.get(("allreduce", b, BEFORE))) for (op, b, be), r in ar.items()
+                if be == AUTO and op == "allreduce"]
+    behind = [f"{size(b)} {fmt(us(r))} > {fmt(us(o))}" for b, r, o in sorted(same_run, key=lambda x: x[0])
+              if o and us(r) > us(o) * 1.05]
+    have = any(o for _, _, o in same_run)
+    lines.append(("all_reduce no slower than auto without node (this run, 5%)",
+                  "; ".join(behind) or ("none slower" if have else "no such row"),
+                  verdict(not behind) if have else "-"))
+    return lines
+
+
+def others_targets(ot):
+    lines = []
+    for op, name in (("reduce_scatter", "reduce_scatter"), ("allgather", "all_gather")):
+        sizes = sorted({b for (o, b, be) in ot if o == op and b >= 16 * MIB})
+        base = BEFORE if any(k[2] == BEFORE for k in ot) else AUTO
+        ratios = []
+        for b in sizes:
+            now, before = ot.get((op, b, AUTO)), ot.get((op, b, base))
+            node = ot.get((op, b, "mpigpu[ALGO=node]"))
+            best = now if base == BEFORE else node  # (auto was the old path in such runs)
+            if best and before:
+                ratios.append((b, us(before) / us(best)))
+        text = ", ".join(f"{size(b)} {x:.2f}x" for b, x in ratios) or "-"
+        if base != BEFORE:
+            text += " (ALGO=node against auto, the old path in this run)"
+        lines.append((f"{name} >= 2x before, from 16 MiB", text,
+                      verdict(bool(ratios) and all(x >= 2 for _, x in ratios)) if ratios else "-"))
+    return lines
+
+
+def forms(ar, sizes=(MIB, 16 * MIB, 256 * MIB)):
+    """Every mpigpu row at the target sizes: which form would meet them."""
+    names = sorted({be for (op, b, be) in ar if op == "allreduce" and be.startswith("mpigpu")})
+    out = []
+    for be in names:
+        cells = []
+        for b in sizes:
+            r = ar.get(("allreduce", b, be))
+            cells.append(fmt(us(r)) + (f" ({r['node_waits_per_op'].get('host', 0):.3g}h)"
+                                       if r and r["node_waits_per_op"].get("host") else ""))
+        out.append((be, cells))
+    return out
+
+
+def main(argv=None):
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("allreduce_json")
+    ap.add_argument("others_json", nargs="?")
+    args = ap.parse_args(argv)
+    ar = load(args.allreduce_json)
+    lines = allreduce_targets(ar) + (others_targets(load(args.others_json)) if args.others_json else [])
+    width = max(len(t) for t, _, _ in lines)
+    print(f"# #22 on one shared GPU, 2 ranks: {args.allreduce_json}")
+    for target, measured, ok in lines:
+        print(f"{target:<{width}}  {ok:>7}  {measured}")
+    print("\n# all_reduce by form (median; h: host barriers per op, rank 0)")
+    print(f"{'backend':<48}{'1 MiB':>16}{'16 MiB':>16}{'256 MiB':>16}")
+    for be, cells in forms(ar):
+        print(f"{be:<48}" + "".join(f"{c:>16}" for c in cells))
+
+
+if __name__ == "__main__":
+    main()
