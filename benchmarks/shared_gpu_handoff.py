@@ -142,14 +142,16 @@ def main(argv=None):
     ctx = mp.get_context("spawn")
     flags = ctx.Array("q", 4, lock=False)
     results = ctx.Array("d", 4, lock=False)
-    procs = [ctx.Process(target=child, args=(role, flags, args.device, args.rounds, args.work_us,
-                                             results)) for role in ("a", "b")]
-    for p in procs:
-        p.start()
-    for p in procs:
-        p.join(timeout=600)
-        if p.exitcode != 0:
-            sys.exit(f"a process exited with {p.exitcode}")
+    # daemons: if A fails, B (which spins on the flags) must not outlive this process
+    a, b = (ctx.Process(target=child, args=(role, flags, args.device, args.rounds, args.work_us,
+                                            results), daemon=True) for role in ("a", "b"))
+    a.start()
+    b.start()
+    a.join(timeout=600)
+    flags[PHASE] = DONE  # (B's way out, whatever became of A)
+    b.join(timeout=30)
+    if a.exitcode != 0 or b.exitcode != 0:
+        sys.exit(f"the timing process exited with {a.exitcode}, the other with {b.exitcode}")
     alone, stray, copy, handoff = (t * 1e6 for t in results)
     name = torch.cuda.get_device_name(0) if args.device.startswith("cuda") else "host (harness check)"
     print(f"# {name}: 2 processes, {args.rounds} rounds each phase, work {args.work_us:.0f} us, medians")
