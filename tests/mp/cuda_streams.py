@@ -8,6 +8,7 @@ graph cannot replay MPI), the capture left intact. MPIGPU_EXPECT_PATH names the 
 take (so a test of the staged path cannot silently run the direct one)."""
 
 import contextlib
+import ctypes
 import os
 
 import torch
@@ -171,6 +172,22 @@ def main():
            f"recorded {before['stream_events']} -> {after['stream_events']}, skipped "
            f"{before['stream_events_skipped']} -> {after['stream_events_skipped']}")
     c.close("CUDA_ORDER_EVENTS=always: the values", x, torch.full((N // 16,), total))
+    # ... and it keeps the legacy default stream's implicit wait for a blocking stream made
+    # outside torch (architecture.md): the producer on such a stream, the op issued on the idle
+    # legacy stream. (auto leaves that event out: there the caller must synchronize itself.)
+    if torch.cuda.current_stream().cuda_stream == 0:  # the legacy default stream is current
+        libcuda = ctypes.CDLL("libcuda.so.1")
+        handle = ctypes.c_void_p()
+        c.true("a blocking stream made with the driver", libcuda.cuStreamCreate(ctypes.byref(handle), 0) == 0)
+        y = torch.zeros(N // 16, device=dev)
+        torch.cuda.synchronize()
+        with torch.cuda.stream(torch.cuda.ExternalStream(handle.value)):
+            busy_then_fill(y, rank + 1.0)
+        dist.all_reduce(y, group=always)
+        torch.cuda.synchronize()
+        libcuda.cuStreamDestroy_v2(handle)
+        c.close("CUDA_ORDER_EVENTS=always: after a blocking stream made outside torch", y,
+                torch.full((N // 16,), total))
 
     # 6. Inside a CUDA graph capture: refused before anything is queued (MPI runs from the host,
     # so a graph could never replay the op); the capture stays intact and the group works after.
