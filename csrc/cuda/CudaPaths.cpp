@@ -133,10 +133,7 @@ class CudaOpBuffers final : public paths::OpBuffers {
     // nothing to wait for: an event recorded anyway is a command that, on a GPU the ranks share,
     // can take a switch to this process's time slice in the middle of a peer's work (the node
     // leader's next op, issued while its peers copy out the last result).
-    const auto current = c10::cuda::getCurrentCUDAStream(device_.index());
-    const bool pending = eventsAlways_ || !current.query();
-    if (pending) ready_.record(current.unwrap());
-    paths::noteOrderEvent(pending);
+    recordIfPending(ready_, c10::cuda::getCurrentCUDAStream(device_.index()));
   }
 
   c10::OptionalStreamGuard enter() override { return c10::OptionalStreamGuard(comm_.unwrap()); }
@@ -217,9 +214,7 @@ class CudaOpBuffers final : public paths::OpBuffers {
     // already (the node leader waited for its work before its last barrier, MPI's device copies
     // end with the call), they have nothing to wait for, and no event is queued (see issued).
     // (A future, once asked for, records its own events: c10's CUDA-aware Future.)
-    const bool pending = eventsAlways_ || !comm_.query();
-    if (pending) done_.record(comm_.unwrap());
-    paths::noteOrderEvent(pending);
+    recordIfPending(done_, comm_);
   }
 
   void release() override {
@@ -260,6 +255,13 @@ class CudaOpBuffers final : public paths::OpBuffers {
   }
 
  private:
+  // Records `event` on `stream` unless the stream has no work left (CUDA_ORDER_EVENTS=auto).
+  void recordIfPending(c10::Event& event, const c10::cuda::CUDAStream& stream) const {
+    const bool pending = eventsAlways_ || !stream.query();
+    if (pending) event.record(stream.unwrap());
+    paths::noteOrderEvent(pending);
+  }
+
   // The users as one flat device tensor: the caller's memory when that is possible (one
   // contiguous tensor, or tensors back to back in one storage), else packed on the comm stream.
   static at::Tensor deviceView(Slot& s) {
