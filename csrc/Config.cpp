@@ -125,6 +125,7 @@ Config Config::fromEnv() {
                                                            {"1", NodeLeader::On},
                                                            {"0", NodeLeader::Off},
                                                            {"mapped", NodeLeader::Mapped}});
+  c.nodeMappedKeep = parseInt("TORCH_MPIGPU_NODE_MAPPED_KEEP", 0, 1 << 20);
   c.testHostPieceBytes = parseInt("TORCH_MPIGPU_TEST_HOST_PIECE_BYTES", 0, kTiB);
   c.nodeAcrossMinBytes = parseInt("TORCH_MPIGPU_NODE_ACROSS_MIN_BYTES", 0, kHuge);
   c.nodeSharedGpuAllreduceBytes =

@@ -109,6 +109,8 @@ struct Config {
   int64_t nodeDeviceBufferMaxBytes = 0;  // ... grown on demand up to this
   NodeDeviceOrder nodeDeviceOrder = NodeDeviceOrder::Auto;
   NodeLeader nodeLeader = NodeLeader::Auto;
+  // NODE_LEADER=mapped: the peers' allocations the leader keeps mapped across ops (0: none).
+  int64_t nodeMappedKeep = 0;
   // Tests only: groups without a GPU run the device-slot code on host memory.
   bool nodeTestDeviceSlots = false;
   // Tests only: this rank's host paths cut all_reduce/reduce/broadcast into MPI calls of this

@@ -361,7 +361,8 @@ void ProcessGroupMPIGPU::readNodes(int hasGpu) {
       allGpu != 0 || testSlots,
       testSlots ? algo::hostDeviceSlotsForTests() : paths_->nodeSlots(c10::DeviceType::CUDA),
       node::SlotsSpec{config_.nodeDeviceBufferBytes, config_.nodeDeviceOrder, timeoutMs_.load(),
-                      std::max(config_.nodeDeviceBufferBytes, config_.nodeDeviceBufferMaxBytes)});
+                      std::max(config_.nodeDeviceBufferBytes, config_.nodeDeviceBufferMaxBytes),
+                      config_.nodeMappedKeep});
   if (allGpu != 0 && !testSlots)
     node_->readDevices(paths_->nodeDeviceId(c10::DeviceType::CUDA), "new_group");
   spansNodes_ = node_->topology().localSize < size_;

@@ -99,6 +99,11 @@ const SettingSpec kSettings[] = {
      "a peer's memory cannot be mapped, that op goes through the slots); not yet measured, so "
      "never "
      "auto's choice"},
+    {"TORCH_MPIGPU_NODE_MAPPED_KEEP", "64", "", ReadAt::GroupCreationPerRank,
+     "`NODE_LEADER=mapped`: how many of its peers' allocations the node's leader keeps mapped "
+     "after an op, the most recently used (an open may cost a millisecond: a peer's tensor that "
+     "an op used before is found mapped); a peer's allocation freed since it was mapped is "
+     "closed at that peer's next op; `0`: each op opens and closes its own"},
     {"TORCH_MPIGPU_NODE_TEST_DEVICE_SLOTS", "0", "", ReadAt::GroupCreation,
      "tests only: `1` runs the node algorithm's device-slot code (what the CUDA IPC slots use) "
      "on host shared memory in groups without a GPU, so CPU CI covers it"},

@@ -5,6 +5,7 @@
 
 #include <atomic>
 #include <chrono>
+#include <cstring>
 #include <map>
 #include <thread>
 
@@ -28,6 +29,7 @@
 #include "paths/Devices.hpp"
 #include "algorithms/Algorithms.hpp"
 #include "algorithms/NodeAlgorithms.hpp"
+#include "node/KeptMappings.hpp"
 
 namespace py = pybind11;
 using mpigpu::ProcessGroupMPIGPU;
@@ -344,6 +346,7 @@ void bindAlgorithmTable(py::module_& m) {
         d["mapped_ops"] = w.mappedOps;
         d["mapped_refused"] = w.mappedRefused;
         d["map_us"] = static_cast<double>(w.mapNs) / 1e3;
+        d["mapped_opens"] = w.mappedOpens;
         d["start_wait_us"] = static_cast<double>(mpigpu::paths::startWaitNs()) / 1e3;
         const auto events = mpigpu::paths::orderEvents();
         d["stream_events"] = events.recorded;
@@ -360,7 +363,8 @@ void bindAlgorithmTable(py::module_& m) {
       "device work (any algorithm); mapped_ops: ops the node's leader did with its peers' "
       "tensors mapped (TORCH_MPIGPU_NODE_LEADER=mapped), mapped_refused: ops that went through "
       "the slots instead (some tensor could not be mapped), map_us: the leader opening and closing "
-      "them; stream_events: events a device path recorded to order an op after the caller's "
+      "them, mapped_opens: the allocations it opened (the rest it found still mapped); "
+      "stream_events: events a device path recorded to order an op after the caller's "
       "stream or its consumers after the op, stream_events_skipped: those left out because the "
       "stream had no work left (each event is a device command, a switch where ranks share a "
       "GPU).");
@@ -432,8 +436,56 @@ std::string autoAlgorithm(const std::string& op, int64_t bytes, at::ScalarType d
   return a != nullptr ? a->name : "mpi";
 }
 
+// The leader's kept mappings (node/KeptMappings.hpp) driven by `steps`, with opens and closes
+// that only log: ("map", peer, allocation, peer_frees) (a negative allocation cannot be opened),
+// ("end",), ("close_all",). Returns the log: "open p:a", "close p:a", "refused p:a".
+std::vector<std::string> testKeptMappings(int64_t keep, const std::vector<py::tuple>& steps) {
+  using mpigpu::node::KeptMappings;
+  std::vector<std::string> log;
+  auto name = [](int peer, int64_t allocation) { return c10::str(peer, ":", allocation); };
+  std::map<void*, std::string> names;
+  int64_t next = 0;
+  KeptMappings kept(
+      keep,
+      [&](int peer, const KeptMappings::Handle& h, std::string* why) -> void* {
+        int64_t allocation;
+        std::memcpy(&allocation, h.data(), sizeof(allocation));
+        if (allocation < 0) {
+          *why = "refused";
+          log.push_back("refused " + name(peer, allocation));
+          return nullptr;
+        }
+        void* mapped = reinterpret_cast<void*>(++next * 4096);
+        names[mapped] = name(peer, allocation);
+        log.push_back("open " + names[mapped]);
+        return mapped;
+      },
+      [&](void* mapped) { log.push_back("close " + names.at(mapped)); });
+  for (const py::tuple& step : steps) {
+    const auto what = step[0].cast<std::string>();
+    if (what == "map") {
+      uint8_t handle[64] = {};
+      const auto allocation = step[2].cast<int64_t>();
+      std::memcpy(handle, &allocation, sizeof(allocation));
+      std::string why;
+      kept.map(step[1].cast<int>(), handle, step[3].cast<uint64_t>(), &why);
+    } else if (what == "end") {
+      kept.endOp();
+    } else if (what == "close_all") {
+      kept.closeAll();
+    } else {
+      throw py::value_error("_test_kept_mappings: no step named " + what);
+    }
+  }
+  kept.closeAll();  // (before the log it writes into goes)
+  return log;
+}
+
 // Unit-test hooks and counters of the algorithms and fusion layers.
 void bindAlgorithms(py::module_& m) {
+  m.def("_test_kept_mappings", &testKeptMappings, py::arg("keep"), py::arg("steps"),
+        "The node leader's kept mappings of its peers' allocations (NODE_LEADER=mapped) driven "
+        "by `steps` with logging opens and closes (unit tests of its rules).");
   m.def("_fusion_buckets", &mpigpu::fusionBuckets, py::arg("tensors"), py::arg("limit_bytes"),
         py::arg("alone_bytes"),
         "Fusion policy (unit tests): indices of `tensors` per MPI call, grouped by dtype in "

@@ -45,16 +45,20 @@ SANITIZER_NODE_BUDGET_S="${SANITIZER_NODE_BUDGET_S:-40}"
 # What the all_reduce sweep compares (bench --backends); the default is the full comparison.
 # mpigpu[ALGO=node]: the node algorithm in CUDA IPC device slots (#22; auto takes it here for
 # all_reduce from NODE_SHARED_GPU_ALLREDUCE_BYTES, reduce_scatter from ALGO_MIN_BYTES, all_gather
-# at any size, from this sweep's 2026-12-04 run), ordered from the host (auto: the ranks share the GPU),
-# the node's first rank reducing for both (auto there), the same with every op's stream events
-# recorded as before 2026-12-05 (CUDA_ORDER_EVENTS=always: auto leaves out those whose stream has
-# no work left, the likely third switch of the leader form), by device flags (forced; each
-# barrier waits for the other process's
-# time slice here) and by stream waits (forced, the leader form: no kernel spins while it waits;
-# not yet measured) and with the leader mapping its peer's tensors for each op (NODE_LEADER=mapped:
-# the peer queues no device work; not yet measured). mpigpu[NODE_BUFFER_BYTES=0]: auto without the node algorithm, i.e. what auto
-# took before 2026-12-04b (MPI's own, then the ring), so "no size slower" shows in one run.
-ALLREDUCE_BACKENDS="${ALLREDUCE_BACKENDS:-mpigpu,mpigpu[NODE_BUFFER_BYTES=0],mpigpu[ALGO=node],mpigpu[ALGO=node;CUDA_ORDER_EVENTS=always],mpigpu[ALGO=node;NODE_DEVICE_ORDER=device],mpigpu[ALGO=node;NODE_DEVICE_ORDER=stream],mpigpu[ALGO=node;NODE_LEADER=mapped],mpigpu[ALGO=mpi],mpigpu[ALGO=ring;CUDA_REDUCE=direct],mpigpu[ALGO=allgather;CUDA_REDUCE=direct],mpigpu[ALGO=rhd;CUDA_REDUCE=direct],MPI,gloo-host}"
+# at any size, from this sweep's 2026-12-04 run), ordered from the host (auto: the ranks share
+# the GPU), the node's first rank reducing for both (auto there). Then the same:
+#   - with every op's stream events recorded as before 2026-12-05 (CUDA_ORDER_EVENTS=always:
+#     auto leaves out those whose stream has no work left, the likely third switch of the
+#     leader form);
+#   - ordered by device flags (forced; each barrier waits for the other process's time slice
+#     here) and by stream waits (forced, the leader form: no kernel spins while it waits; not
+#     yet measured);
+#   - with the leader mapping its peers' tensors (NODE_LEADER=mapped: the peers queue no device
+#     work; not yet measured), keeping its mappings across ops (the default) or opening and
+#     closing them in each op (NODE_MAPPED_KEEP=0).
+# mpigpu[NODE_BUFFER_BYTES=0]: auto without the node algorithm, i.e. what auto took before
+# 2026-12-04b (MPI's own, then the ring), so "no size slower" shows in one run.
+ALLREDUCE_BACKENDS="${ALLREDUCE_BACKENDS:-mpigpu,mpigpu[NODE_BUFFER_BYTES=0],mpigpu[ALGO=node],mpigpu[ALGO=node;CUDA_ORDER_EVENTS=always],mpigpu[ALGO=node;NODE_DEVICE_ORDER=device],mpigpu[ALGO=node;NODE_DEVICE_ORDER=stream],mpigpu[ALGO=node;NODE_LEADER=mapped],mpigpu[ALGO=node;NODE_LEADER=mapped;NODE_MAPPED_KEEP=0],mpigpu[ALGO=mpi],mpigpu[ALGO=ring;CUDA_REDUCE=direct],mpigpu[ALGO=allgather;CUDA_REDUCE=direct],mpigpu[ALGO=rhd;CUDA_REDUCE=direct],MPI,gloo-host}"
 mkdir -p "$OUT" /tmp/ompi /tmp/nccl
 exec > >(tee "$OUT/gpu_check.log") 2>&1
 export PYTHONUNBUFFERED=1
@@ -122,6 +126,10 @@ if [ "$BENCH" = 1 ]; then
 # cost model's shared_switch_s; the leader form's third switch, CUDA_ORDER_EVENTS)
 step "hand-offs between two processes on the GPU (budget 60s)"
 timeout 60 python "$ROOT/benchmarks/shared_gpu_handoff.py" --rounds 200 | tee "$OUT/handoff.txt"
+# what opening and closing a peer's allocation costs (a miss of the leader's kept mappings,
+# NODE_LEADER=mapped) and whether a mapping holds memory its owner freed (same file)
+step "CUDA IPC: export, open and close by size; a mapping of freed memory (budget 90s)"
+timeout 90 python "$ROOT/benchmarks/ipc_mapping_cost.py" | tee -a "$OUT/handoff.txt"
 MPI_OK=mpi
 timeout 60 mpirun -np 1 python -c "from mpi4py import MPI; print('mpi4py on', MPI.Get_library_version().splitlines()[0])" \
   || { MPI_OK=; echo "mpi4py cannot use this MPI: raw MPI left out of the benchmark"; }
@@ -156,7 +164,7 @@ bench "$ALLREDUCE_BUDGET_S" allreduce_cuda_2ranks --ops allreduce -b 16 -e 256M 
   --backends "$(backends "$ALLREDUCE_BACKENDS")"
 # the other ops: mpigpu's defaults against the previous default, raw MPI and NCCL
 bench "$OTHERS_BUDGET_S" others_cuda_2ranks --ops reduce_scatter,allgather,broadcast -b 16 -e 256M -f 8 -n 20 \
-  --backends "mpigpu,mpigpu[NODE_BUFFER_BYTES=0],mpigpu[ALGO=node],mpigpu[ALGO=node;CUDA_ORDER_EVENTS=always],mpigpu[ALGO=node;NODE_DEVICE_ORDER=stream],mpigpu[ALGO=node;NODE_LEADER=mapped],mpigpu[ALGO=mpi]${MPI_OK:+,$MPI_OK}"
+  --backends "mpigpu,mpigpu[NODE_BUFFER_BYTES=0],mpigpu[ALGO=node],mpigpu[ALGO=node;CUDA_ORDER_EVENTS=always],mpigpu[ALGO=node;NODE_DEVICE_ORDER=stream],mpigpu[ALGO=node;NODE_LEADER=mapped],mpigpu[ALGO=node;NODE_LEADER=mapped;NODE_MAPPED_KEEP=0],mpigpu[ALGO=mpi]${MPI_OK:+,$MPI_OK}"
 # #22's targets from the two sweeps, met or not, and every form at the target sizes
 python "$ROOT/benchmarks/gpu_targets.py" allreduce_cuda_2ranks.json others_cuda_2ranks.json | tee targets.txt || true
 

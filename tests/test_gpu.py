@@ -303,8 +303,8 @@ NODE_ORDER = {"auto": "ordered from the host: ranks of the node share a GPU",
 # fewer switches between the ranks' time slices); `0` keeps one-shot and two-shot covered there.
 # Stream waits (the op's stream waits on the flags itself, no kernel spins): the leader form on
 # the GPU the ranks share, and one-shot and two-shot at 3 ranks.
-# Mapped (NODE_LEADER=mapped): the leader opens its peers' tensors by CUDA IPC for each op and
-# does every rank's work, so the peers queue none.
+# Mapped (NODE_LEADER=mapped): the leader maps its peers' tensors by CUDA IPC (keeping the
+# mappings across ops) and does every rank's work, so the peers queue none.
 @pytest.mark.long_first(seconds=30)
 @pytest.mark.parametrize("np, order, shape, leader", [
     (2, "auto", "1 node x 2 ranks", "auto"),
@@ -343,11 +343,22 @@ def test_node_algorithm_cuda(np, order, shape, leader):
 
 def test_a_leader_failing_with_its_peers_tensors_mapped_fails_the_op_on_every_rank():
     # as the CPU test (test_multirank.py), with the peers' tensors mapped by CUDA IPC: the
-    # leader's failure still closes them, and the group goes on
+    # leader's failure still hands its mappings back, and the group goes on
     env = {"MPIGPU_TEST_DEVICE": "cuda", "TORCH_MPIGPU_ALGO": "node", "TORCH_MPIGPU_NODE_LEADER": "mapped",
            "TORCH_MPIGPU_TEST_LEADER_FAILS_AT": "2"}
     out = run_mpi("mapped_leader_fails.py", 2, env=env)
     assert passed_counts(out, 2, {"the leader fails a mapped op"}) >= 4
+
+
+@pytest.mark.parametrize("np, keep", [(2, "0"), (3, "64")])
+def test_the_leader_keeps_its_peers_mappings_across_ops(np, keep):
+    # NODE_LEADER=mapped by CUDA IPC: one tensor used again opens each peer's allocation once
+    # (KEEP 0: every op), and new tensors after the peers' empty_cache (new handles, maybe at
+    # freed addresses) are opened anew and come out right
+    env = {"MPIGPU_TEST_DEVICE": "cuda", "TORCH_MPIGPU_ALGO": "node", "TORCH_MPIGPU_NODE_LEADER": "mapped",
+           "TORCH_MPIGPU_NODE_MAPPED_KEEP": keep}
+    out = run_mpi("kept_mappings.py", np, env=env)
+    assert passed_counts(out, np, {"a tensor used again", "a peer's freed memory"}) >= 30
 
 
 @pytest.mark.parametrize("np", [2, 3])

@@ -674,6 +674,16 @@ def test_a_leader_failing_with_its_peers_tensors_mapped_fails_the_op_on_every_ra
     assert passed_counts(out, np, {"the leader fails a mapped op"}) >= 4
 
 
+def test_the_leaders_kept_mappings_give_right_results_on_the_device_slot_code():
+    # kept_mappings.py on the emulated mapping (the leader's opens and closes run on CUDA only:
+    # test_gpu.py, and the rules themselves in test_single_process.py): a tensor used again and
+    # new tensors after frees, every op mapped, none refused
+    if LAUNCHER.startswith("two-hosts"):
+        pytest.skip("one node's leader; across the hosts no rank shares a node with one here")
+    out = run_mpi("kept_mappings.py", 3, env={**MAPPED_ON_TEST_SLOTS, **algo_env("node")})
+    assert passed_counts(out, 3, {"a tensor used again", "a peer's freed memory"}) >= 30
+
+
 @pytest.mark.parametrize("np", RANKS)
 def test_random_ops_against_reference(np):
     # 1000 seeded random cases per world size; MPIGPU_RANDOM_CASES=20000 for a long run

@@ -924,7 +924,7 @@ def test_auto_env_off_leaves_the_rendezvous_variables_alone(monkeypatch):
     assert "RANK" not in os.environ and "MASTER_ADDR" not in os.environ
 
 
-def test_the_benchmarks_waits_column_counts_the_leaders_mapped_ops_and_stream_events():
+def test_the_benchmarks_waits_column_counts_the_leaders_mapped_ops_opens_and_stream_events():
     # waits/op: host and device barriers, then (NODE_LEADER=mapped) the ops the leader did with its
     # peers' tensors mapped and those that fell back to the slots: a sweep says which form it timed;
     # then the stream events queued per op (each a device command, a switch on a shared GPU)
@@ -933,8 +933,43 @@ def test_the_benchmarks_waits_column_counts_the_leaders_mapped_ops_and_stream_ev
     assert waits_text({"node_waits_per_op": {"host": 2.0, "device": 0.0, "mapped_ops": 0.0}}) == "2h"
     assert waits_text({"node_waits_per_op": {"host": 3.0, "mapped_ops": 1.0, "mapped_refused": 0.0}}) == "3h 1m"
     assert waits_text({"node_waits_per_op": {"host": 3.0, "mapped_ops": 0.5, "mapped_refused": 0.5}}) == "3h 0.5m 0.5r"
+    # and the peers' allocations it opened per op (kept mappings: few)
+    assert waits_text({"node_waits_per_op": {"host": 3.0, "mapped_ops": 1.0, "mapped_opens": 0.02}}) == "3h 1m 0.02o"
     assert waits_text({"node_waits_per_op": {"host": 2.0, "stream_events": 0.0}}) == "2h"
     assert waits_text({"node_waits_per_op": {"host": 2.0, "stream_events": 2.0}}) == "2h 2e"
+
+
+def test_the_leader_keeps_its_peers_mappings_by_peer_and_handle_and_drops_what_may_be_freed():
+    # NODE_LEADER=mapped: node/KeptMappings.hpp, which the CUDA IPC slots open and close through,
+    # driven with logging opens and closes. ("map", peer, allocation, that peer's frees so far)
+    from torch_mpi_gpu._C import _test_kept_mappings as run
+
+    def op(*maps):
+        return [("map", *m) for m in maps] + [("end",)]
+
+    # a tensor used again is found mapped; one handle per peer (the same number on two peers is
+    # two allocations); an op's tensors sharing one allocation (all_gather in place) open it once
+    assert run(64, op((1, 5, 0), (1, 5, 0), (2, 5, 0)) + op((1, 5, 0), (2, 5, 0))) == [
+        "open 1:5", "open 2:5", "close 1:5", "close 2:5"]
+    # keep 0: each op opens and closes its own, as before mappings were kept
+    assert run(0, op((1, 5, 0), (1, 5, 0)) + op((1, 5, 0))) == [
+        "open 1:5", "close 1:5", "open 1:5", "close 1:5"]
+    # at most `keep` stay after an op, the most recently used
+    assert run(2, op((1, 1, 0)) + op((1, 2, 0)) + op((1, 3, 0)) + op((1, 2, 0))) == [
+        "open 1:1", "open 1:2", "open 1:3", "close 1:1", "close 1:3", "close 1:2"]
+    # a peer that freed an allocation since: its mappings this op does not use close before this
+    # op's open (any may be freed memory); another peer's stay; the count read once per peer
+    assert run(64, op((1, 1, 0), (1, 2, 0), (2, 9, 0)) + op((1, 2, 1), (1, 3, 1), (2, 9, 0))
+               + op((1, 3, 1))) == [
+        "open 1:1", "open 1:2", "open 2:9", "close 1:1", "close 1:2", "open 1:2", "open 1:3",
+        "close 2:9", "close 1:2", "close 1:3"]
+    # within one op a moved count spares what the op already mapped of that peer
+    assert run(64, op((1, 1, 0), (1, 2, 1))) == ["open 1:1", "open 1:2", "close 1:1", "close 1:2"]
+    # an allocation that cannot be opened is not kept: the next op tries again
+    assert run(64, op((1, -4, 0)) + op((1, -4, 0))) == ["refused 1:-4", "refused 1:-4"]
+    # the slots' release closes every kept mapping
+    assert run(64, op((1, 1, 0), (2, 2, 0)) + [("close_all",)] + op((1, 1, 0))) == [
+        "open 1:1", "open 2:2", "close 1:1", "close 2:2", "open 1:1", "close 1:1"]
 
 
 def test_the_shared_gpu_handoff_benchmark_runs_its_protocol_on_the_host():
@@ -945,6 +980,17 @@ def test_the_shared_gpu_handoff_benchmark_runs_its_protocol_on_the_host():
                          capture_output=True, text=True, timeout=120, check=True).stdout
     for phase in ("alone", "stray event", "stray copy", "hand-off"):
         assert re.search(rf"^{phase} +\d+\.\d", out, re.M), out
+
+
+def test_the_ipc_mapping_benchmark_runs_its_protocol_against_a_pretend_driver():
+    # benchmarks/ipc_mapping_cost.py (gpu_check.sh runs it on the lent GPU): the owner's and the
+    # mapper's messages for every size and the retention check end, and print every row
+    out = subprocess.run([sys.executable, str(ROOT / "benchmarks" / "ipc_mapping_cost.py"),
+                          "--device", "cpu", "--reps", "3", "--sizes-mib", "2,256"],
+                         capture_output=True, text=True, timeout=120, check=True).stdout
+    rows = re.findall(r"^ +(\d+)( +\d+\.\d){5}$", out, re.M)
+    assert [size for size, _ in rows] == ["2", "256"], out
+    assert re.search(r"^retention: the owner freed 4096 MiB .* at the close$", out, re.M), out
 
 
 def test_the_gpu_scorecard_reads_a_lent_gpus_run():

@@ -490,14 +490,16 @@ def wait_times_text(row):
 
 def waits_text(row):
     """Node-algorithm waits per op: "2h" (host barriers), "2d" (device barriers), "-" (none);
-    then, with NODE_LEADER=mapped, " 1m" (ops the leader did with the peers' tensors mapped) and
-    " 1r" (ops that went through the slots instead); then " 2e": stream events a device path
+    then, with NODE_LEADER=mapped, " 1m" (ops the leader did with the peers' tensors mapped),
+    " 1r" (ops that went through the slots instead) and " 0.01o" (allocations the leader opened:
+    the rest it found still mapped from an earlier op); then " 2e": stream events a device path
     queued to order the op (each a device command: on a GPU the ranks share, one queued during a
     peer's work costs a switch). This rank's counts (rank 0: the node's leader)."""
     w = row.get("node_waits_per_op") or {}
     parts = [f"{w[k]:.3g}{k[0]}" for k in ("host", "device") if w.get(k)]
     more = [f"{w[k]:.3g}{tag}" for k, tag in (("mapped_ops", "m"), ("mapped_refused", "r"),
-                                              ("stream_events", "e")) if w.get(k)]
+                                              ("mapped_opens", "o"), ("stream_events", "e"))
+            if w.get(k)]
     return " ".join(["+".join(parts) or "-"] + more)
 
 

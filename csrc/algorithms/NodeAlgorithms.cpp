@@ -13,6 +13,7 @@
 #include "Overlap.hpp"
 #include "algorithms/Steps.hpp"
 #include "mpi/Collectives.hpp"
+#include "node/KeptMappings.hpp"
 #include "node/Node.hpp"
 
 namespace mpigpu::algo {
@@ -242,11 +243,12 @@ void leaderPiece(NodeOp& o, const at::Tensor& part, double scale) {
 }
 
 // ---- the leader form with the peers' tensors mapped (NODE_LEADER=mapped) ----
-// Each peer shares its op's tensors and waits; the leader maps them for the op and does every
-// rank's copies and reductions itself, so the peers queue no device work: on a GPU that the ranks
-// share, one switch between their time slices per op (the leader's), where the slots take two.
-// Three host barriers, none of which waits for device work but the peers' own queued work (their
-// tensors complete) and the leader's (done before they go on).
+// Each peer shares its op's tensors and waits; the leader maps them (keeping mappings across ops:
+// node/KeptMappings.hpp) and does every rank's copies and reductions itself, so the peers queue no
+// device work: on a GPU that the ranks share, one switch between their time slices per op (the
+// leader's), where the slots take two. Three host barriers, none of which waits for device work
+// but the peers' own queued work (their tensors complete) and the leader's (done before they go
+// on).
 
 // The leader's answers, in its host slot: whether it mapped every peer's tensors (read after the
 // second barrier), then whether its work on them succeeded (after the third).
@@ -287,8 +289,9 @@ std::string mapPeers(NodeOp& o, const std::vector<at::Tensor>& mine, MappedTenso
 }
 
 // The leader's part once every peer's tensors are mapped: lead(all), its device work finished
-// and the peers' tensors unmapped before they go on (before they could free that memory), and
-// the outcome in the verdict for them; what lead threw, for the leader to raise.
+// before they go on (their results complete, and nothing of the leader's still reading memory
+// they may free), the op's mappings handed back (kept or closed), and the outcome in the verdict
+// for them; what lead threw, for the leader to raise.
 template <typename F>
 std::exception_ptr leadMapped(NodeOp& o, const MappedTensors& all, MappedVerdict* verdict,
                               F&& lead) {
@@ -310,12 +313,12 @@ std::exception_ptr leadMapped(NodeOp& o, const MappedTensors& all, MappedVerdict
   if (failure) {
     std::snprintf(verdict->failed, sizeof(verdict->failed), "%s", failed.c_str());
     try {
-      o.dev->settle();  // (what was queued reads the peers' memory: finished before it is unmapped)
+      o.dev->settle();  // (what was queued reads the peers' memory: finished before they go on)
     } catch (const std::exception&) {
     }
   }
   const auto start = std::chrono::steady_clock::now();
-  o.dev->unmapShared();
+  o.dev->endMappedOp();
   g_mapNs.fetch_add(nanosSince(start), std::memory_order_relaxed);
   verdict->done = failure ? 0 : 1;
   return failure;
@@ -350,7 +353,7 @@ bool withPeersMapped(NodeOp& o, const std::vector<at::Tensor>& mine, F&& lead) {
     g_mapNs.fetch_add(nanosSince(start), std::memory_order_relaxed);
     verdict->ok = why.empty() ? 1 : 0;
     if (!why.empty()) {
-      o.dev->unmapShared();
+      o.dev->endMappedOp();
       TORCH_WARN_ONCE("mpigpu: [rank ", o.rank, "] ", o.op,
                       ": the node's leader could not map its peers' tensors (", why,
                       "); such ops go through the device slots (TORCH_MPIGPU_NODE_LEADER=1 "
@@ -934,12 +937,16 @@ node::DeviceSlotsMaker hostDeviceSlotsForTests() {
 }
 
 NodeWaits nodeWaits() {
-  return {
-      g_hostWaits.load(std::memory_order_relaxed), g_deviceWaits.load(std::memory_order_relaxed),
-      SharedSegment::yieldsToPeerOnThisCpu(),      SharedSegment::singleCopyReads(),
-      g_settleNs.load(std::memory_order_relaxed),  g_barrierNs.load(std::memory_order_relaxed),
-      g_mappedOps.load(std::memory_order_relaxed), g_mappedRefused.load(std::memory_order_relaxed),
-      g_mapNs.load(std::memory_order_relaxed)};
+  return {g_hostWaits.load(std::memory_order_relaxed),
+          g_deviceWaits.load(std::memory_order_relaxed),
+          SharedSegment::yieldsToPeerOnThisCpu(),
+          SharedSegment::singleCopyReads(),
+          g_settleNs.load(std::memory_order_relaxed),
+          g_barrierNs.load(std::memory_order_relaxed),
+          g_mappedOps.load(std::memory_order_relaxed),
+          g_mappedRefused.load(std::memory_order_relaxed),
+          g_mapNs.load(std::memory_order_relaxed),
+          node::KeptMappings::opened().load(std::memory_order_relaxed)};
 }
 
 bool nodeAllreduce(Context& c, const at::Tensor& buf) {

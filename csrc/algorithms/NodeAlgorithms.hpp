@@ -27,6 +27,7 @@ struct NodeWaits {
   uint64_t mappedOps;          // ops the leader did with its peers' tensors mapped (NODE_LEADER)
   uint64_t mappedRefused;      // ops that went through the slots: some tensor could not be mapped
   uint64_t mapNs;              // the leader opening and closing its peers' tensors
+  uint64_t mappedOpens;        // ... of which opens (the rest found kept: node/KeptMappings.hpp)
 };
 NodeWaits nodeWaits();
 

@@ -1,5 +1,6 @@
 #include "cuda/IpcSlots.hpp"
 
+#include <c10/cuda/CUDACachingAllocator.h>
 #include <c10/cuda/CUDAFunctions.h>
 #include <c10/cuda/CUDAGuard.h>
 #include <c10/cuda/CUDAStream.h>
@@ -8,8 +9,10 @@
 #include <cuda_runtime_api.h>
 
 #include <algorithm>
+#include <atomic>
 #include <cstdio>
 #include <cstring>
+#include <mutex>
 #include <set>
 #include <vector>
 
@@ -20,6 +23,7 @@
 #include "cuda/NodeBarrier.hpp"
 #include "cuda/StreamBarrier.hpp"
 #include "mpi/Check.hpp"
+#include "node/KeptMappings.hpp"
 
 namespace mpigpu::cuda {
 namespace {
@@ -50,17 +54,61 @@ void* allocationStart(const void* p, std::string* why) {
   return reinterpret_cast<void*>(base);
 }
 
+// Segments torch's caching allocator has given back to the device in this process (cudaFree),
+// sent with each op's shared tensors so the node's leader closes mappings that may be of freed
+// memory (node/KeptMappings.hpp). Counted from the first share on; where the allocator takes no
+// trace tracker (another allocator backend), every share counts as one, so the leader opens this
+// rank's allocations anew at every op.
+std::atomic<uint64_t> g_segmentsFreed{0};
+bool g_freesCounted = false;
+
+uint64_t segmentsFreed() {
+  static std::once_flag once;
+  std::call_once(once, [] {
+    namespace alloc = c10::cuda::CUDACachingAllocator;
+    try {
+      // Runs inside the allocator's lock (before its cudaFree): an atomic add and nothing else.
+      alloc::attachAllocatorTraceTracker([](const alloc::TraceEntry& e) {
+        if (e.action_ == alloc::TraceEntry::SEGMENT_FREE ||
+            e.action_ == alloc::TraceEntry::SEGMENT_UNMAP)
+          g_segmentsFreed.fetch_add(1, std::memory_order_relaxed);
+      });
+      g_freesCounted = true;
+    } catch (const std::exception&) {
+    }
+  });
+  return g_freesCounted ? g_segmentsFreed.load(std::memory_order_relaxed)
+                        : g_segmentsFreed.fetch_add(1, std::memory_order_relaxed) + 1;
+}
+
 class IpcSlots final : public node::DeviceSlots {
  public:
-  IpcSlots(at::Device device, int64_t slotBytes, int localRank, int localSize)
+  IpcSlots(at::Device device, int64_t slotBytes, int localRank, int localSize, int64_t mappedKeep)
       : peers_(localSize, nullptr),
         peerFlags_(localSize, nullptr),
+        mapped_(
+            mappedKeep,
+            [](int, const node::KeptMappings::Handle& h, std::string* why) -> void* {
+              cudaIpcMemHandle_t handle;
+              std::memcpy(&handle, h.data(), sizeof(handle));
+              void* p = nullptr;
+              const cudaError_t e =
+                  cudaIpcOpenMemHandle(&p, handle, cudaIpcMemLazyEnablePeerAccess);
+              if (e == cudaSuccess) return p;
+              *why = c10::str("cudaIpcOpenMemHandle: ", cudaText(e));
+              return nullptr;
+            },
+            // a close that fails leaks a mapping; it is not the next call's error
+            [](void* p) {
+              if (cudaIpcCloseMemHandle(p) != cudaSuccess) cudaGetLastError();
+            }),
         device_(device),
         slotBytes_(slotBytes),
         localRank_(localRank) {}
   ~IpcSlots() override {
     if (streamBarrier_) streamBarrier_->retire();
     c10::cuda::CUDAGuard guard(device_);
+    mapped_.closeAll();
     for (size_t r = 0; r < peers_.size(); ++r) {
       if (static_cast<int>(r) == localRank_) continue;
       if (peers_[r] != nullptr) cudaIpcCloseMemHandle(peers_[r]);
@@ -118,12 +166,12 @@ class IpcSlots final : public node::DeviceSlots {
     if (streamBarrier_) streamBarrier_->release();
   }
   // The leader's mapping of its peers' tensors (NODE_LEADER=mapped): each op's tensors are
-  // exported by handle and opened by the leader for that op only. A mapping kept past the op
-  // could outlive the peer's allocation (its caching allocator may free the segment; freeing
-  // memory another process has open is undefined behaviour in CUDA).
+  // exported by their allocations' handles; the leader keeps what it opens across ops
+  // (node/KeptMappings.hpp), told of the segments this process has freed since.
   void share(const std::vector<at::Tensor>& ts, node::SharedTensorRef* refs) override {
-    static_assert(sizeof(cudaIpcMemHandle_t) <= sizeof(refs->handle));
+    static_assert(sizeof(cudaIpcMemHandle_t) == sizeof(node::KeptMappings::Handle));
     c10::cuda::CUDAGuard guard(device_);
+    const uint64_t freed = segmentsFreed();  // (counting from before the first export)
     for (size_t i = 0; i < ts.size(); ++i) {
       node::SharedTensorRef& ref = refs[i];
       std::string why;
@@ -138,6 +186,7 @@ class IpcSlots final : public node::DeviceSlots {
                        " (memory that cannot be exported: expandable segments, a memory pool, "
                        "or mapped from another process)");
       ref.ok = why.empty() ? 1 : 0;
+      ref.ownerFrees = freed;
       std::snprintf(ref.why, sizeof(ref.why), "%s", why.c_str());
       std::memcpy(ref.handle, &handle, sizeof(handle));
       ref.offset = ref.ok ? static_cast<const uint8_t*>(ts[i].const_data_ptr()) -
@@ -148,32 +197,16 @@ class IpcSlots final : public node::DeviceSlots {
   at::Tensor mapShared(int r, const node::SharedTensorRef& ref, int64_t bytes,
                        std::string* why) override {
     c10::cuda::CUDAGuard guard(device_);
-    // One open per allocation and op: a peer's tensors of one op often share one (an all_gather
-    // in place: its input is its row of the output), and an open may cost milliseconds.
-    auto opened = std::find_if(mappedShared_.begin(), mappedShared_.end(), [&](const auto& m) {
-      return m.rank == r && std::memcmp(m.handle.reserved, ref.handle, sizeof(m.handle)) == 0;
-    });
-    void* p = opened != mappedShared_.end() ? opened->p : nullptr;
-    if (p == nullptr) {
-      OpenedHandle next{r, {}, nullptr};
-      std::memcpy(&next.handle, ref.handle, sizeof(next.handle));
-      const cudaError_t e =
-          cudaIpcOpenMemHandle(&next.p, next.handle, cudaIpcMemLazyEnablePeerAccess);
-      if (e != cudaSuccess) {
-        *why = c10::str("cudaIpcOpenMemHandle: ", cudaText(e));
-        return {};
-      }
-      mappedShared_.push_back(next);
-      p = next.p;
-    }
+    // (a peer's tensors of one op often share one allocation, an all_gather in place: its input
+    // is its row of the output; that is one mapping)
+    void* p = mapped_.map(r, ref.handle, ref.ownerFrees, why);
+    if (p == nullptr) return {};
     return at::from_blob(static_cast<uint8_t*>(p) + ref.offset, {bytes},
                          at::TensorOptions().dtype(at::kByte).device(device_));
   }
-  void unmapShared() override {
+  void endMappedOp() override {
     c10::cuda::CUDAGuard guard(device_);
-    for (const auto& m : mappedShared_) cudaIpcCloseMemHandle(m.p);
-    mappedShared_.clear();
-    cudaGetLastError();  // a close that failed leaks a mapping; it is not the next call's error
+    mapped_.endOp();
   }
 
   void release() override {
@@ -183,6 +216,7 @@ class IpcSlots final : public node::DeviceSlots {
     cudaDeviceSynchronize();
     cudaGetLastError();
     if (streamBarrier_) streamBarrier_->retire();
+    mapped_.closeAll();
     for (size_t r = 0; r < peers_.size(); ++r) {
       if (static_cast<int>(r) == localRank_) continue;
       if (peers_[r] != nullptr) cudaIpcCloseMemHandle(peers_[r]);
@@ -206,13 +240,8 @@ class IpcSlots final : public node::DeviceSlots {
   bool sharedGpu_ = false;  // fewer GPUs than ranks on this node
   std::string ordering_ = "ordered from the host";
   NodeBarrierArgs barrierArgs_{};
-  // the peers' tensors' allocations, open for this op: local rank, handle, where mapped here
-  struct OpenedHandle {
-    int rank;
-    cudaIpcMemHandle_t handle;
-    void* p;
-  };
-  std::vector<OpenedHandle> mappedShared_;
+  // the peers' tensors' allocations as mapped here (NODE_LEADER=mapped)
+  node::KeptMappings mapped_;
 
  private:
   const at::Device device_;
@@ -399,7 +428,8 @@ std::unique_ptr<node::DeviceSlots> makeIpcSlots(const mpi::Comm& nodeComm,
                                                 const at::Device& device, const char* op, int rank,
                                                 std::string* why) {
   c10::cuda::CUDAGuard guard(device);
-  auto slots = std::make_unique<IpcSlots>(device, spec.slotBytes, nodeComm.rank, nodeComm.size);
+  auto slots = std::make_unique<IpcSlots>(device, spec.slotBytes, nodeComm.rank, nodeComm.size,
+                                          spec.mappedKeep);
   Exported mine{};
   std::string error = exportOwn(*slots, 2 * spec.slotBytes, &mine);
   mine.ok = error.empty() ? 1 : 0;

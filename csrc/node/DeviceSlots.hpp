@@ -41,9 +41,10 @@ using Ordering = NodeDeviceOrder;
 // Plain bytes: it travels through the host segment's slots.
 struct SharedTensorRef {
   uint8_t handle[64];
-  int64_t offset;  // bytes from the start of what `handle` maps
-  int32_t ok;      // 0: this tensor cannot be mapped; `why` says why
-  char why[116];
+  int64_t offset;       // bytes from the start of what `handle` maps
+  uint64_t ownerFrees;  // allocations the owner's allocator has given back so far (KeptMappings)
+  int32_t ok;           // 0: this tensor cannot be mapped; `why` says why
+  char why[108];
 };
 
 // What the node asks of its slots. `Auto`: device flags where every local rank has a GPU of its
@@ -53,6 +54,7 @@ struct SlotsSpec {
   Ordering ordering;
   int64_t barrierTimeoutMs;  // a device barrier gives up after this long (a peer died or stalled)
   int64_t maxSlotBytes;      // the node grows its slots on demand up to this (node/Node.hpp)
+  int64_t mappedKeep;        // NODE_LEADER=mapped: mappings the leader keeps (KeptMappings.hpp)
 };
 
 class DeviceSlots {
@@ -87,7 +89,7 @@ class DeviceSlots {
   // abort() (any thread): device barriers queued or waiting give up at once instead of waiting
   // for peers that will not come.
   virtual void cancel() {}
-  // ---- the leader maps its peers' tensors for one op (NODE_LEADER=mapped) ----
+  // ---- the leader maps its peers' tensors (NODE_LEADER=mapped) ----
   // Fills refs[i] so the leader can map ts[i] (contiguous, this rank's) while this rank waits
   // inside the op; ok 0, and why, where it cannot.
   virtual void share(const std::vector<at::Tensor>& ts, SharedTensorRef* refs) {
@@ -96,14 +98,16 @@ class DeviceSlots {
       std::snprintf(refs[i].why, sizeof(refs[i].why), "these device slots cannot share tensors");
     }
   }
-  // Local rank r's tensor from its `ref` (bytes), mapped here until unmapShared(); undefined,
-  // with the reason in `why`, where it cannot be mapped.
+  // Local rank r's tensor from its `ref` (bytes), mapped here at least until endMappedOp();
+  // undefined, with the reason in `why`, where it cannot be mapped.
   virtual at::Tensor mapShared(int r, const SharedTensorRef& ref, int64_t bytes, std::string* why) {
     *why = "these device slots cannot map tensors";
     return {};
   }
-  // Unmaps what mapShared mapped, once this rank's device work on it has finished (settled).
-  virtual void unmapShared() {}
+  // The op is over and this rank's device work on what mapShared mapped has finished (settled):
+  // the slots may keep some mappings for later ops (CUDA: node/KeptMappings.hpp) and close the
+  // rest.
+  virtual void endMappedOp() {}
   // The owner, after the op: what the leader wrote is in ts (tests' host slots copy it back;
   // mapped memory already holds it).
   virtual void collectShared(const std::vector<at::Tensor>& ts, const SharedTensorRef* refs) {}
