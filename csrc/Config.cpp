@@ -70,6 +70,34 @@ double parseTimeoutSeconds(const char* name) {
 constexpr int64_t kTiB = int64_t{1} << 40;
 constexpr int64_t kHuge = int64_t{1} << 62;
 
+// The node algorithm's settings (a part of fromEnv).
+void readNodeSettings(Config& c) {
+  c.nodeBufferBytes = parseInt("TORCH_MPIGPU_NODE_BUFFER_BYTES", 0, kTiB);
+  c.nodeOneShotBytes = parseInt("TORCH_MPIGPU_NODE_ONE_SHOT_BYTES", 0, kHuge);
+  c.nodeSingleCopyBytes = parseInt("TORCH_MPIGPU_NODE_SINGLE_COPY_BYTES", 0, kHuge);
+  c.testNoSingleCopy = parseFlag("TORCH_MPIGPU_TEST_NO_SINGLE_COPY");
+  c.testLeaderFailsAt = parseInt("TORCH_MPIGPU_TEST_LEADER_FAILS_AT", 0, kHuge);
+  c.nodeDeviceBufferBytes = parseInt("TORCH_MPIGPU_NODE_DEVICE_BUFFER_BYTES", 1, kTiB);
+  c.nodeDeviceBufferMaxBytes = parseInt("TORCH_MPIGPU_NODE_DEVICE_BUFFER_MAX_BYTES", 1, kTiB);
+  c.nodeTestDeviceSlots = parseFlag("TORCH_MPIGPU_NODE_TEST_DEVICE_SLOTS");
+  c.nodeDeviceOrder = parseChoice<NodeDeviceOrder>("TORCH_MPIGPU_NODE_DEVICE_ORDER",
+                                                   {{"auto", NodeDeviceOrder::Auto},
+                                                    {"host", NodeDeviceOrder::Host},
+                                                    {"device", NodeDeviceOrder::Device},
+                                                    {"stream", NodeDeviceOrder::Stream}});
+  c.nodeLeader =
+      parseChoice<NodeLeader>("TORCH_MPIGPU_NODE_LEADER", {{"auto", NodeLeader::Auto},
+                                                           {"1", NodeLeader::On},
+                                                           {"0", NodeLeader::Off},
+                                                           {"mapped", NodeLeader::Mapped}});
+  c.nodeMappedKeep = parseInt("TORCH_MPIGPU_NODE_MAPPED_KEEP", 0, 1 << 20);
+  c.testHostPieceBytes = parseInt("TORCH_MPIGPU_TEST_HOST_PIECE_BYTES", 0, kTiB);
+  c.nodeAcrossMinBytes = parseInt("TORCH_MPIGPU_NODE_ACROSS_MIN_BYTES", 0, kHuge);
+  c.nodeSharedGpuAllreduceBytes =
+      parseInt("TORCH_MPIGPU_NODE_SHARED_GPU_ALLREDUCE_BYTES", 0, kHuge);
+  c.pretendNodes = static_cast<int>(parseInt("TORCH_MPIGPU_PRETEND_NODES", 1, 1 << 20));
+}
+
 }  // namespace
 
 Config Config::fromEnv() {
@@ -107,30 +135,7 @@ Config Config::fromEnv() {
   c.hostReduceScatterRingBytes = parseInt("TORCH_MPIGPU_HOST_RS_RING_BYTES", 0, kHuge);
   c.hostAcrossRingBytes = parseInt("TORCH_MPIGPU_HOST_ACROSS_RING_BYTES", 0, kHuge);
   c.cudaDirectBytes = parseInt("TORCH_MPIGPU_CUDA_DIRECT_BYTES", 0, kHuge);
-  c.nodeBufferBytes = parseInt("TORCH_MPIGPU_NODE_BUFFER_BYTES", 0, kTiB);
-  c.nodeOneShotBytes = parseInt("TORCH_MPIGPU_NODE_ONE_SHOT_BYTES", 0, kHuge);
-  c.nodeSingleCopyBytes = parseInt("TORCH_MPIGPU_NODE_SINGLE_COPY_BYTES", 0, kHuge);
-  c.testNoSingleCopy = parseFlag("TORCH_MPIGPU_TEST_NO_SINGLE_COPY");
-  c.testLeaderFailsAt = parseInt("TORCH_MPIGPU_TEST_LEADER_FAILS_AT", 0, kHuge);
-  c.nodeDeviceBufferBytes = parseInt("TORCH_MPIGPU_NODE_DEVICE_BUFFER_BYTES", 1, kTiB);
-  c.nodeDeviceBufferMaxBytes = parseInt("TORCH_MPIGPU_NODE_DEVICE_BUFFER_MAX_BYTES", 1, kTiB);
-  c.nodeTestDeviceSlots = parseFlag("TORCH_MPIGPU_NODE_TEST_DEVICE_SLOTS");
-  c.nodeDeviceOrder = parseChoice<NodeDeviceOrder>("TORCH_MPIGPU_NODE_DEVICE_ORDER",
-                                                   {{"auto", NodeDeviceOrder::Auto},
-                                                    {"host", NodeDeviceOrder::Host},
-                                                    {"device", NodeDeviceOrder::Device},
-                                                    {"stream", NodeDeviceOrder::Stream}});
-  c.nodeLeader =
-      parseChoice<NodeLeader>("TORCH_MPIGPU_NODE_LEADER", {{"auto", NodeLeader::Auto},
-                                                           {"1", NodeLeader::On},
-                                                           {"0", NodeLeader::Off},
-                                                           {"mapped", NodeLeader::Mapped}});
-  c.nodeMappedKeep = parseInt("TORCH_MPIGPU_NODE_MAPPED_KEEP", 0, 1 << 20);
-  c.testHostPieceBytes = parseInt("TORCH_MPIGPU_TEST_HOST_PIECE_BYTES", 0, kTiB);
-  c.nodeAcrossMinBytes = parseInt("TORCH_MPIGPU_NODE_ACROSS_MIN_BYTES", 0, kHuge);
-  c.nodeSharedGpuAllreduceBytes =
-      parseInt("TORCH_MPIGPU_NODE_SHARED_GPU_ALLREDUCE_BYTES", 0, kHuge);
-  c.pretendNodes = static_cast<int>(parseInt("TORCH_MPIGPU_PRETEND_NODES", 1, 1 << 20));
+  readNodeSettings(c);
   return c;
 }
 
