@@ -437,26 +437,28 @@ std::string autoAlgorithm(const std::string& op, int64_t bytes, at::ScalarType d
 }
 
 // The leader's kept mappings (node/KeptMappings.hpp) driven by `steps`, with opens and closes
-// that only log: ("map", peer, allocation, peer_frees) (a negative allocation cannot be opened),
-// ("end",), ("close_all",). Returns the log: "open p:a", "close p:a", "refused p:a".
-std::vector<std::string> testKeptMappings(int64_t keep, const std::vector<py::tuple>& steps) {
+// that only log: ("map", op, owner, allocation, owner_frees) (a negative allocation cannot be
+// opened), ("end", op, keep), ("close_unheld",); `op` names one of several ops (groups) in
+// flight at once. Returns the log: "open o:a", "close o:a", "refused o:a".
+std::vector<std::string> testKeptMappings(const std::vector<py::tuple>& steps) {
   using mpigpu::node::KeptMappings;
   std::vector<std::string> log;
-  auto name = [](int peer, int64_t allocation) { return c10::str(peer, ":", allocation); };
+  auto name = [](uint64_t owner, int64_t allocation) { return c10::str(owner, ":", allocation); };
   std::map<void*, std::string> names;
+  std::map<int, std::vector<void*>> held;  // per op
+  uint64_t owner = 0;                      // (of the open in progress)
   int64_t next = 0;
   KeptMappings kept(
-      keep,
-      [&](int peer, const KeptMappings::Handle& h, std::string* why) -> void* {
+      [&](const KeptMappings::Handle& h, std::string* why) -> void* {
         int64_t allocation;
         std::memcpy(&allocation, h.data(), sizeof(allocation));
         if (allocation < 0) {
           *why = "refused";
-          log.push_back("refused " + name(peer, allocation));
+          log.push_back("refused " + name(owner, allocation));
           return nullptr;
         }
         void* mapped = reinterpret_cast<void*>(++next * 4096);
-        names[mapped] = name(peer, allocation);
+        names[mapped] = name(owner, allocation);
         log.push_back("open " + names[mapped]);
         return mapped;
       },
@@ -465,25 +467,28 @@ std::vector<std::string> testKeptMappings(int64_t keep, const std::vector<py::tu
     const auto what = step[0].cast<std::string>();
     if (what == "map") {
       uint8_t handle[64] = {};
-      const auto allocation = step[2].cast<int64_t>();
+      owner = step[2].cast<uint64_t>();
+      const auto allocation = step[3].cast<int64_t>();
       std::memcpy(handle, &allocation, sizeof(allocation));
       std::string why;
-      kept.map(step[1].cast<int>(), handle, step[3].cast<uint64_t>(), &why);
+      void* p = kept.acquire(0, owner, handle, step[4].cast<uint64_t>(), &why);
+      if (p != nullptr) held[step[1].cast<int>()].push_back(p);
     } else if (what == "end") {
-      kept.endOp();
-    } else if (what == "close_all") {
-      kept.closeAll();
+      auto& mine = held[step[1].cast<int>()];
+      kept.release(mine, step[2].cast<int64_t>());
+      mine.clear();
+    } else if (what == "close_unheld") {
+      kept.closeUnheld();
     } else {
       throw py::value_error("_test_kept_mappings: no step named " + what);
     }
   }
-  kept.closeAll();  // (before the log it writes into goes)
-  return log;
+  return log;  // (what is still mapped stays so: the pretend mappings need no close)
 }
 
 // Unit-test hooks and counters of the algorithms and fusion layers.
 void bindAlgorithms(py::module_& m) {
-  m.def("_test_kept_mappings", &testKeptMappings, py::arg("keep"), py::arg("steps"),
+  m.def("_test_kept_mappings", &testKeptMappings, py::arg("steps"),
         "The node leader's kept mappings of its peers' allocations (NODE_LEADER=mapped) driven "
         "by `steps` with logging opens and closes (unit tests of its rules).");
   m.def("_fusion_buckets", &mpigpu::fusionBuckets, py::arg("tensors"), py::arg("limit_bytes"),

@@ -939,37 +939,44 @@ def test_the_benchmarks_waits_column_counts_the_leaders_mapped_ops_opens_and_str
     assert waits_text({"node_waits_per_op": {"host": 2.0, "stream_events": 2.0}}) == "2h 2e"
 
 
-def test_the_leader_keeps_its_peers_mappings_by_peer_and_handle_and_drops_what_may_be_freed():
+def test_the_leader_keeps_its_peers_mappings_by_owner_and_handle_and_drops_what_may_be_freed():
     # NODE_LEADER=mapped: node/KeptMappings.hpp, which the CUDA IPC slots open and close through,
-    # driven with logging opens and closes. ("map", peer, allocation, that peer's frees so far)
+    # driven with logging opens and closes: ("map", op, owner, allocation, the owner's frees so
+    # far), ("end", op, keep), ("close_unheld",); ops are groups' ops, several may be in flight
     from torch_mpi_gpu._C import _test_kept_mappings as run
 
-    def op(*maps):
-        return [("map", *m) for m in maps] + [("end",)]
+    def op(*maps, keep=64, group=0):
+        return [("map", group, *m) for m in maps] + [("end", group, keep)]
 
-    # a tensor used again is found mapped; one handle per peer (the same number on two peers is
-    # two allocations); an op's tensors sharing one allocation (all_gather in place) open it once
-    assert run(64, op((1, 5, 0), (1, 5, 0), (2, 5, 0)) + op((1, 5, 0), (2, 5, 0))) == [
-        "open 1:5", "open 2:5", "close 1:5", "close 2:5"]
+    # a tensor used again is found mapped; one handle per owner (the same number of two owners
+    # is two allocations); an op's tensors sharing one allocation (all_gather in place) open it
+    # once; a group's release closes every mapping no op holds
+    # (closes go most recently used first)
+    assert run(op((1, 5, 0), (1, 5, 0), (2, 5, 0)) + op((1, 5, 0), (2, 5, 0)) + [("close_unheld",)]) == [
+        "open 1:5", "open 2:5", "close 2:5", "close 1:5"]
     # keep 0: each op opens and closes its own, as before mappings were kept
-    assert run(0, op((1, 5, 0), (1, 5, 0)) + op((1, 5, 0))) == [
+    assert run(op((1, 5, 0), (1, 5, 0), keep=0) + op((1, 5, 0), keep=0)) == [
         "open 1:5", "close 1:5", "open 1:5", "close 1:5"]
     # at most `keep` stay after an op, the most recently used
-    assert run(2, op((1, 1, 0)) + op((1, 2, 0)) + op((1, 3, 0)) + op((1, 2, 0))) == [
-        "open 1:1", "open 1:2", "open 1:3", "close 1:1", "close 1:3", "close 1:2"]
-    # a peer that freed an allocation since: its mappings this op does not use close before this
-    # op's open (any may be freed memory); another peer's stay; the count read once per peer
-    assert run(64, op((1, 1, 0), (1, 2, 0), (2, 9, 0)) + op((1, 2, 1), (1, 3, 1), (2, 9, 0))
-               + op((1, 3, 1))) == [
-        "open 1:1", "open 1:2", "open 2:9", "close 1:1", "close 1:2", "open 1:2", "open 1:3",
-        "close 2:9", "close 1:2", "close 1:3"]
-    # within one op a moved count spares what the op already mapped of that peer
-    assert run(64, op((1, 1, 0), (1, 2, 1))) == ["open 1:1", "open 1:2", "close 1:1", "close 1:2"]
+    assert run(op((1, 1, 0), keep=2) + op((1, 2, 0), keep=2) + op((1, 3, 0), keep=2)
+               + op((1, 2, 0), keep=2) + [("close_unheld",)]) == [
+        "open 1:1", "open 1:2", "open 1:3", "close 1:1", "close 1:2", "close 1:3"]
+    # an owner that freed memory since: its mappings no op holds close before this op maps its
+    # own (any may be freed memory); another owner's stay; the count read once per owner
+    assert run(op((1, 1, 0), (1, 2, 0), (2, 9, 0)) + op((1, 2, 1), (1, 3, 1), (2, 9, 0))
+               + op((1, 3, 1)) + [("close_unheld",)]) == [
+        "open 1:1", "open 1:2", "open 2:9", "close 1:2", "close 1:1", "open 1:2", "open 1:3",
+        "close 1:3", "close 2:9", "close 1:2"]
+    # within one op a moved count spares what the op already holds of that owner
+    assert run(op((1, 1, 0), (1, 2, 1)) + [("close_unheld",)]) == [
+        "open 1:1", "open 1:2", "close 1:2", "close 1:1"]
+    # two groups' ops in flight: one mapping of a handle for both; an op's end (keep 0) or a
+    # group's release closes nothing the other op still holds, nor do an owner's frees
+    assert run([("map", 0, 1, 5, 0), ("map", 1, 1, 5, 0), ("end", 0, 0), ("close_unheld",),
+                ("map", 0, 1, 6, 1), ("end", 0, 0), ("end", 1, 0)]) == [
+        "open 1:5", "open 1:6", "close 1:6", "close 1:5"]
     # an allocation that cannot be opened is not kept: the next op tries again
-    assert run(64, op((1, -4, 0)) + op((1, -4, 0))) == ["refused 1:-4", "refused 1:-4"]
-    # the slots' release closes every kept mapping
-    assert run(64, op((1, 1, 0), (2, 2, 0)) + [("close_all",)] + op((1, 1, 0))) == [
-        "open 1:1", "open 2:2", "close 1:1", "close 2:2", "open 1:1", "close 1:1"]
+    assert run(op((1, -4, 0)) + op((1, -4, 0))) == ["refused 1:-4", "refused 1:-4"]
 
 
 def test_the_shared_gpu_handoff_benchmark_runs_its_protocol_on_the_host():

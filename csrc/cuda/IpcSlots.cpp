@@ -7,12 +7,14 @@
 #include <c10/util/StringUtil.h>
 #include <cuda.h>
 #include <cuda_runtime_api.h>
+#include <unistd.h>
 
 #include <algorithm>
 #include <atomic>
 #include <cstdio>
 #include <cstring>
 #include <mutex>
+#include <random>
 #include <set>
 #include <vector>
 
@@ -81,34 +83,50 @@ uint64_t segmentsFreed() {
                         : g_segmentsFreed.fetch_add(1, std::memory_order_relaxed) + 1;
 }
 
+// This process as the owner of the allocations it shares (KeptMappings' key): drawn once, so
+// processes that share a pid (one per container) differ.
+uint64_t processToken() {
+  static const uint64_t token = [] {
+    std::random_device entropy;
+    return (static_cast<uint64_t>(entropy()) << 32) ^ entropy() ^ static_cast<uint64_t>(::getpid());
+  }();
+  return token;
+}
+
+// The leader's mappings of its peers' allocations, every group's and device's (the calls make
+// the device current). Never destroyed: a group's release closes what no op holds, and the
+// process's end takes the rest.
+node::KeptMappings& keptMappings() {
+  static auto* kept = new node::KeptMappings(
+      [](const node::KeptMappings::Handle& h, std::string* why) -> void* {
+        cudaIpcMemHandle_t handle;
+        std::memcpy(&handle, h.data(), sizeof(handle));
+        void* p = nullptr;
+        const cudaError_t e = cudaIpcOpenMemHandle(&p, handle, cudaIpcMemLazyEnablePeerAccess);
+        if (e == cudaSuccess) return p;
+        *why = c10::str("cudaIpcOpenMemHandle: ", cudaText(e));
+        return nullptr;
+      },
+      // a close that fails leaks a mapping; it is not the next call's error
+      [](void* p) {
+        if (cudaIpcCloseMemHandle(p) != cudaSuccess) cudaGetLastError();
+      });
+  return *kept;
+}
+
 class IpcSlots final : public node::DeviceSlots {
  public:
   IpcSlots(at::Device device, int64_t slotBytes, int localRank, int localSize, int64_t mappedKeep)
       : peers_(localSize, nullptr),
         peerFlags_(localSize, nullptr),
-        mapped_(
-            mappedKeep,
-            [](int, const node::KeptMappings::Handle& h, std::string* why) -> void* {
-              cudaIpcMemHandle_t handle;
-              std::memcpy(&handle, h.data(), sizeof(handle));
-              void* p = nullptr;
-              const cudaError_t e =
-                  cudaIpcOpenMemHandle(&p, handle, cudaIpcMemLazyEnablePeerAccess);
-              if (e == cudaSuccess) return p;
-              *why = c10::str("cudaIpcOpenMemHandle: ", cudaText(e));
-              return nullptr;
-            },
-            // a close that fails leaks a mapping; it is not the next call's error
-            [](void* p) {
-              if (cudaIpcCloseMemHandle(p) != cudaSuccess) cudaGetLastError();
-            }),
+        mappedKeep_(mappedKeep),
         device_(device),
         slotBytes_(slotBytes),
         localRank_(localRank) {}
   ~IpcSlots() override {
     if (streamBarrier_) streamBarrier_->retire();
     c10::cuda::CUDAGuard guard(device_);
-    mapped_.closeAll();
+    releaseMapped();
     for (size_t r = 0; r < peers_.size(); ++r) {
       if (static_cast<int>(r) == localRank_) continue;
       if (peers_[r] != nullptr) cudaIpcCloseMemHandle(peers_[r]);
@@ -167,7 +185,7 @@ class IpcSlots final : public node::DeviceSlots {
   }
   // The leader's mapping of its peers' tensors (NODE_LEADER=mapped): each op's tensors are
   // exported by their allocations' handles; the leader keeps what it opens across ops
-  // (node/KeptMappings.hpp), told of the segments this process has freed since.
+  // (node/KeptMappings.hpp), told who owns them and how many segments it has freed since.
   void share(const std::vector<at::Tensor>& ts, node::SharedTensorRef* refs) override {
     static_assert(sizeof(cudaIpcMemHandle_t) == sizeof(node::KeptMappings::Handle));
     c10::cuda::CUDAGuard guard(device_);
@@ -186,6 +204,7 @@ class IpcSlots final : public node::DeviceSlots {
                        " (memory that cannot be exported: expandable segments, a memory pool, "
                        "or mapped from another process)");
       ref.ok = why.empty() ? 1 : 0;
+      ref.owner = processToken();
       ref.ownerFrees = freed;
       std::snprintf(ref.why, sizeof(ref.why), "%s", why.c_str());
       std::memcpy(ref.handle, &handle, sizeof(handle));
@@ -199,14 +218,16 @@ class IpcSlots final : public node::DeviceSlots {
     c10::cuda::CUDAGuard guard(device_);
     // (a peer's tensors of one op often share one allocation, an all_gather in place: its input
     // is its row of the output; that is one mapping)
-    void* p = mapped_.map(r, ref.handle, ref.ownerFrees, why);
+    void* p = keptMappings().acquire(device_.index(), ref.owner, ref.handle, ref.ownerFrees, why);
     if (p == nullptr) return {};
+    held_.push_back(p);
     return at::from_blob(static_cast<uint8_t*>(p) + ref.offset, {bytes},
                          at::TensorOptions().dtype(at::kByte).device(device_));
   }
   void endMappedOp() override {
     c10::cuda::CUDAGuard guard(device_);
-    mapped_.endOp();
+    keptMappings().release(held_, mappedKeep_);
+    held_.clear();
   }
 
   void release() override {
@@ -216,7 +237,7 @@ class IpcSlots final : public node::DeviceSlots {
     cudaDeviceSynchronize();
     cudaGetLastError();
     if (streamBarrier_) streamBarrier_->retire();
-    mapped_.closeAll();
+    releaseMapped();
     for (size_t r = 0; r < peers_.size(); ++r) {
       if (static_cast<int>(r) == localRank_) continue;
       if (peers_[r] != nullptr) cudaIpcCloseMemHandle(peers_[r]);
@@ -240,8 +261,19 @@ class IpcSlots final : public node::DeviceSlots {
   bool sharedGpu_ = false;  // fewer GPUs than ranks on this node
   std::string ordering_ = "ordered from the host";
   NodeBarrierArgs barrierArgs_{};
-  // the peers' tensors' allocations as mapped here (NODE_LEADER=mapped)
-  node::KeptMappings mapped_;
+  // NODE_LEADER=mapped: what this group's op holds of the process's kept mappings, and how many
+  // mappings an op leaves open
+  std::vector<void*> held_;
+  const int64_t mappedKeep_;
+
+  // The group goes (no device work of this process left): what an op still held (one that
+  // failed before its end) is let go, and every mapping no op holds closes; another group's
+  // next op opens again what it needs.
+  void releaseMapped() {
+    keptMappings().release(held_, mappedKeep_);
+    held_.clear();
+    keptMappings().closeUnheld();
+  }
 
  private:
   const at::Device device_;

@@ -42,9 +42,10 @@ using Ordering = NodeDeviceOrder;
 struct SharedTensorRef {
   uint8_t handle[64];
   int64_t offset;       // bytes from the start of what `handle` maps
-  uint64_t ownerFrees;  // allocations the owner's allocator has given back so far (KeptMappings)
+  uint64_t owner;       // the owner process's token (KeptMappings)
+  uint64_t ownerFrees;  // allocations the owner's allocator has given back so far
   int32_t ok;           // 0: this tensor cannot be mapped; `why` says why
-  char why[108];
+  char why[100];
 };
 
 // What the node asks of its slots. `Auto`: device flags where every local rank has a GPU of its
