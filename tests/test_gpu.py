@@ -372,12 +372,15 @@ def test_auto_takes_the_leader_form_on_a_shared_gpu(np):
 
 
 @pytest.mark.long_first(seconds=82)
-@pytest.mark.parametrize("order", ["auto", "device"])
+@pytest.mark.parametrize("order", ["auto", "device", "mapped"])
 def test_ddp_and_fsdp2_through_the_node_algorithm_cuda(order):
     # training through the CUDA IPC slots, ordered from the host (auto: the ranks share the GPU)
-    # and by device flags; each must match its single-process reference
-    env = {"MPIGPU_TEST_DEVICE": "cuda", "TORCH_MPIGPU_ALGO": "node",
-           "TORCH_MPIGPU_NODE_DEVICE_ORDER": order, "MPIGPU_EXPECT_RAN": "node"}
+    # and by device flags, and with the leader mapping its peers' tensors (NODE_LEADER=mapped:
+    # DDP's buckets and FSDP2's shards, kept mapped across steps; added 2026-12-05, not yet run);
+    # each must match its single-process reference
+    env = {"MPIGPU_TEST_DEVICE": "cuda", "TORCH_MPIGPU_ALGO": "node", "MPIGPU_EXPECT_RAN": "node",
+           **({"TORCH_MPIGPU_NODE_LEADER": "mapped"} if order == "mapped" else
+              {"TORCH_MPIGPU_NODE_DEVICE_ORDER": order})}
     ran = {"the expected algorithm ran"}
     out = run_mpi("ddp.py", 2, env=env, timeout=600)
     assert passed_counts(out, 2, DDP | ran) >= 60
