@@ -250,6 +250,8 @@ class Checker:
         self.passed = 0
         self.failures = []
         self.rank = dist.get_rank() if dist.is_initialized() else 0
+        # (scripts that end their group before finish() still report their world's size)
+        self.world = dist.get_world_size() if dist.is_initialized() else 1
         # behaviour -> [passed, failed]; checks before the first section() count as `name`
         self.current = "main"
         self.behaviours = {}
@@ -399,7 +401,7 @@ class Checker:
 
     def finish(self):
         self.compare_deferred()
-        world = dist.get_world_size() if dist.is_initialized() else 1
+        world = dist.get_world_size() if dist.is_initialized() else self.world
         ran = os.environ.get("MPIGPU_EXPECT_RAN")  # a forced algorithm must not have fallen back
         if ran:
             import torch_mpi_gpu
