@@ -107,10 +107,17 @@ def forms(ar, sizes=(MIB, 16 * MIB, 256 * MIB)):
         cells = []
         for b in sizes:
             r = ar.get(("allreduce", b, be))
-            cells.append(fmt(us(r)) + (f" ({r['node_waits_per_op'].get('host', 0):.3g}h)"
-                                       if r and r["node_waits_per_op"].get("host") else ""))
+            cells.append(fmt(us(r)) + (f" ({waits_note(r)})" if r and waits_note(r) else ""))
         out.append((be, cells))
     return out
+
+
+def waits_note(row):
+    """Per op on rank 0, the node's leader: host barriers (h), the peers' allocations it opened
+    (o, NODE_LEADER=mapped: few where it keeps its mappings), stream events it queued (e)."""
+    w = row.get("node_waits_per_op") or {}
+    return " ".join(f"{w[k]:.2g}{tag}" for k, tag in (("host", "h"), ("mapped_opens", "o"),
+                                                      ("stream_events", "e")) if w.get(k))
 
 
 def main(argv=None):
@@ -124,10 +131,13 @@ def main(argv=None):
     print(f"# #22 on one shared GPU, 2 ranks: {args.allreduce_json}")
     for target, measured, ok in lines:
         print(f"{target:<{width}}  {ok:>7}  {measured}")
-    print("\n# all_reduce by form (median; h: host barriers per op, rank 0)")
-    print(f"{'backend':<48}{'1 MiB':>16}{'16 MiB':>16}{'256 MiB':>16}")
-    for be, cells in forms(ar):
-        print(f"{be:<48}" + "".join(f"{c:>16}" for c in cells))
+    print("\n# all_reduce by form (median; per op on rank 0: h host barriers, o allocations "
+          "opened, e stream events)")
+    rows = forms(ar)
+    width = max([len("backend")] + [len(be) for be, _ in rows]) + 2
+    print(f"{'backend':<{width}}{'1 MiB':>20}{'16 MiB':>20}{'256 MiB':>20}")
+    for be, cells in rows:
+        print(f"{be:<{width}}" + "".join(f"{c:>20}" for c in cells))
 
 
 if __name__ == "__main__":

@@ -1029,6 +1029,11 @@ def test_the_gpu_scorecard_says_met_where_a_run_meets_the_targets(tmp_path):
           ((16, 200, 0), (64 << 10, 150, 0), (MIB, 300, 2), (16 * MIB, 350, 2), (256 * MIB, 900, 2))]
     ar += [row("allreduce", b, before, us) for b, us in
            ((16, 150, ), (64 << 10, 160), (MIB, 800), (16 * MIB, 1100), (256 * MIB, 1600))]
+    # the mapped form: its rows carry the allocations the leader opened per op
+    mapped = "mpigpu[ALGO=node;NODE_LEADER=mapped;NODE_MAPPED_KEEP=0]"
+    for b, us in ((MIB, 250), (16 * MIB, 300), (256 * MIB, 700)):
+        ar.append(row("allreduce", b, mapped, us, host=3))
+        ar[-1]["node_waits_per_op"]["mapped_opens"] = 1.0
     ot = [row(op, b, be, us) for op in ("reduce_scatter", "allgather")
           for b, be, us in ((32 * MIB, "mpigpu", 300), (32 * MIB, before, 700),
                             (256 * MIB, "mpigpu", 500), (256 * MIB, before, 1100))]
@@ -1042,4 +1047,6 @@ def test_the_gpu_scorecard_says_met_where_a_run_meets_the_targets(tmp_path):
                    "reduce_scatter >= 2x", "all_gather >= 2x"):
         assert re.search(rf"^[^\n]*{re.escape(target)}[^\n]* met ", out, re.M), (target, out)
     assert re.search(r"^all_reduce no slower than auto without node .* NOT MET +16 B 200 us > 150 us$",
+                     out, re.M), out
+    assert re.search(rf"^{re.escape(mapped)} +250 us \(3h 1o\) +300 us \(3h 1o\) +700 us \(3h 1o\)$",
                      out, re.M), out
