@@ -181,19 +181,25 @@ def main(argv=None):
     print(f"# {name}: 2 processes, medians of {args.reps} "
           "(first: the first open of a handle), microseconds")
     print(f"{'MiB':>6} {'export first':>13} {'export':>8} {'open first':>11} {'open':>8} {'close':>8}")
-    try:
-        for _ in sizes:
-            if not rows.poll(300):
-                sys.exit("no answer from the owner in 300 s")
-            size, export_first, export, first, opened, closed = rows.recv()
-            print(f"{size / MIB:>6.0f} {export_first:>13.1f} {export:>8.1f} {first:>11.1f} "
-                  f"{opened:>8.1f} {closed:>8.1f}")
-        if not rows.poll(300):
-            sys.exit("no retention answer from the owner in 300 s")
-        held, at_free, at_close = rows.recv()
-    finally:
-        for proc in procs:
-            proc.join(timeout=30)
+    def receive(what):
+        """The owner's next row; ends this run at once where either process failed."""
+        deadline = time.monotonic() + 120
+        while not rows.poll(0.5):
+            failed = [proc.exitcode for proc in procs if proc.exitcode not in (None, 0)]
+            if failed or time.monotonic() > deadline:
+                for proc in procs:
+                    proc.terminate()
+                sys.exit(f"no {what}: " + (f"a process exited with {failed[0]} (its error above)"
+                                           if failed else "no answer in 120 s"))
+        return rows.recv()
+
+    for _ in sizes:
+        size, export_first, export, first, opened, closed = receive("row of timings")
+        print(f"{size / MIB:>6.0f} {export_first:>13.1f} {export:>8.1f} {first:>11.1f} "
+              f"{opened:>8.1f} {closed:>8.1f}", flush=True)
+    held, at_free, at_close = receive("retention answer")
+    for proc in procs:
+        proc.join(timeout=30)
     print(f"retention: the owner freed {held:.0f} MiB the other process had open: the device's "
           f"free memory {at_free:+.0f} MiB at the free, {at_close:+.0f} MiB at the close")
     if at_close > held / 2:
