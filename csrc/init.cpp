@@ -462,7 +462,7 @@ std::vector<std::string> testKeptMappings(const std::vector<py::tuple>& steps) {
         log.push_back("open " + names[mapped]);
         return mapped;
       },
-      [&](void* mapped) { log.push_back("close " + names.at(mapped)); });
+      [&](int, void* mapped) { log.push_back("close " + names.at(mapped)); });
   for (const py::tuple& step : steps) {
     const auto what = step[0].cast<std::string>();
     if (what == "map") {

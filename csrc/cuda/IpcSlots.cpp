@@ -108,7 +108,8 @@ node::KeptMappings& keptMappings() {
         return nullptr;
       },
       // a close that fails leaks a mapping; it is not the next call's error
-      [](void* p) {
+      [](int device, void* p) {
+        c10::cuda::CUDAGuard guard(static_cast<c10::DeviceIndex>(device));
         if (cudaIpcCloseMemHandle(p) != cudaSuccess) cudaGetLastError();
       });
   return *kept;

@@ -41,7 +41,8 @@ class KeptMappings {
   using Handle = std::array<uint8_t, 64>;
   // null, with why, where the handle cannot be opened (the caller made `device` current)
   using Open = std::function<void*(const Handle& handle, std::string* why)>;
-  using Close = std::function<void(void* mapped)>;
+  // (any group's op may close another device's mappings: `device` is the one it was mapped into)
+  using Close = std::function<void(int device, void* mapped)>;
 
   KeptMappings(Open open, Close close) : open_(std::move(open)), close_(std::move(close)) {}
   KeptMappings(const KeptMappings&) = delete;
@@ -117,7 +118,7 @@ class KeptMappings {
     auto out = entries_.begin();
     for (Entry& e : entries_) {
       if (closes(e))
-        close_(e.mapped);
+        close_(e.device, e.mapped);
       else
         *out++ = e;
     }
