@@ -477,8 +477,8 @@ std::vector<std::string> testKeptMappings(const std::vector<py::tuple>& steps) {
       auto& mine = held[step[1].cast<int>()];
       kept.release(mine, step[2].cast<int64_t>());
       mine.clear();
-    } else if (what == "close_unheld") {
-      kept.closeUnheld();
+    } else if (what == "close_unheld") {  // a group's release
+      kept.release({}, 0);
     } else {
       throw py::value_error("_test_kept_mappings: no step named " + what);
     }

@@ -271,9 +271,8 @@ class IpcSlots final : public node::DeviceSlots {
   // failed before its end) is let go, and every mapping no op holds closes; another group's
   // next op opens again what it needs.
   void releaseMapped() {
-    keptMappings().release(held_, mappedKeep_);
+    keptMappings().release(held_, /*keep=*/0);
     held_.clear();
-    keptMappings().closeUnheld();
   }
 
  private:

@@ -71,7 +71,8 @@ class KeptMappings {
   }
 
   // An op's end, its device work on `mapped` (what its acquire() calls returned) finished: they
-  // are no longer held, and of the mappings no op holds, only the `keep` most recently used stay.
+  // are no longer held, and of the mappings no op holds, only the `keep` most recently used stay
+  // (a group's release: keep 0).
   void release(const std::vector<void*>& mapped, int64_t keep) {
     std::lock_guard<std::mutex> lock(mutex_);
     for (void* p : mapped)
@@ -84,12 +85,6 @@ class KeptMappings {
                      [](const Entry& a, const Entry& b) { return a.lastUse > b.lastUse; });
     int64_t kept = 0;
     closeWhere([&](const Entry& e) { return e.holders == 0 && ++kept > keep; });
-  }
-
-  // Closes every mapping no op holds (a group's release).
-  void closeUnheld() {
-    std::lock_guard<std::mutex> lock(mutex_);
-    closeWhere([](const Entry& e) { return e.holders == 0; });
   }
 
   size_t size() const {
