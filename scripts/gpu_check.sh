@@ -130,6 +130,10 @@ timeout 60 python "$ROOT/benchmarks/shared_gpu_handoff.py" --rounds 200 | tee "$
 # NODE_LEADER=mapped) and whether a mapping holds memory its owner freed (same file)
 step "CUDA IPC: export, open and close by size; a mapping of freed memory (budget 90s)"
 timeout 90 python "$ROOT/benchmarks/ipc_mapping_cost.py" | tee -a "$OUT/handoff.txt"
+# where a 2-rank job's first seconds go, step by step, alone on the GPU (the tests' launches spend
+# ~10 s each outside their checks with 4 workers sharing it; same file)
+step "first use: a 2-rank job's start and first ops, step by step (budget 60s)"
+timeout 60 mpirun --oversubscribe -np 2 python "$ROOT/benchmarks/first_use_cost.py" | tee -a "$OUT/handoff.txt"
 MPI_OK=mpi
 timeout 60 mpirun -np 1 python -c "from mpi4py import MPI; print('mpi4py on', MPI.Get_library_version().splitlines()[0])" \
   || { MPI_OK=; echo "mpi4py cannot use this MPI: raw MPI left out of the benchmark"; }

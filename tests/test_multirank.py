@@ -599,6 +599,16 @@ def test_groups_hold_few_mpi_comms_and_a_refused_one_says_why(np, pretend_nodes,
     print("\n".join(line for line in out.splitlines() if "groups made" in line))
 
 
+def test_the_first_use_benchmark_times_every_step_on_host_tensors():
+    # benchmarks/first_use_cost.py (gpu_check.sh runs it on the lent GPU): every step timed and
+    # printed by rank 0, the results right
+    out = run_mpi(str(ROOT / "benchmarks" / "first_use_cost.py"), 2, args=("--device", "cpu", "--mib", "1"))
+    for step in ("import torch_mpi_gpu", "init_process_group", "first all_reduce, 4 B",
+                 "second all_reduce, 1 MiB", "DDP model made", "second DDP training step"):
+        assert re.search(rf"^{re.escape(step)} +\d+\.\d{{3}} +\d+\.\d{{3}}$", out, re.M), out[-3000:]
+    assert re.search(r"^in all, rank 0 +\d+\.\d{3}$", out, re.M) and "WRONG" not in out, out[-3000:]
+
+
 def test_ensembles_example_trains_each_member_like_one_process():
     # examples/ensembles.py: 2 members x 2 ranks, each its own default group and DDP model,
     # each equal to its own single-process reference; the members' models differ
