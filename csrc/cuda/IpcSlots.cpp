@@ -125,14 +125,8 @@ class IpcSlots final : public node::DeviceSlots {
         slotBytes_(slotBytes),
         localRank_(localRank) {}
   ~IpcSlots() override {
-    if (streamBarrier_) streamBarrier_->retire();
     c10::cuda::CUDAGuard guard(device_);
-    releaseMapped();
-    for (size_t r = 0; r < peers_.size(); ++r) {
-      if (static_cast<int>(r) == localRank_) continue;
-      if (peers_[r] != nullptr) cudaIpcCloseMemHandle(peers_[r]);
-      if (peerFlags_[r] != nullptr) cudaIpcCloseMemHandle(peerFlags_[r]);
-    }
+    unmapAll();
     if (own_ != nullptr) cudaFree(own_);
     if (ownFlags_ != nullptr) cudaFree(ownFlags_);
     if (gaveUp_ != nullptr) cudaFreeHost(gaveUp_);
@@ -237,14 +231,7 @@ class IpcSlots final : public node::DeviceSlots {
     // stuck on a peer is released at its timeout meanwhile: the watchdog still polls it)
     cudaDeviceSynchronize();
     cudaGetLastError();
-    if (streamBarrier_) streamBarrier_->retire();
-    releaseMapped();
-    for (size_t r = 0; r < peers_.size(); ++r) {
-      if (static_cast<int>(r) == localRank_) continue;
-      if (peers_[r] != nullptr) cudaIpcCloseMemHandle(peers_[r]);
-      if (peerFlags_[r] != nullptr) cudaIpcCloseMemHandle(peerFlags_[r]);
-      peers_[r] = peerFlags_[r] = nullptr;
-    }
+    unmapAll();
   }
 
   // this rank's allocation: both halves
@@ -267,12 +254,20 @@ class IpcSlots final : public node::DeviceSlots {
   std::vector<void*> held_;
   const int64_t mappedKeep_;
 
-  // The group goes (no device work of this process left): what an op still held (one that
-  // failed before its end) is let go, and every mapping no op holds closes; another group's
-  // next op opens again what it needs.
-  void releaseMapped() {
+  // The group goes (no device work of this process touches its peers' memory any more): the
+  // stream barrier retired; what an op still held (one that failed before its end) let go and
+  // every kept mapping no op holds closed (another group's next op opens again what it needs);
+  // every peer's buffer and flags unmapped.
+  void unmapAll() {
+    if (streamBarrier_) streamBarrier_->retire();
     keptMappings().release(held_, /*keep=*/0);
     held_.clear();
+    for (size_t r = 0; r < peers_.size(); ++r) {
+      if (static_cast<int>(r) == localRank_) continue;
+      if (peers_[r] != nullptr) cudaIpcCloseMemHandle(peers_[r]);
+      if (peerFlags_[r] != nullptr) cudaIpcCloseMemHandle(peerFlags_[r]);
+      peers_[r] = peerFlags_[r] = nullptr;
+    }
   }
 
  private:
