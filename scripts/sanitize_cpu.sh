@@ -64,10 +64,10 @@ echo "=== tests/mp under ASan + UBSan (ok: the expected exit status and no sanit
 run 0 3 collectives.py
 run 0 3 random_ops.py
 run 0 3 device_soak.py MPIGPU_RANDOM_CASES=600 "${SMALL[@]}" TORCH_MPIGPU_ALGO=node
-run 0 4 device_soak.py MPIGPU_RANDOM_CASES=400 "${SMALL[@]}" TORCH_MPIGPU_PRETEND_NODES=2
-run 0 5 device_soak.py MPIGPU_RANDOM_CASES=300 "${SMALL[@]}" TORCH_MPIGPU_ALGO=node TORCH_MPIGPU_PRETEND_NODES=2
+run 0 4 device_soak.py MPIGPU_RANDOM_CASES=400 "${SMALL[@]}" TORCH_MPIGPU_TEST_PRETEND_NODES=2
+run 0 5 device_soak.py MPIGPU_RANDOM_CASES=300 "${SMALL[@]}" TORCH_MPIGPU_ALGO=node TORCH_MPIGPU_TEST_PRETEND_NODES=2
 run 0 3 "shared_cpu.py same"  # the node barrier with every rank on one CPU
-run 0 4 collectives.py TORCH_MPIGPU_ALGO=node TORCH_MPIGPU_NODE_SINGLE_COPY_BYTES=0 TORCH_MPIGPU_PRETEND_NODES=2  # all_gather reading peers in place
+run 0 4 collectives.py TORCH_MPIGPU_ALGO=node TORCH_MPIGPU_NODE_SINGLE_COPY_BYTES=0 TORCH_MPIGPU_TEST_PRETEND_NODES=2  # all_gather reading peers in place
 for algo in ring rhd allgather; do run 0 3 random_ops.py "${SMALL[@]}" TORCH_MPIGPU_ALGO=$algo; done
 run 0 3 p2p_stress.py
 run 0 3 p2p_groups.py

@@ -10,6 +10,10 @@
 #                       a package named here is also what the build uses (MPI_HOME= unless set)
 #   MPIGPU_SETUP_EXTRAS 0: without the libraries only some tests and the benchmarks use (rich,
 #                       matplotlib, scikit-learn, expecttest, accelerate, lightning); default 1
+#   MPIGPU_IN_PLACE     1 (default): build in place (`pip install -e`), so the checkout's
+#                       torch_mpi_gpu/ holds its extension and imports from the repository root
+#                       too; 0: an ordinary install into the venv (the test legs' other venvs:
+#                       one checkout holds one in-place build)
 set -euo pipefail
 ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 VENV="${MPIGPU_VENV:-$ROOT/.venv}"
@@ -42,7 +46,25 @@ extras="rich matplotlib scikit-learn expecttest accelerate lightning"
 "$PY" -m pip install -q $mpi_package ninja pybind11 numpy pytest mpi4py 'setuptools>=77' wheel $extras
 echo "setup: MPI, build and test packages installed (at ${SECONDS} s)"
 export PATH="$VENV/bin:$PATH"
-"$PY" -m pip install -q --no-build-isolation "$ROOT"
+# An in-place build is kept while it is this venv's and no source of the extension changed since
+# (MPIGPU_REBUILD=1 rebuilds anyway): a second run_main.sh starts training at once.
+in_place_build_is_current() {
+  local record="$ROOT/torch_mpi_gpu/_build_info.json"
+  [ "${MPIGPU_REBUILD:-0}" != 1 ] && [ -e "$record" ] && compgen -G "$ROOT/torch_mpi_gpu/_C.*" >/dev/null \
+    && [ -z "$(find "$ROOT/csrc" "$ROOT/setup.py" "$ROOT/pyproject.toml" -newer "$record" -print -quit)" ] \
+    && (cd / && "$PY" -c 'import json, sys, torch, torch_mpi_gpu
+b = json.load(open(sys.argv[1]))
+sys.exit(0 if (b.get("python_prefix"), b.get("torch_version")) == (sys.prefix, torch.__version__) else 1)' "$record") 2>/dev/null
+}
+if [ "${MPIGPU_IN_PLACE:-1}" = 1 ]; then
+  if in_place_build_is_current; then
+    echo "setup: the in-place build is current (MPIGPU_REBUILD=1 rebuilds it)"
+  else
+    "$PY" -m pip install -q --no-build-isolation -e "$ROOT"
+  fi
+else
+  "$PY" -m pip install -q --no-build-isolation "$ROOT"
+fi
 # (run from / so the installed package is imported, not the source tree)
 # (a build that does not import fails here, not in every test)
 built=$(cd / && "$PY" -c 'import torch_mpi_gpu, json; b = torch_mpi_gpu.build_info(); print(b["mpi_source"], b["mpi_prefix"], "cuda sources:", b["with_cuda"])')

@@ -43,7 +43,7 @@ trap 'for command in "${at_exit[@]}"; do eval "$command" || true; done' EXIT
 # scripts/setup_env.sh; the background setups (below) run it in a session of its own, whose
 # autogroup has nice 19: in the tests' autogroup a crowded rank's sched_yield (mpi/Wait.hpp)
 # handed its core to them, idle class or not, until the next tick (a 3-rank job 5.4 s quiet, 18 s
-# beside them; benchmarks/results/crowded_waits_background_load_2026-12-04.txt)
+# beside them; benchmarks/results/2026-12-04_cpu-2core_crowded-waits-background-load/)
 setup_env() {
   if [ -n "${SETUP_IN_BACKGROUND:-}" ]; then
     setsid -w sh -c 'echo 19 >/proc/self/autogroup 2>/dev/null; exec "$@"' sh "$ROOT/scripts/setup_env.sh"
@@ -62,7 +62,7 @@ setup_cpu() {
 }
 setup_mpich() {
   if [[ "$ready" != *mpich* ]]; then
-    wait_for_background_setup mpich || MPIGPU_VENV="$MPICH_VENV" MPIGPU_MPI_PACKAGE=mpich MPI_HOME= \
+    wait_for_background_setup mpich || MPIGPU_VENV="$MPICH_VENV" MPIGPU_MPI_PACKAGE=mpich MPI_HOME= MPIGPU_IN_PLACE=0 \
       TORCH_MPIGPU_WITH_CUDA=0 setup_env || return
   fi
   ready="$ready mpich"
@@ -73,7 +73,7 @@ setup_ompi41() {  # in a subshell: Open MPI 4.1's variables stay out of the othe
       eval "$("$ROOT/scripts/openmpi41.sh" "$OMPI41_DIR")"
       # one unit per source file here (the other builds: one per layer), so that setting builds
       # too, and a file that compiles only after another's includes fails
-      MPIGPU_VENV="$OMPI41_VENV" MPI_HOME="$OPAL_PREFIX" MPIGPU_MPI_PACKAGE=none MPIGPU_SETUP_EXTRAS=0 \
+      MPIGPU_VENV="$OMPI41_VENV" MPI_HOME="$OPAL_PREFIX" MPIGPU_MPI_PACKAGE=none MPIGPU_SETUP_EXTRAS=0 MPIGPU_IN_PLACE=0 \
         TORCH_MPIGPU_WITH_CUDA=0 TORCH_MPIGPU_UNITY_BUILD=0 setup_env
     ) || return
   fi
@@ -83,7 +83,7 @@ setup_cuda() {
   if [[ "$ready" != *cuda* ]] && ! wait_for_background_setup cuda; then
     # the CUDA torch wheels take ~6 GiB installed, and pip's download sits beside them meanwhile
     echo "CUDA build: $(df -Pk "$ROOT" | awk 'NR == 2 { print int($4 / 1048576) }') GiB free on $ROOT (about 10 needed)"
-    MPIGPU_VENV="$CUDA_VENV" TORCH_SPEC="${CUDA_TORCH_SPEC:-torch==2.14.1}" \
+    MPIGPU_VENV="$CUDA_VENV" TORCH_SPEC="${CUDA_TORCH_SPEC:-torch==2.14.1}" MPIGPU_IN_PLACE=0 \
       TORCH_MPIGPU_WITH_CUDA=1 setup_env || return
   fi
   ready="$ready cuda"
@@ -307,6 +307,15 @@ and not algorithm and not split and not shared) or device_of_its_own or split_gr
     fi
   fi
 }
+# The README's and docs' runnable commands, as written, from the repository root with the CPU
+# venv first on PATH (scripts/doc_commands.py), once every build is done: one of them builds in
+# place, and the builds share build/units.
+doc_commands_step() {
+  if [[ " $builds " == *" cpu "* ]]; then
+    echo "=== the docs' commands, as written (at $((SECONDS / 60)) min $((SECONDS % 60)) s) ==="
+    MPIGPU_VENV="$CPU_VENV" "$CPU_VENV/bin/python" "$ROOT/scripts/doc_commands.py"
+  fi
+}
 if [[ " $builds " == *" mpich "* ]]; then
   setup_mpich  # here, not in both lanes at once (builds share the build/ folder)
   SECOND_LANE_LOG="$(mktemp)"
@@ -348,6 +357,7 @@ and not (with_algorithm and (ring-5 or rhd-2 or allgather-2 or 4-ring or 4-rhd o
 and not node_across and not (hold_few and not past-the-cap) and not (auto_algorithm and not (3-env4 or 3-env5)) \
 and not ((test_collectives or ddp_matches or fusion_one or random_ops_against or p2p_async_groups or bad_arguments) and [1])" "$@"
   cuda_leg "$@"
+  doc_commands_step
   wait "$second_lane_pid" && second_lane_status=0 || second_lane_status=$?
   echo "=== the second lane's output (started beside the MPICH leg): ==="
   cat "$SECOND_LANE_LOG"
@@ -359,5 +369,6 @@ and not ((test_collectives or ddp_matches or fusion_one or random_ops_against or
 else
   second_lane_legs "$@"
   cuda_leg "$@"
+  doc_commands_step
 fi
 echo "=== every leg passed: $((SECONDS / 60)) min $((SECONDS % 60)) s ==="

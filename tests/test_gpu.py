@@ -326,7 +326,7 @@ def test_node_algorithm_cuda(np, order, shape, leader):
            "TORCH_MPIGPU_NODE_DEVICE_BUFFER_BYTES": "65536", "MPIGPU_EXPECT_NODES": shape,
            "TORCH_MPIGPU_NODE_DEVICE_ORDER": order, "TORCH_MPIGPU_NODE_LEADER": leader}
     if "nodes of" in shape:  # (the lone rank's node orders itself by flags: a GPU of its own)
-        env["TORCH_MPIGPU_PRETEND_NODES"] = "2"
+        env["TORCH_MPIGPU_TEST_PRETEND_NODES"] = "2"
     else:
         env["MPIGPU_EXPECT_ORDER"] = NODE_ORDER[order]
         env["MPIGPU_EXPECT_LEADER"] = ("mapped" if leader == "mapped" else
@@ -407,7 +407,7 @@ def test_cuda_awareness_probe(probe):
         skip_or_fail("not-cuda-aware", f"the probe runs only where the MPI reports CUDA support "
                      f"({auto_cuda_path()})")
     env = {"MPIGPU_EXPECT_PROBE": probe, "TORCH_MPIGPU_CUDA_AWARE": "auto",
-           **({"TORCH_MPIGPU_CUDA_PROBE": "fail"} if probe == "failed" else {})}
+           **({"TORCH_MPIGPU_TEST_CUDA_PROBE_FAILS": "1"} if probe == "failed" else {})}
     out = run_mpi("cuda_probe.py", 2, env=env)
     assert passed_counts(out, 2, {"the probe's exchanges and agreement, host buffers",
                                   "the probe at the first group with a GPU"}) >= 7

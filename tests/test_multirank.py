@@ -226,9 +226,9 @@ AUTO_ALGORITHM = {"fp16/bf16 all_reduce: the ring from HOST_HALF_RING_BYTES",
                   "reduce: MPI's own"}
 NO_NODE = {"TORCH_MPIGPU_NODE_BUFFER_BYTES": "0"}
 # every rank a node of its own: the group spans nodes, and the node algorithm has nothing to share
-NODE_EACH = {"TORCH_MPIGPU_PRETEND_NODES": "3"}
+NODE_EACH = {"TORCH_MPIGPU_TEST_PRETEND_NODES": "3"}
 # 3 + 2 ranks: nodes holding different counts (auto's threshold across nodes lowered to 8 KiB)
-NODES_UNEVEN = {"TORCH_MPIGPU_PRETEND_NODES": "2", "TORCH_MPIGPU_NODE_ACROSS_MIN_BYTES": "8192"}
+NODES_UNEVEN = {"TORCH_MPIGPU_TEST_PRETEND_NODES": "2", "TORCH_MPIGPU_NODE_ACROSS_MIN_BYTES": "8192"}
 
 
 # rank 0's pid names its segment; a killed job's segment of that name left in /dev/shm (CI met
@@ -308,10 +308,10 @@ NODE_SHAPES = {
                                               "MPIGPU_EXPECT_SINGLE_COPY_READS": "none",
                                               "MPIGPU_EXPECT_SINGLE_COPY": "single copy unavailable: "},
                                           "1 node x 3 ranks"),
-    "2x2-4KiB-pieces": (4, {"TORCH_MPIGPU_PRETEND_NODES": "2",
+    "2x2-4KiB-pieces": (4, {"TORCH_MPIGPU_TEST_PRETEND_NODES": "2",
                             "TORCH_MPIGPU_NODE_BUFFER_BYTES": "4096", **SLOTS_ONLY}, "2 nodes x 2 ranks"),
-    "2x3-single-copy": (6, {"TORCH_MPIGPU_PRETEND_NODES": "2", **SINGLE_COPY}, "2 nodes x 3 ranks"),
-    "3+2-two-lanes-single-copy": (5, {"TORCH_MPIGPU_PRETEND_NODES": "2", "TORCH_MPIGPU_NODE_BUFFER_BYTES": "4096",
+    "2x3-single-copy": (6, {"TORCH_MPIGPU_TEST_PRETEND_NODES": "2", **SINGLE_COPY}, "2 nodes x 3 ranks"),
+    "3+2-two-lanes-single-copy": (5, {"TORCH_MPIGPU_TEST_PRETEND_NODES": "2", "TORCH_MPIGPU_NODE_BUFFER_BYTES": "4096",
                                       **SINGLE_COPY},
                       "2 nodes of 2 to 3 ranks (not uniform), across nodes in 2 lanes"),
     # the leader form (one-node all_reduce and reduce_scatter reduced by the node's first rank,
@@ -321,7 +321,7 @@ NODE_SHAPES = {
     "1x3-leader-form-4KiB-pieces": (3, {"TORCH_MPIGPU_NODE_LEADER": "1",
                                            "TORCH_MPIGPU_NODE_BUFFER_BYTES": "4096",
                                            "MPIGPU_EXPECT_LEADER": "1", **SLOTS_ONLY}, "1 node x 3 ranks"),
-    "device-slot-code-on-host-1x4-host-order-leader-form": (4, {"TORCH_MPIGPU_NODE_TEST_DEVICE_SLOTS": "1",
+    "device-slot-code-on-host-1x4-host-order-leader-form": (4, {"TORCH_MPIGPU_TEST_DEVICE_SLOTS": "1",
                                                            "TORCH_MPIGPU_NODE_DEVICE_ORDER": "host",
                                                            "TORCH_MPIGPU_NODE_DEVICE_BUFFER_BYTES": "4096",
                                                            "TORCH_MPIGPU_NODE_DEVICE_BUFFER_MAX_BYTES": "8192",
@@ -332,7 +332,7 @@ NODE_SHAPES = {
                                                        "1 node x 4 ranks"),
     # ordered by the slots themselves where stream waits would order them (NODE_DEVICE_ORDER=
     # stream): the leader form with barriers on the device, as on a GPU the ranks share
-    "device-slot-code-on-host-1x3-stream-order-leader-form": (3, {"TORCH_MPIGPU_NODE_TEST_DEVICE_SLOTS": "1",
+    "device-slot-code-on-host-1x3-stream-order-leader-form": (3, {"TORCH_MPIGPU_TEST_DEVICE_SLOTS": "1",
                                                               "TORCH_MPIGPU_NODE_DEVICE_ORDER": "stream",
                                                               "TORCH_MPIGPU_NODE_DEVICE_BUFFER_BYTES": "4096",
                                                               "TORCH_MPIGPU_NODE_DEVICE_BUFFER_MAX_BYTES": "8192",
@@ -346,7 +346,7 @@ NODE_SHAPES = {
     # tensors copied into its slot, back after the op; those beyond the slot are refused, so both
     # the mapped ops and the fallback to the slots run (at 2 ranks the first peer's tensor is
     # also the reduction's second output)
-    **{f"device-slot-code-on-host-1x{n}-mapped-leader": (n, {"TORCH_MPIGPU_NODE_TEST_DEVICE_SLOTS": "1",
+    **{f"device-slot-code-on-host-1x{n}-mapped-leader": (n, {"TORCH_MPIGPU_TEST_DEVICE_SLOTS": "1",
                                                              "TORCH_MPIGPU_NODE_DEVICE_ORDER": "host",
                                                              "TORCH_MPIGPU_NODE_LEADER": "mapped",
                                                              "TORCH_MPIGPU_NODE_DEVICE_BUFFER_BYTES": "4096",
@@ -357,13 +357,13 @@ NODE_SHAPES = {
                                                              "MPIGPU_EXPECT_MAPPED": "some, some refused"},
                                                          f"1 node x {n} ranks")
        for n, slots in ((2, 65536), (3, 8192))},
-    "2+1+1-one-lane": (4, {"TORCH_MPIGPU_PRETEND_NODES": "3", "TORCH_MPIGPU_NODE_BUFFER_BYTES": "4096"},
+    "2+1+1-one-lane": (4, {"TORCH_MPIGPU_TEST_PRETEND_NODES": "3", "TORCH_MPIGPU_NODE_BUFFER_BYTES": "4096"},
                        "3 nodes of 1 to 2 ranks (not uniform), across nodes in 1 lane"),
     # the device-slot code (what the CUDA IPC slots run) on host memory, hierarchical, 4 KiB
     # slots grown once to 8 KiB (larger ops still in pieces), ordered by the slots' own barrier
     # where device flags would order them
-    "device-slot-code-on-host-2-nodes": (4, {"TORCH_MPIGPU_PRETEND_NODES": "2",
-                                             "TORCH_MPIGPU_NODE_TEST_DEVICE_SLOTS": "1",
+    "device-slot-code-on-host-2-nodes": (4, {"TORCH_MPIGPU_TEST_PRETEND_NODES": "2",
+                                             "TORCH_MPIGPU_TEST_DEVICE_SLOTS": "1",
                                              "TORCH_MPIGPU_NODE_DEVICE_BUFFER_BYTES": "4096",
                                              "TORCH_MPIGPU_NODE_DEVICE_BUFFER_MAX_BYTES": "8192",
                                              "MPIGPU_EXPECT_SLOTS": "device slots 8192 bytes per "
@@ -591,7 +591,7 @@ def test_groups_hold_few_mpi_comms_and_a_refused_one_says_why(np, pretend_nodes,
     # on one node (MPICH refused the 681st group, saying "the job should be restarted"). One host,
     # its shape set by pretend nodes (the two-host legs' placement would change the counts).
     # (4 KiB node slots: with the default 1 MiB, 1100 groups of 3 ranks reserve 6.6 GiB of /dev/shm)
-    env = {"TORCH_MPIGPU_PRETEND_NODES": str(pretend_nodes), "TORCH_MPIGPU_NODE_BUFFER_BYTES": "4096",
+    env = {"TORCH_MPIGPU_TEST_PRETEND_NODES": str(pretend_nodes), "TORCH_MPIGPU_NODE_BUFFER_BYTES": "4096",
            "MPIGPU_EXPECT_COMMS_PER_GROUP": str(per_group), "MPIGPU_MAKE_GROUPS": str(make)}
     want = COMM_CAP | ({"more groups than MPI allows"} if make else set())
     out = run_mpi("comm_cap.py", np, env=env)
@@ -649,7 +649,7 @@ def test_desync_detected_with_debug(np):
 @pytest.mark.parametrize("np, pretend_nodes", [(5, 2), (7, 3)], ids=["3+2", "3+2+2"])
 def test_random_ops_with_node_algorithm_on_nodes_holding_different_counts(np, pretend_nodes):
     env = {"MPIGPU_RANDOM_CASES": "500", **algo_env("node"), "TORCH_MPIGPU_NODE_BUFFER_BYTES": "4096",
-           "TORCH_MPIGPU_PRETEND_NODES": str(pretend_nodes)}
+           "TORCH_MPIGPU_TEST_PRETEND_NODES": str(pretend_nodes)}
     assert passed_counts(run_mpi("random_ops.py", np, env=env, timeout=900), np) >= 500
 
 
@@ -659,7 +659,7 @@ def test_random_ops_with_node_algorithm_on_nodes_holding_different_counts(np, pr
 # different counts (3 + 2 pretended: all_gather's rows shared in the leader form on each node);
 # and the leader mapping its peers' tensors (NODE_LEADER=mapped, emulated on the device-slot code:
 # each peer's tensors copied into its 8 KiB slot and back; larger ones through the slots)
-MAPPED_ON_TEST_SLOTS = {"TORCH_MPIGPU_NODE_LEADER": "mapped", "TORCH_MPIGPU_NODE_TEST_DEVICE_SLOTS": "1",
+MAPPED_ON_TEST_SLOTS = {"TORCH_MPIGPU_NODE_LEADER": "mapped", "TORCH_MPIGPU_TEST_DEVICE_SLOTS": "1",
                         "TORCH_MPIGPU_NODE_DEVICE_ORDER": "host", "TORCH_MPIGPU_NODE_DEVICE_BUFFER_BYTES": "8192",
                         "TORCH_MPIGPU_NODE_DEVICE_BUFFER_MAX_BYTES": "8192"}
 
@@ -668,7 +668,7 @@ MAPPED_ON_TEST_SLOTS = {"TORCH_MPIGPU_NODE_LEADER": "mapped", "TORCH_MPIGPU_NODE
                          ids=["1x3", "3+2", "1x3-mapped"])
 def test_random_ops_with_node_algorithm_in_the_leader_form(np, pretend_nodes, extra):
     env = {"MPIGPU_RANDOM_CASES": "500", **algo_env("node"), "TORCH_MPIGPU_NODE_BUFFER_BYTES": "4096",
-           "TORCH_MPIGPU_NODE_LEADER": "1", "TORCH_MPIGPU_PRETEND_NODES": str(pretend_nodes), **extra}
+           "TORCH_MPIGPU_NODE_LEADER": "1", "TORCH_MPIGPU_TEST_PRETEND_NODES": str(pretend_nodes), **extra}
     assert passed_counts(run_mpi("random_ops.py", np, env=env, timeout=900), np) >= 500
 
 

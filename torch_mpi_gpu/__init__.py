@@ -16,7 +16,8 @@ from pathlib import Path
 import torch
 import torch.distributed as dist
 
-from . import _C, config, flight_recorder, groups  # noqa: F401  (flight_recorder.dump())
+from ._checkout import _C
+from . import config, flight_recorder, groups  # noqa: F401  (flight_recorder.dump())
 from .groups import init_process_group, new_group
 from .launcher import (choose_mpi_yield, detect_launcher, install_env_rendezvous_hook,
                        release_ports, select_cuda_device, setup_env)
@@ -87,13 +88,14 @@ def build_info():
     return json.loads(path.read_text()) if path.exists() else {}
 
 
-def info():
-    """A dict describing the MPI library, thread level, CUDA-awareness, data paths and settings.
+def info(all_tiers=False):
+    """A dict describing the MPI library, thread level, CUDA-awareness, launcher, data paths and
+    the user settings (`all_tiers`: the tuning, build and test settings too).
 
     Initialises MPI if nothing has yet.
     """
     from .info import collect
-    return collect()
+    return collect(all_tiers)
 
 
 def _install_abort_on_uncaught_exception():

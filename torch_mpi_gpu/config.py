@@ -1,16 +1,18 @@
-"""Every TORCH_MPIGPU_* setting: name, default, when it is read, meaning.
+"""Every TORCH_MPIGPU_* setting: name, default, when it is read, who it is for, meaning.
 
 The table itself is C++ (csrc/Settings.cpp), so the code that parses a setting and the text that
 documents it cannot drift apart; this module exposes it to Python (`info`, the launcher) and
-prints docs/settings.md's table:
+prints the tables of docs/settings.md (user, tuning, build) and docs/testing.md (test):
 
-    python -m torch_mpi_gpu.info --settings-markdown
+    python -m torch_mpi_gpu.info --settings-markdown user
 """
 
 import os
 from dataclasses import dataclass
 
 from . import _C
+
+TIERS = ("user", "tuning", "build", "test")
 
 
 @dataclass(frozen=True)
@@ -20,6 +22,8 @@ class Setting:
     shown_default: str
     read_at: str
     meaning: str
+    tier: str  # user, tuning, build or test (csrc/Settings.hpp says who each is for)
+    basis: str  # tuning: what set the default
 
     @property
     def value(self) -> str:
@@ -31,7 +35,10 @@ class Setting:
 
     def markdown_row(self) -> str:
         default = self.shown_default or f"`{self.default}`"
-        return f"| `{self.name}` | {default} | {self.read_at} | {self.meaning} |"
+        cells = [f"`{self.name}`", default, self.read_at, self.meaning]
+        if self.tier == "tuning":
+            cells.append(self.basis)
+        return "| " + " | ".join(cells) + " |"
 
 
 SETTINGS = [Setting(*row) for row in _C.settings()]
@@ -44,7 +51,17 @@ def get(name: str) -> str:
     raise KeyError(f"unknown torch_mpi_gpu setting {name}")
 
 
-def markdown_table() -> str:
-    head = ["| variable | default | read at | meaning |", "|---|---|---|---|"]
-    return "\n".join(head + [s.markdown_row() for s in SETTINGS])
+def of_tier(tier: str):
+    if tier not in TIERS:
+        raise ValueError(f"unknown settings tier {tier!r}: one of {', '.join(TIERS)}")
+    return [s for s in SETTINGS if s.tier == tier]
 
+
+def markdown_table(tier: str = "user") -> str:
+    """The Markdown table of one tier's settings, as the docs show it."""
+    if tier == "tuning":
+        head = ["| variable | default | read at | meaning | what set the default |",
+                "|---|---|---|---|---|"]
+    else:
+        head = ["| variable | default | read at | meaning |", "|---|---|---|---|"]
+    return "\n".join(head + [s.markdown_row() for s in of_tier(tier)])

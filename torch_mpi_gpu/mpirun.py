@@ -1,6 +1,7 @@
 """The launcher of the MPI this copy was built against, with the flags that launcher takes:
 
     python -m torch_mpi_gpu.mpirun -np N [-x NAME=VALUE ...] PROGRAM [ARGS ...]
+A PROGRAM ending in .py runs under this Python (`... -np 2 examples/ensembles.py`).
 
 Another MPI's launcher would start N separate worlds of one rank each (PATH's mpirun is often
 another MPI's: a venv's PyPI Open MPI, a module system's MPICH), and Open MPI's mpirun and
@@ -44,13 +45,15 @@ def is_hydra(mpirun):
 def launch_command(mpirun, np, env):
     """The launch line for `np` ranks, passing every rank the variables of `env` (a dict; a value
     of None passes the launching process's own value): Open MPI takes --oversubscribe and -x;
-    Hydra takes -genv."""
+    Hydra takes -genv. As root, Open MPI also needs --allow-run-as-root."""
     if is_hydra(mpirun):
         cmd = [mpirun, "-np", str(np)]
         for key, value in env.items():
             cmd += ["-genv", key, os.environ.get(key, "") if value is None else value]
         return cmd
     cmd = [mpirun, "--oversubscribe", "-np", str(np)]
+    if hasattr(os, "geteuid") and os.geteuid() == 0:  # Open MPI refuses root without it
+        cmd.append("--allow-run-as-root")
     for key, value in env.items():
         cmd += ["-x", key if value is None else f"{key}={value}"]
     return cmd
@@ -85,7 +88,10 @@ def main(argv=None):
     for item in args.env:
         key, has_value, value = item.partition("=")
         env[key] = value if has_value else None
-    cmd = launch_command(mpirun, args.np, env) + args.program
+    program = list(args.program)
+    if program[0].endswith(".py"):  # a script, not an executable: this Python runs it
+        program.insert(0, sys.executable)
+    cmd = launch_command(mpirun, args.np, env) + program
     if not is_hydra(mpirun):
         remove_stale_session_folder()
     os.execv(cmd[0], cmd)

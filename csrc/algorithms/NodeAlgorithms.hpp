@@ -31,7 +31,7 @@ struct NodeWaits {
 };
 NodeWaits nodeWaits();
 
-// Tests only (TORCH_MPIGPU_NODE_TEST_DEVICE_SLOTS=1): "device" slots that are host shared memory,
+// Tests only (TORCH_MPIGPU_TEST_DEVICE_SLOTS=1): "device" slots that are host shared memory,
 // so CPU CI runs the code the CUDA IPC slots share with them (slots as tensors, byte copies as
 // tensor copies, settle before each barrier, the agreement on the slots).
 node::DeviceSlotsMaker hostDeviceSlotsForTests();

@@ -159,7 +159,8 @@ ProbeOutcome probeDirect(const Comm& comm, const at::Device& device, bool corrup
     wrong = exchange(comm, device);
   }
   if (corrupt && wrong.empty()) {
-    wrong = "TORCH_MPIGPU_CUDA_PROBE=fail (a test setting) failed this rank's check on purpose";
+    wrong =
+        "TORCH_MPIGPU_TEST_CUDA_PROBE_FAILS=1 (a test setting) failed this rank's check on purpose";
   }
   // the lowest rank that saw wrong bytes, or p: one agreement round
   int firstWrong = wrong.empty() ? comm.size : comm.rank;

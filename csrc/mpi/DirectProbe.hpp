@@ -24,8 +24,8 @@ struct ProbeOutcome {
 // that has none or passes host memory anyway): a ring send/recv of a small and a 1 MiB message
 // (the eager and rendezvous protocols) and an all-gather, each compared on the host with the
 // expected bytes; the outcome is agreed, so every rank falls back together. `corrupt`
-// (TORCH_MPIGPU_CUDA_PROBE=fail, tests only): this rank's check fails on purpose. A crash inside
-// MPI during the probe first prints what to set, then goes on as the crash would have.
+// (TORCH_MPIGPU_TEST_CUDA_PROBE_FAILS=1, tests only): this rank's check fails on purpose. A crash
+// inside MPI during the probe first prints what to set, then goes on as the crash would have.
 ProbeOutcome probeDirect(const Comm& comm, const at::Device& device, bool corrupt, const char* op);
 
 // What to set so this library takes device pointers (from its MPI_Get_library_version).

@@ -369,7 +369,7 @@ def main():
     c.true("broadcast_object_list", lst == ["from 0", 3], str(lst))
     dist.barrier()
     if os.environ.get("MPIGPU_EXPECT_NODES"):
-        # the group's shape as the launcher (or TORCH_MPIGPU_PRETEND_NODES) laid the ranks out
+        # the group's shape as the launcher (or TORCH_MPIGPU_TEST_PRETEND_NODES) laid the ranks out
         c.section("the group's nodes")
         described = dist.group.WORLD._get_backend(torch.device("cpu")).describe()
         want = "nodes: " + os.environ["MPIGPU_EXPECT_NODES"]
@@ -377,7 +377,7 @@ def main():
         waits = torch_mpi_gpu._C.node_waits()  # the benchmark's columns: barriers, and their time
         c.true("host barriers were waited at, and timed", waits["host"] + waits["device"] > 0 and
                (waits["host"] > 0) == (waits["barrier_us"] > 0), str(waits))
-        if os.environ.get("TORCH_MPIGPU_NODE_TEST_DEVICE_SLOTS") == "1":
+        if os.environ.get("TORCH_MPIGPU_TEST_DEVICE_SLOTS") == "1":
             want = os.environ.get("MPIGPU_EXPECT_SLOTS", "device slots 4096 bytes per rank and half")
             c.true("the ops ran in device slots (made, not unavailable)",
                    want in described and "made at the first node op" not in described,

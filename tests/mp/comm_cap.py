@@ -39,7 +39,7 @@ def per_group(c, world, expected):
     all_reduce_checked(c, "a new group", g, world)
     c.true("communicators per group", held() - before == expected,
            f"{held() - before} held by one group, expected {expected} "
-           f"(TORCH_MPIGPU_PRETEND_NODES={os.environ.get('TORCH_MPIGPU_PRETEND_NODES', '1')})")
+           f"(TORCH_MPIGPU_TEST_PRETEND_NODES={os.environ.get('TORCH_MPIGPU_TEST_PRETEND_NODES', '1')})")
     dist.destroy_process_group(g)
     c.true("destroy frees them all", held() == before, f"{held()} held after, {before} before")
 

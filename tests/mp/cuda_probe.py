@@ -26,7 +26,7 @@ def main():
     bad = world - 1
     ok, detail, _ = torch_mpi_gpu._C._direct_probe(corrupt=rank == bad)
     c.true("one rank's failure: failed on every rank", not ok, detail)
-    want = f"rank {bad}: TORCH_MPIGPU_CUDA_PROBE=fail" if rank == bad else f"rank {bad} saw wrong bytes"
+    want = f"rank {bad}: TORCH_MPIGPU_TEST_CUDA_PROBE_FAILS=1" if rank == bad else f"rank {bad} saw wrong bytes"
     c.true("the detail names the rank that saw it", detail.startswith(want), detail)
 
     expect = os.environ.get("MPIGPU_EXPECT_PROBE")
