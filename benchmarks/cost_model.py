@@ -2,7 +2,7 @@
 from measured components, checked against every configuration that runs here, then predicted for
 one node of 8 GPUs and 2-4 such nodes, beside NCCL's figures.
 
-    python benchmarks/cost_model.py [--out benchmarks/results/cost_model.txt]
+    python benchmarks/cost_model.py [--out [FILE | DIR/]]   # --out alone: a new run folder
 
 Each parameter says where its number comes from: "measured" (on this project's machines, the
 file named), "spec" (the hardware's data sheet) or "reference" (a published figure). The model is
@@ -12,6 +12,7 @@ not a measurement."""
 
 import argparse
 from dataclasses import dataclass
+from pathlib import Path
 
 KIB, MIB = 1 << 10, 1 << 20
 
@@ -23,7 +24,8 @@ class Param:
 
 
 P = {
-    # the CI-class VM, 2 cores (benchmarks/results/node_cpu_2ranks.txt; per-phase timers)
+    # the CI-class VM, 2 cores (per-phase timers; benchmarks/results/
+    # 2026-11-27_cpu-2core_node-reductions/)
     "cpu_fixed_s": Param(4.5e-6, "measured: an 8 B all_reduce through torch + mpigpu, 4.6-4.8 us"),
     "cpu_copy_Bps": Param(1 * MIB / 25e-6, "measured: copying 1 MiB into the segment, 24-38 us"),
     "cpu_copy_dram_Bps": Param(1 * MIB / 50e-6, "measured: the same, pieces of a 16 MiB op, 46-60 us"),
@@ -33,7 +35,8 @@ P = {
     # the lent H200 shared by 2 ranks (issue #22, scripts/gpu_check.sh runs; from the next lease
     # benchmarks/shared_gpu_handoff.py measures the hand-off, and a stray event's cost, directly)
     "shared_handoff_s": Param(150e-6, "measured: kernel in A, sync, host flag, kernel in B, one GPU time-sliced"),
-    # the node algorithm in CUDA IPC slots on that GPU, 2026-12-04 (gpu_h200_2026-12-04/):
+    # the node algorithm in CUDA IPC slots on that GPU, 2026-12-04 (benchmarks/results/
+    # 2026-12-04_h200_gpu-check-node-ipc/):
     # one-shot ops (4 switches) took 564-579 us from 16 B to 64 KiB, two-shot (6) 866-867 us
     # from 256 KiB to 4 MiB, where the bytes are a few microseconds
     "shared_switch_s": Param(143e-6, "measured: one switch between the ranks' time slices, from "
@@ -42,7 +45,8 @@ P = {
                                     "op, from its 16 MiB two-shot (929 us: 858 switching, 9 x 16 MiB)"),
     "shared_mem_large_Bps": Param(3.3e12, "measured: the same from its 256 MiB two-shot (1591 us: "
                                           "733 us for 9 x 256 MiB; large copies run faster)"),
-    # the leader form there, 2026-12-04 (gpu_h200_2026-12-04b/): 382-505 us from 16 B to 256 KiB
+    # the leader form there, 2026-12-04 (benchmarks/results/2026-12-04_h200_gpu-check-node-leader/):
+    # 382-505 us from 16 B to 256 KiB
     "shared_leader_fixed_s": Param(452e-6, "measured: the leader form's median op from 16 B to 256 KiB "
                                            "(2 designed switches took ~3.2 switch times; the likely third: the "
                                            "leader's stream events, queued while its peer's copies ran)"),
@@ -106,15 +110,15 @@ def checks():
     cpu_node = lambda n, L, copy: v("cpu_fixed_s") + node_two_shot(  # noqa: E731
         n, L, v("cpu_barrier_s"), copy, copy, v("cpu_reduce_Bps"))
     rows.append(("CPU, 1 host x 2 ranks, node two-shot, 1 MiB", cpu_node(MIB, 2, v("cpu_copy_Bps")),
-                 74.3e-6, "node_cpu_2ranks.txt"))
+                 74.3e-6, "2026-11-27_cpu-2core_node-reductions"))
     rows.append(("CPU, 1 host x 2 ranks, node two-shot, 16 MiB",
-                 cpu_node(16 * MIB, 2, v("cpu_copy_dram_Bps")), 1609e-6, "node_cpu_2ranks.txt"))
+                 cpu_node(16 * MIB, 2, v("cpu_copy_dram_Bps")), 1609e-6, "2026-11-27_cpu-2core_node-reductions"))
     # across the simulated hosts the link carries 2 pairs x the slice each way
     n = 16 * MIB
     link_time = 2 * (n / 2) / v("hosts_link_Bps")
     rows.append(("CPU, 2 hosts x 2 ranks, hierarchical, 16 MiB",
                  cpu_node(n, 2, v("cpu_copy_dram_Bps")) + link_time, 15.0e-3,
-                 "two_hosts/node_2hosts_x2.txt"))
+                 "2026-11-27_two-hosts-netns_node-allreduce-x2"))
     # one shared GPU: every cross-process hand-off costs a time slice
     rows.append(("1 shared H200 x 2 ranks, today's ring, 16 MiB",
                  v("today_ring_handoffs_16m") * v("shared_handoff_s") + 3 * 16 * MIB / v("gpu_copy_Bps"),
@@ -139,7 +143,7 @@ def shared_gpu(n, switches, traffic, mem_Bps=None):
 
 def shared_gpu_checks():
     """(configuration, predicted, measured, source) on the lent H200, 2 ranks, 2026-12-04."""
-    src = "gpu_h200_2026-12-04 (gpu_check.sh)"
+    src = "2026-12-04_h200_gpu-check-node-ipc"
     return [("1 shared H200 x 2 ranks, node IPC one-shot, 64 KiB", shared_gpu(64 * KIB, 4, 5), 566.2e-6, src),
             ("1 shared H200 x 2 ranks, node IPC two-shot, 4 MiB", shared_gpu(4 * MIB, 6, 9), 866.8e-6, src),
             ("1 shared H200 x 2 ranks, node IPC two-shot, 16 MiB", shared_gpu(16 * MIB, 6, 9), 929.4e-6, src),
@@ -154,7 +158,7 @@ def shared_gpu_leader(n, traffic=8, mem_Bps=None):
 
 def shared_gpu_leader_checks():
     """The leader form (2 designed switches, 8n bytes at 2 ranks) against its 2026-12-04 run."""
-    src = "gpu_h200_2026-12-04b (gpu_check.sh)"
+    src = "2026-12-04_h200_gpu-check-node-leader"
     measured = ((MIB, 383.4e-6), (4 * MIB, 473.7e-6), (16 * MIB, 522.7e-6), (64 * MIB, 665.2e-6),
                 (256 * MIB, 1019.6e-6))
     rows = [(f"1 shared H200 x 2 ranks, node IPC leader, {fmt_b(n)}", shared_gpu_leader(n), t, src)
@@ -257,13 +261,33 @@ def report():
 
 def main():
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--out", help="also write the report here")
+    ap.add_argument("--out", nargs="?", const="", help="also write the report to this file, into "
+                    "this folder (DIR/) or, without a value, into a new run folder in benchmarks/results")
     args = ap.parse_args()
     text = report()
     print(text, end="")
-    if args.out:
-        with open(args.out, "w") as f:
-            f.write(text)
+    if args.out is not None and (args.out == "" or args.out.endswith("/") or Path(args.out).is_dir()):
+        manifest = helper()  # a run folder: the report and what made it
+        folder, out = manifest.run_paths(args.out, "cost-model", "cost_model", prefix=False,
+                                         machine="model")
+        Path(f"{out}.txt").write_text(text)
+        manifest.write_manifest(folder, "all_reduce cost model: checks against the runs here, "
+                                "predictions for 8-GPU nodes beside NCCL", "2-32 (modelled)",
+                                devices="modelled: one H200 shared by 2 ranks; nodes of 8 H100/H200",
+                                kind="predicted", mpi="n/a", torch="n/a",
+                                machine="none: a prediction from measured components and data sheets")
+    elif args.out:
+        Path(args.out).write_text(text)
+
+
+def helper():
+    """torch_mpi_gpu/manifest.py by its path: this model runs without the built extension."""
+    import importlib.util
+    path = Path(__file__).resolve().parents[1] / "torch_mpi_gpu" / "manifest.py"
+    spec = importlib.util.spec_from_file_location("mpigpu_manifest", path)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
 
 
 if __name__ == "__main__":

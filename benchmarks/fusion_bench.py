@@ -2,6 +2,7 @@
 total bytes, for N in {10, 100, 1000} and tensor sizes 256 B - 1 MiB (fp32, SUM).
 
     mpirun -np 2 python benchmarks/fusion_bench.py [--json out.json] [--n 10,100,1000]
+    mpirun -np 2 python benchmarks/fusion_bench.py --out     # a new run folder in benchmarks/results
 
 Times are medians over iterations of the slowest rank. "calls" is the number of MPI calls the
 coalesced call made (TORCH_MPIGPU_FUSION_BYTES caps a bucket, default 64 MiB). Every variant is
@@ -51,14 +52,18 @@ def main():
     ap.add_argument("--n", default="10,100,1000")
     ap.add_argument("--sizes", default="256,4096,65536,1048576")
     ap.add_argument("--json")
+    ap.add_argument("--out", nargs="?", const="", metavar="DIR",
+                    help="write the JSON and MANIFEST.json into DIR; without DIR into a new run folder, "
+                         "benchmarks/results/<date>_<machine>_fusion-<n>ranks/")
     args = ap.parse_args()
     torch.set_num_threads(1)
     dist.init_process_group("mpigpu")
     rank, world = dist.get_rank(), dist.get_world_size()
-    info = torch_mpi_gpu.info()
+    info = torch_mpi_gpu.info(all_tiers=True)
+    settings = {k: v for tier in info["settings"].values() for k, v in tier.items()}
     header = {"machine": f"{platform.node()} {platform.processor() or platform.machine()}",
               "mpi": info["mpi_library"], "torch": info["torch"], "ranks": world,
-              "fusion_bytes": info["settings"]["TORCH_MPIGPU_FUSION_BYTES"]}
+              "fusion_bytes": settings.get("TORCH_MPIGPU_FUSION_BYTES", "unknown")}
     if rank == 0:
         print("# " + " | ".join(f"{k}: {v}" for k, v in header.items()))
         print(f"{'N':>5} {'bytes each':>10} {'total':>10} {'separate ms':>12} {'coalesced ms':>13} "
@@ -97,6 +102,14 @@ def main():
             del ts, big
     if rank == 0:
         print(f"# wrong elements: {wrong}")
+        if args.out is not None:  # a run folder: the JSON and what made it
+            from torch_mpi_gpu.manifest import run_paths, write_manifest
+            folder, prefix = run_paths(args.out, f"fusion-{world}ranks", f"fusion_cpu_{world}ranks",
+                                       prefix=False)
+            write_manifest(folder, "fusion_bench: N separate all_reduces against one all_reduce_coalesced "
+                           f"against one all_reduce of the bytes, N {args.n}, bytes {args.sizes}", world,
+                           mpi=header["mpi"].split(",")[0], in_job=True)
+            args.json = args.json or f"{prefix}.json"
         if args.json:
             with open(args.json, "w") as f:
                 json.dump({"header": header, "rows": rows, "wrong": wrong}, f, indent=1)

@@ -2,31 +2,46 @@
 measured, the ratio, met / not met; then every node-algorithm form at the target sizes, so the
 run says which form would meet them. Nothing here asserts: the table is the result.
 
-    python benchmarks/gpu_targets.py RUN/allreduce_cuda_2ranks.json RUN/others_cuda_2ranks.json
+    python benchmarks/gpu_targets.py RUN [--baseline EARLIER_RUN]
+    python benchmarks/gpu_targets.py ALLREDUCE.json [OTHERS.json] [--baseline ...]
+
+RUN: a run folder of scripts/gpu_check.sh (benchmarks/results/<date>_<gpu>_gpu-check*/: its
+allreduce_cuda_2ranks.json and others_cuda_2ranks.json), or those two files named. The baseline
+(a run folder or its all_reduce JSON) is the "today" that target 4 compares against.
 
 Targets (issue #22, "Done when", one shared GPU, 2 ranks, fp32 medians):
   1. all_reduce 16 MiB <= 0.45 ms;
   2. all_reduce 256 MiB <= 1.0 ms and >= 270 GB/s bus bandwidth;
   3. at most two cross-process hand-offs per op (the benchmark's host barriers per op, `waits/op`);
-  4. no size slower than "today": 071b096's all_reduce on the lent H200 (the issue's table), and
-     the same run's auto without the node algorithm (`mpigpu[NODE_BUFFER_BYTES=0]`) where present;
+  4. no size slower than "today": the baseline run's auto all_reduce at every size both measured,
+     and the same run's auto without the node algorithm (`mpigpu[NODE_BUFFER_BYTES=0]`) where present;
   5. reduce_scatter and all_gather >= 2x "today" from 16 MiB: against the same run's auto without
      the node algorithm (or, in runs from before that row existed, auto itself, which then was).
 """
 
 import argparse
 import json
+from pathlib import Path
 
 MIB = 1 << 20
 AUTO, BEFORE = "mpigpu", "mpigpu[NODE_BUFFER_BYTES=0]"
-# 071b096 on the lent H200, 2 ranks (issue #22's table): bytes -> all_reduce median, seconds
-TODAY_ALLREDUCE = {16: 320e-6, 64 << 10: 252e-6, MIB: 762e-6, 16 * MIB: 1.01e-3, 256 * MIB: 1.67e-3}
+# the sweeps' files in a run folder of scripts/gpu_check.sh
+ALLREDUCE_JSON, OTHERS_JSON = "allreduce_cuda_2ranks.json", "others_cuda_2ranks.json"
 
 
 def load(path):
     with open(path) as f:
         rows = json.load(f)["rows"]
     return {(r["op"], r["bytes"], r["backend"]): r for r in rows if "median_us" in r}
+
+
+def sweeps(path):
+    """(all_reduce JSON, other ops' JSON or None) of a run folder, or the file itself."""
+    path = Path(path)
+    if path.is_dir():
+        others = path / OTHERS_JSON
+        return path / ALLREDUCE_JSON, others if others.exists() else None
+    return path, None
 
 
 def us(row):
@@ -47,7 +62,8 @@ def fmt(t_us):
     return f"{t_us:.0f} us" if t_us < 1000 else f"{t_us / 1000:.2f} ms"
 
 
-def allreduce_targets(ar):
+def allreduce_targets(ar, today=None):
+    """today: a baseline run's rows (load()), or None."""
     lines = []
     r16, r256 = ar.get(("allreduce", 16 * MIB, AUTO)), ar.get(("allreduce", 256 * MIB, AUTO))
     lines.append(("all_reduce 16 MiB <= 0.45 ms", fmt(us(r16)),
@@ -61,13 +77,17 @@ def allreduce_targets(ar):
     lines.append(("<= 2 hand-offs per op (auto's node ops)",
                   f"at most {max(waits):.3g} per op" if waits else "auto took no node op",
                   verdict(max(waits) <= 2) if waits else "-"))
-    slower = []
-    for b, t in sorted(TODAY_ALLREDUCE.items()):
+    slower, compared = [], 0
+    for (op, b, be), t in sorted((today or {}).items(), key=lambda kv: kv[0][1]):
         r = ar.get(("allreduce", b, AUTO))
-        if r and us(r) > t * 1e6:
-            slower.append(f"{size(b)} {fmt(us(r))} > {fmt(t * 1e6)}")
-    lines.append(("all_reduce no slower than 071b096", "; ".join(slower) or "none slower",
-                  verdict(not slower)))
+        if op == "allreduce" and be == AUTO and r:
+            compared += 1
+            if us(r) > us(t):
+                slower.append(f"{size(b)} {fmt(us(r))} > {fmt(us(t))}")
+    lines.append(("all_reduce no slower than the baseline run",
+                  "; ".join(slower) or ("none slower" if compared else
+                                        "no baseline (--baseline RUN)" if today is None else "no common size"),
+                  verdict(not slower) if compared else "-"))
     same_run = [(b, r, ar.get(("allreduce", b, BEFORE))) for (op, b, be), r in ar.items()
                 if be == AUTO and op == "allreduce"]
     behind = [f"{size(b)} {fmt(us(r))} > {fmt(us(o))}" for b, r, o in sorted(same_run, key=lambda x: x[0])
@@ -122,13 +142,18 @@ def waits_note(row):
 
 def main(argv=None):
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("allreduce_json")
-    ap.add_argument("others_json", nargs="?")
+    ap.add_argument("run", help="a run folder of scripts/gpu_check.sh, or its all_reduce JSON")
+    ap.add_argument("others_json", nargs="?", help="the other ops' JSON (default: the run folder's)")
+    ap.add_argument("--baseline", help="an earlier run (folder or all_reduce JSON): target 4's 'today'")
     args = ap.parse_args(argv)
-    ar = load(args.allreduce_json)
-    lines = allreduce_targets(ar) + (others_targets(load(args.others_json)) if args.others_json else [])
+    ar_path, others = sweeps(args.run)
+    others = args.others_json or others
+    ar = load(ar_path)
+    today = load(sweeps(args.baseline)[0]) if args.baseline else None
+    lines = allreduce_targets(ar, today) + (others_targets(load(others)) if others else [])
     width = max(len(t) for t, _, _ in lines)
-    print(f"# #22 on one shared GPU, 2 ranks: {args.allreduce_json}")
+    print(f"# #22 on one shared GPU, 2 ranks: {args.run}")
+    print(f"# baseline run: {args.baseline or 'none given'}")
     for target, measured, ok in lines:
         print(f"{target:<{width}}  {ok:>7}  {measured}")
     print("\n# all_reduce by form (median; per op on rank 0: h host barriers, o allocations "

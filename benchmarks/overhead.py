@@ -2,6 +2,7 @@
 
     mpirun -np 2 python benchmarks/overhead.py [--bytes 8] [--iters 2000] [--json out.json]
     mpirun -np 2 python benchmarks/overhead.py --tensors 1000 --bytes 1024   # a coalesced call
+    mpirun -np 2 python benchmarks/overhead.py --out     # JSON in a new run folder in benchmarks/results
 
 With --tensors N the layers are those of one all_reduce_coalesced of N tensors of --bytes each
 (raw MPI: one Allreduce of all the bytes, the floor fusion can approach), plus the same call on
@@ -43,6 +44,9 @@ def main():
     ap.add_argument("--iters", type=int, default=2000)
     ap.add_argument("--tensors", type=int, default=1, help="N > 1: a coalesced call of N tensors")
     ap.add_argument("--json")
+    ap.add_argument("--out", nargs="?", const="", metavar="DIR",
+                    help="write the JSON and MANIFEST.json into DIR; without DIR into a new run folder, "
+                         "benchmarks/results/<date>_<machine>_overhead-<n>ranks/")
     args = ap.parse_args()
     torch.set_num_threads(1)
     dist.init_process_group("mpigpu")
@@ -105,6 +109,14 @@ def report(args, rows, what):
             print(f"{name:<34} {us:8.2f} us{extra}")
             if layered:
                 below = us
+        if args.out is not None:  # a run folder: the JSON and what made it
+            from torch_mpi_gpu.manifest import run_paths, write_manifest
+            world = dist.get_world_size()
+            stem = f"overhead_{args.tensors}x{args.bytes}B" if args.tensors > 1 else f"overhead_{args.bytes}B"
+            folder, prefix = run_paths(args.out, f"overhead-{world}ranks", stem, prefix=False)
+            write_manifest(folder, f"overhead.py: where the time of {what} goes, layer by layer", world,
+                           in_job=True)
+            args.json = args.json or f"{prefix}.json"
         if args.json:
             with open(args.json, "w") as f:
                 json.dump({"bytes": args.bytes, "tensors": args.tensors, "median_us": rows}, f,

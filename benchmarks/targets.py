@@ -1,14 +1,16 @@
 """The performance scorecard: each target of the performance issue, what was measured, the
 ratio, and met / not met, from the project's own benchmarks in one run.
 
-    python benchmarks/targets.py --run --out benchmarks/results/targets_cpu_2ranks
+    python benchmarks/targets.py --run          # into a new run folder in benchmarks/results
     python benchmarks/targets.py --collectives C1.json C2.json --fusion F.json --train T1.json T2.json
 
 --run launches the three benchmarks, 2 ranks each: the collectives benchmark --repeats times
 (3 by default, about a minute each), the fusion benchmark once, the training study --repeats
-times (about 3 minutes each; skip it with --no-train). Their JSON and plots go next to OUT;
-without --run the named JSON files are read. Every figure is the median over the repeats (this
-VM moves single points by 10-60% between runs). Targets (2 ranks):
+times (about 3 minutes each; skip it with --no-train). Their JSON and plots and the table go into
+a new run folder, benchmarks/results/<date>_<machine>_targets/ with its MANIFEST.json, or into
+--out DIR/, or next to --out PREFIX as before; without --run the named JSON files are read.
+Every figure is the median over the repeats (this VM moves single points by 10-60% between
+runs). Targets (2 ranks):
   1. small messages, 8 B - 4 KiB: a blocking all_reduce costs at most raw MPI + 10 us and at
      least 10x less than gloo;
   2. large messages, >= 1 MiB: at most 1.05x raw MPI for all_reduce, all_gather,
@@ -151,18 +153,25 @@ def main():
     ap.add_argument("--no-train", action="store_true", help="with --run: skip the training study")
     ap.add_argument("--repeats", type=int, default=3, help="with --run: runs of the collectives "
                     "benchmark and of the training study")
-    ap.add_argument("--out", default="targets", help="with --run: prefix of the files written")
+    ap.add_argument("--out", default="", help="with --run: the folder (DIR/) or prefix of the files "
+                    "written (default: a new run folder in benchmarks/results)")
     ap.add_argument("--collectives", nargs="*", default=[], help="collectives benchmark JSON files")
     ap.add_argument("--fusion")
     ap.add_argument("--train", nargs="*", default=[], help="one or more train_study JSON files")
     args = ap.parse_args()
     files = {"collectives": args.collectives, "fusion": args.fusion, "train": args.train}
     if args.run:
-        files = measure(args.out, args.repeats, not args.no_train)
+        from torch_mpi_gpu.manifest import run_paths, write_manifest
+        folder, out = run_paths(args.out, "targets", "targets")
+        if folder:  # before the benchmarks: what runs, on what
+            write_manifest(folder, "The CPU performance scorecard (benchmarks/targets.py): collectives x"
+                           f"{args.repeats}, fusion, " + ("no training study" if args.no_train else
+                                                          f"training study x{args.repeats}"), "1, 2")
+        files = measure(out, args.repeats, not args.no_train)
     text = score(files["collectives"], files["fusion"], files["train"])
     print(text)
     if args.run:
-        Path(f"{args.out}.txt").write_text(text + "\n")
+        Path(f"{out}.txt").write_text(text + "\n")
 
 
 if __name__ == "__main__":

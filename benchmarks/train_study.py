@@ -3,13 +3,17 @@ trained sequentially (1 and N threads) and with DDP over mpigpu and gloo (and nc
 1, 2 and 4 ranks; epoch time, images/s, speed-up, parallel efficiency, the share of the step spent
 in (exposed) communication, and final accuracy.
 
-    python benchmarks/train_study.py --out benchmarks/results/train_cpu_2cores     # orchestrates
+    python benchmarks/train_study.py --out          # orchestrates; files in a new run folder
     python benchmarks/train_study.py --models mlp --ranks 2 --backends mpigpu       # a subset
     python benchmarks/train_study.py --backends "mpigpu,mpigpu[NODE_BUFFER_BYTES=0],gloo"
                                      # mpigpu[...]: with those TORCH_MPIGPU_* settings
     scripts/two_hosts.sh up names 10gbit                     # across two simulated hosts:
-    python benchmarks/train_study.py --ranks 2 --launcher "scripts/two_hosts.sh mpirun" \
-        --setup "2 hosts (netns, veth, tbf 10gbit) x 1 rank" --out benchmarks/results/...
+    MPIGPU_RUN_MACHINE=two-hosts-netns python benchmarks/train_study.py --ranks 2 \
+        --launcher "scripts/two_hosts.sh mpirun" --setup "2 hosts (netns, veth, tbf 10gbit) x 1 rank" --out
+
+--out alone writes train_cpu.txt, .json, .png and MANIFEST.json into a new run folder,
+benchmarks/results/<date>_<machine>_train-study/ (torch_mpi_gpu/manifest.py); --out DIR/ into
+DIR; --out PREFIX (no folder of that name) PREFIX.txt, .json, .png as before, no manifest.
 
 Data ships with scikit-learn: the 1797 8x8 digits scaled to 28x28 (MNIST's shape), 1437 for
 training (tiled with a little noise to --samples images per epoch, default 12800) and 360 held
@@ -282,9 +286,15 @@ def orchestrate(args):
         head["setup"] = args.setup
     text = "# " + " | ".join(f"{k}: {v}" for k, v in head.items()) + "\n" + table(runs)
     print(text)
-    if args.out:
-        out = Path(args.out)
-        out.parent.mkdir(parents=True, exist_ok=True)
+    if args.out is not None:
+        from torch_mpi_gpu.manifest import run_paths, write_manifest
+        folder, out = run_paths(args.out, "train-study", f"train_{args.device}", args.device)
+        if folder:  # (only_if_missing: the scorecard's run folder has its own)
+            write_manifest(folder, f"train_study.py: {args.models} trained sequentially and with DDP "
+                           f"over {args.backends} at {args.ranks} ranks",
+                           int(args.ranks) if args.ranks.isdigit() else args.ranks, device=args.device,
+                           mpi=head["mpi"], only_if_missing=True,
+                           notes=[head["setup"]] if args.setup else None)
         Path(f"{out}.txt").write_text(text + "\n")
         Path(f"{out}.json").write_text(json.dumps({"header": head, "runs": runs}, indent=1))
         plot(runs, f"{out}.png", models, f"{head['machine']}, torch {head['torch']}, {head['mpi']}")
@@ -302,7 +312,8 @@ def main():
     ap.add_argument("--samples", type=int, default=12800, help="training images per epoch")
     ap.add_argument("--batch", type=int, default=128, help="per rank")
     ap.add_argument("--device", choices=["cpu", "cuda"], default="cpu")
-    ap.add_argument("--out", help="write OUT.txt, OUT.json and OUT.png")
+    ap.add_argument("--out", nargs="?", const="", help="write OUT.txt, OUT.json and OUT.png (and "
+                    "MANIFEST.json): without OUT into a new run folder in benchmarks/results")
     ap.add_argument("--launcher", help="command that takes Open MPI's mpirun arguments, e.g. "
                     "'scripts/two_hosts.sh mpirun' (default: the launcher of the MPI torch_mpi_gpu was "
                     "built against, as torch_mpi_gpu.mpirun picks it)")

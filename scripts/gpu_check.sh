@@ -5,14 +5,18 @@
 # runs the CUDA benchmark (mpigpu auto and each algorithm and message path forced, the previous
 # default (MPI's reduction staged), raw MPI, gloo on host copies, NCCL 2.30 on the same GPU), then
 # the GPU tests. Every step is time-boxed so a lease ends with whatever finished; everything goes
-# to $OUT (default ./gpu-results), at most 10 files.
+# to $OUT, at most 11 files with its MANIFEST.json (default: a new run folder,
+# benchmarks/results/<date>_<gpu>_gpu-check/; torch_mpi_gpu/manifest.py). GIT_COMMIT names the
+# commit in the manifest where the tree travels without .git (a lent machine's copy).
 #
 #   OMPI_TARBALL=.carry/openmpi-cuda-4.1.4.tar.gz NCCL_TARBALL=.carry/nccl-2.30.7-sm90.tar.xz \
-#     scripts/gpu_check.sh
+#     GIT_COMMIT=$(git rev-parse --short HEAD) scripts/gpu_check.sh
 #
 # (.carry/ may also hold a setuptools >= 77 wheel, used only where the image's setuptools is older.)
 set -uo pipefail
 ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
+# (the helper by its path: it needs only the standard library and torch, not the build)
+OUT="${OUT:-$(python "$ROOT/torch_mpi_gpu/manifest.py" new gpu-check --device cuda --results "$ROOT/benchmarks/results")}"
 OUT="${OUT:-$ROOT/gpu-results}"
 TARBALL="${OMPI_TARBALL:-$ROOT/.carry/openmpi-cuda-4.1.4.tar.gz}"
 NCCL_TARBALL="${NCCL_TARBALL:-$ROOT/.carry/nccl-2.30.7-sm90.tar.xz}"
@@ -57,7 +61,8 @@ SANITIZER_NODE_BUDGET_S="${SANITIZER_NODE_BUDGET_S:-40}"
 #     work; not yet measured), keeping its mappings across ops (the default) or opening and
 #     closing them in each op (NODE_MAPPED_KEEP=0).
 # mpigpu[NODE_BUFFER_BYTES=0]: auto without the node algorithm, i.e. what auto took before
-# 2026-12-04b (MPI's own, then the ring), so "no size slower" shows in one run.
+# the leader form's lease (MPI's own, then the ring; benchmarks/results/2026-12-04_h200_gpu-check-node-leader/),
+# so "no size slower" shows in one run.
 ALLREDUCE_BACKENDS="${ALLREDUCE_BACKENDS:-mpigpu,mpigpu[NODE_BUFFER_BYTES=0],mpigpu[ALGO=node],mpigpu[ALGO=node;CUDA_ORDER_EVENTS=always],mpigpu[ALGO=node;NODE_DEVICE_ORDER=device],mpigpu[ALGO=node;NODE_DEVICE_ORDER=stream],mpigpu[ALGO=node;NODE_LEADER=mapped],mpigpu[ALGO=node;NODE_LEADER=mapped;NODE_MAPPED_KEEP=0],mpigpu[ALGO=mpi],mpigpu[ALGO=ring;CUDA_REDUCE=direct],mpigpu[ALGO=allgather;CUDA_REDUCE=direct],mpigpu[ALGO=rhd;CUDA_REDUCE=direct],MPI,gloo-host}"
 mkdir -p "$OUT" /tmp/ompi /tmp/nccl
 exec > >(tee "$OUT/gpu_check.log") 2>&1
@@ -82,6 +87,17 @@ echo "compiler: ${CXX:-c++} ($(${CXX:-c++} --version | head -1))"
 python -c "import sys, torch; print(sys.version.split()[0], 'torch', torch.__version__, 'cuda', torch.version.cuda, 'nccl', torch.cuda.nccl.version(), torch.cuda.get_device_name())"
 NCCL_DIR=
 if tar xJf "$NCCL_TARBALL" -C /tmp/nccl 2>/dev/null; then NCCL_DIR=$(ls -d /tmp/nccl/*/ | head -1); fi
+# what this call runs, on which machine and MPI, into $OUT/MANIFEST.json (every setting, as run)
+settings=""
+for v in BUILD BENCH SANITIZER SANITIZER_BUDGET_S SANITIZER_NODE_BUDGET_S TEST_RUNS TEST_WORKERS TEST_BUDGET_S \
+         CALL_BUDGET_S ALLREDUCE_BUDGET_S OTHERS_BUDGET_S GPU_TESTS ALLREDUCE_BACKENDS; do
+  val=${!v}
+  if [[ "$val" =~ ^[A-Za-z0-9_.,/:=+-]*$ ]]; then settings+="$v=$val "; else settings+="$v=\"$val\" "; fi
+done
+python "$ROOT/torch_mpi_gpu/manifest.py" write "$OUT" --device cuda --ranks 2-4 \
+  --what "scripts/gpu_check.sh:$([ "$BENCH" = 1 ] && echo " the CUDA benchmarks (hand-offs, IPC, first use, all_reduce by form, the other ops, NCCL's C reference),")$([ "$SANITIZER" != 0 ] && echo " compute-sanitizer,") the GPU tests ($GPU_TESTS) x$TEST_RUNS" \
+  --command "${settings}scripts/gpu_check.sh" --mpi "$(mpirun --version 2>/dev/null | head -1)" \
+  --commit "${GIT_COMMIT:-}" || echo "no MANIFEST.json written"
 
 step build
 if [ "$BUILD" = 1 ]; then
@@ -169,8 +185,13 @@ bench "$ALLREDUCE_BUDGET_S" allreduce_cuda_2ranks --ops allreduce -b 16 -e 256M 
 # the other ops: mpigpu's defaults against the previous default, raw MPI and NCCL
 bench "$OTHERS_BUDGET_S" others_cuda_2ranks --ops reduce_scatter,allgather,broadcast -b 16 -e 256M -f 8 -n 20 \
   --backends "mpigpu,mpigpu[NODE_BUFFER_BYTES=0],mpigpu[ALGO=node],mpigpu[ALGO=node;CUDA_ORDER_EVENTS=always],mpigpu[ALGO=node;NODE_DEVICE_ORDER=stream],mpigpu[ALGO=node;NODE_LEADER=mapped],mpigpu[ALGO=node;NODE_LEADER=mapped;NODE_MAPPED_KEEP=0],mpigpu[ALGO=mpi]${MPI_OK:+,$MPI_OK}"
-# #22's targets from the two sweeps, met or not, and every form at the target sizes
-python "$ROOT/benchmarks/gpu_targets.py" allreduce_cuda_2ranks.json others_cuda_2ranks.json | tee targets.txt || true
+# #22's targets from the two sweeps, met or not, and every form at the target sizes; "no size
+# slower" against GPU_TARGETS_BASELINE (a run folder or its all_reduce JSON), else the newest
+# archived gpu-check run on this kind of GPU with an all_reduce sweep
+slug=$(python "$ROOT/torch_mpi_gpu/manifest.py" slug --device cuda 2>/dev/null)
+baseline="${GPU_TARGETS_BASELINE:-$(ls -d "$ROOT"/benchmarks/results/*_"${slug:-none}"_gpu-check*/allreduce_cuda_2ranks.json \
+  2>/dev/null | grep -vF "$OUT/" | tail -1)}"
+python "$ROOT/benchmarks/gpu_targets.py" "$OUT" ${baseline:+--baseline "$baseline"} | tee targets.txt || true
 
 fi
 

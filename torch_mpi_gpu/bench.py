@@ -74,13 +74,13 @@ def machine_header(device, world):
             head["nccl"] = "unavailable"
     try:
         import torch_mpi_gpu
-        info = torch_mpi_gpu.info()
+        info = torch_mpi_gpu.info(all_tiers=True)
         head["mpi"] = info["mpi_library"]
-        head["cuda_aware_mpi"] = info["cuda_aware_mpi"]
+        head["cuda_aware_mpi"] = info["cuda_aware"]
         head["mpigpu_cuda_path"] = info["paths"]["cuda tensors"].split(":")[0]
         head["mpigpu_cuda_reduce_path"] = info["paths"]["cuda reductions"].split(":")[0]
-        head["mpigpu_settings"] = {k: v for k, v in info["settings"].items()
-                                   if "(default)" not in str(v)}
+        head["mpigpu_settings"] = {k: v for tier in info["settings"].values()
+                                   for k, v in tier.items() if "(default)" not in str(v)}
     except Exception as e:  # noqa: BLE001
         head["mpi"] = f"unavailable ({e})"
     return head
@@ -343,6 +343,9 @@ def main(argv=None):
     ap.add_argument("--threads", type=int, default=1, help="torch intra-op threads per rank")
     ap.add_argument("--json", help="write every point and the header here (rank 0)")
     ap.add_argument("--plot", help="write busbw and latency against size per backend (PNG)")
+    ap.add_argument("--out", nargs="?", const="", metavar="DIR",
+                    help="write the JSON, the plot and MANIFEST.json into DIR; without DIR into a new "
+                         "run folder, benchmarks/results/<date>_<machine>_<ops>-<n>ranks/")
     ap.add_argument("--no-progress", action="store_true")
     ap.add_argument("--external", action="append", default=[],
                     help="JSON rows measured by another program with the same conventions "
@@ -446,6 +449,8 @@ def main(argv=None):
         print_table(rows, ops, sizes, live)
         if wrong_total:
             print(f"# WRONG RESULTS: {wrong_total} elements", flush=True)
+        if args.out is not None:  # a run folder: the files and what made them
+            args.json, args.plot = save_run(args, ops, world, head)
         if args.json:
             with open(args.json, "w") as f:
                 json.dump({"header": head, "unavailable": {n: b for n, b in backends.items()
@@ -456,6 +461,22 @@ def main(argv=None):
     dist.barrier(group=stats)
     dist.destroy_process_group()
     return 1 if wrong_total else 0
+
+
+def save_run(args, ops, world, head):
+    """--out: the run folder's JSON and plot paths (--json/--plot where given), its manifest written."""
+    from .manifest import run_paths, write_manifest
+    name = "collectives" if set(ops) == set(OPS) else "-".join(ops)
+    folder, prefix = run_paths(args.out, f"{name}-{world}ranks", f"{name}_{args.device}_{world}ranks",
+                               args.device, prefix=False)
+    gpu = head.get("gpu")
+    write_manifest(folder, f"torch_mpi_gpu.bench: {', '.join(ops)}, {args.dtype}, {args.begin} - {args.end} "
+                   f"bytes, backends {args.backends}", world,
+                   devices=f"{world} ranks sharing one {gpu}" if gpu else "cpu",
+                   mpi=str(head.get("mpi", "")).split(",")[0] or None, in_job=True, device=args.device)
+    import importlib.util
+    plot = args.plot or (f"{prefix}.png" if importlib.util.find_spec("matplotlib") else None)
+    return args.json or f"{prefix}.json", plot
 
 
 def node_waits():
