@@ -20,6 +20,7 @@
 #include "engine/Engine.hpp"
 #include "mpi/AnySource.hpp"
 #include "mpi/Collectives.hpp"
+#include "ops/OpPlan.hpp"
 #include "paths/Devices.hpp"
 
 namespace mpigpu {
@@ -139,27 +140,9 @@ class ProcessGroupMPIGPU : public c10d::Backend {
   std::string logPrefix() const;
 
  private:
-  // The MPI part of an op; runs on the engine between bufs.stageIn() and bufs.stageOut().
-  using Body = std::function<void(paths::OpBuffers& bufs)>;
-  using OpBuffers = paths::OpBuffers;
-  c10::intrusive_ptr<c10d::Work> enqueue(c10d::OpType type, const char* op,
-                                         std::vector<at::Tensor> outputs,
-                                         std::vector<at::Tensor> inputs,
-                                         std::chrono::milliseconds optTimeout, bool asyncOp,
-                                         std::shared_ptr<paths::OpBuffers> bufs, Body body,
-                                         int root = -1);
-  std::shared_ptr<paths::OpBuffers> buffersFor(const at::Tensor& t) {
-    return paths_->create(t.device());
-  }
-  // A reduction's buffers: for our algorithms (`ours`) or MPI's own reduction.
-  std::shared_ptr<paths::OpBuffers> reduceBuffersFor(const at::Tensor& t, bool ours) {
-    return paths_->create(t.device(), ours ? paths::Use::Algorithm : paths::Use::Reduce);
-  }
-  // The element counts of a list op's per-rank blocks (all_gather's outputs, reduce_scatter's
-  // inputs), checked against this rank's own tensor (`mine`, the `own` side).
-  std::vector<int64_t> blockCounts(const char* op, const std::vector<at::Tensor>& blocks,
-                                   const at::Tensor& mine, const char* block,
-                                   const char* own) const;
+  // A planned collective (ops/OpPlan.hpp): numbered, recorded, watched, then run on the
+  // calling thread where it is small, blocking and the engine idle, else on the engine.
+  c10::intrusive_ptr<c10d::Work> enqueue(ops::Plan plan);
   // One Work per op, collectives and point-to-point alike; recorded when a coalescing block is
   // open (the second value says whether one is).
   // Each is recorded in the flight recorder and, while the profiler runs, with its communication
@@ -171,31 +154,11 @@ class ProcessGroupMPIGPU : public c10d::Backend {
   // The arguments of a send or receive: a tensor MPI can carry, a peer of the group (not this
   // rank), a tag in MPI's range; errors name `op` and this rank.
   void checkP2P(const char* op, const at::Tensor& tensor, int peer, int tag) const;
-  void checkOwnBlock(const char* op, const std::vector<int64_t>& sendCounts,
-                     const std::vector<int64_t>& recvCounts) const;
   c10::intrusive_ptr<c10d::Work> enqueueP2P(c10d::OpType type, const char* op, at::Tensor tensor,
                                             int peer, int tag);
   // at creation, on the engine: the communicators, the agreed GPU presence, the node topology
   void makeComms(int hasGpu, MPI_Comm made);
   void readNodes(int hasGpu);  // at creation: node_, spansNodes_
-  // Our algorithms (algorithms/): the choice for an op, and one run of it on the engine.
-  algo::Facts factsOf(algo::OpKind kind, const std::vector<at::Tensor>& tensors) const;
-  // Whether `a` is the node algorithm running in device slots (OpBuffers::deferStartWait).
-  bool onDeviceSlots(const algo::Algorithm* a) const;
-  // Null: MPI's own collectives.
-  const algo::Algorithm* chooseAlgo(algo::OpKind kind,
-                                    const std::vector<at::Tensor>& tensors) const;
-  // The fused buckets of a coalesced op, the same on every rank (Fusion.hpp: fuseBelow).
-  std::vector<std::vector<size_t>> fusedBuckets(const std::vector<at::Tensor>& tensors) const;
-  // Runs `fn` with the messages (Link) and reducer of this op's memory, on the engine.
-  void withAlgorithm(const OpBuffers& bufs, const char* op, const at::Tensor& buf,
-                     const mpi::Reduction& red,
-                     const std::function<void(algo::Context&)>& fn) const;
-  // Data movement on the engine: `mover`'s (chooseAlgo) where it can run here, else MPI's own.
-  void gatherAll(const OpBuffers& bufs, const char* op, const algo::Algorithm* mover,
-                 const at::Tensor& in, at::Tensor& out) const;
-  void broadcastFrom(const OpBuffers& bufs, const char* op, const algo::Algorithm* mover,
-                     at::Tensor& buf, int root) const;
   // The engine, or a ValueError naming `op` when the group was destroyed or aborted.
   std::shared_ptr<Engine> currentEngine(const char* op) const;
   std::chrono::milliseconds effectiveTimeout(std::chrono::milliseconds optTimeout) const;
@@ -228,6 +191,9 @@ class ProcessGroupMPIGPU : public c10d::Backend {
   bool spansNodes_ = false;
   std::string nodesWithoutNode_;  // describe()'s nodes where node_ is null
   std::unique_ptr<paths::PathFactory> paths_;
+  // What the ops (ops/) read of this group: references to the members above.
+  const ops::Group group_{rank_,     size_, config_, policy_,      comm_,
+                          algoComm_, node_, paths_,  groupHasGpu_, spansNodes_};
   // Read by callers, cleared by shutdown()/abort() from any thread: through currentEngine().
   mutable std::mutex engineMutex_;
   std::shared_ptr<Engine> engine_;
