@@ -6,7 +6,8 @@ Every fenced block in bash, sh, console or shell carries a marker after its lang
     ```bash run              runs here: a CPU machine, from the repository root, after
                              ./scripts/run_main.sh, with its venv (.venv) first on PATH
     ```bash needs=WHAT       needs what this machine lacks: gpu, cuda-mpi, slurm, two-hosts,
-                             source-tarball, or ci (the test command itself)
+                             source-tarball; ci (the test command itself); long (runs for
+                             many minutes: a benchmark sweep)
     ```bash illustration     a pattern with placeholders, not meant to run as written
 
 Each `run` block goes to `bash -e -o pipefail` with a time limit; a non-zero exit or a Python
@@ -31,7 +32,7 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
 SHELLS = {"bash", "sh", "console", "shell"}
-NEEDS = {"gpu", "cuda-mpi", "slurm", "two-hosts", "source-tarball", "ci"}
+NEEDS = {"gpu", "cuda-mpi", "slurm", "two-hosts", "source-tarball", "ci", "long"}
 FENCE = re.compile(r"^(?P<indent> *)```(?P<info>[^\n`]*)\n(?P<body>.*?)^(?P=indent)```", re.M | re.S)
 
 

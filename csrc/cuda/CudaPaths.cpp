@@ -350,8 +350,8 @@ std::pair<Mode, std::string> chooseReduceMode(const Config& config, Mode moveMod
   }
   if (mpi::ensureInitialized().libraryVersion.find("Open MPI") != std::string::npos) {
     // Open MPI's coll/cuda copies device buffers to the host and reduces there, one blocking
-    // copy after another; our staged pipeline overlaps the copies with MPI (an H100 measured
-    // 4.6 ms against 12.7 ms for a 16 MiB all_reduce, 71 us against 363 us at 32 KiB).
+    // copy after another; our staged pipeline overlaps the copies with MPI (docs/performance.md
+    // has the figures).
     return {Mode::Staged,
             "Open MPI reduces device buffers on the host without "
             "overlapping copies; staged through pinned host memory "

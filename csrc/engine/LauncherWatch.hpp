@@ -2,7 +2,7 @@
 // proxy, slurmstepd). Once it is gone (a SIGKILL, the OOM killer), nothing is left to end the job
 // or read its output. Hydra's proxies and Open MPI 4.1 end their ranks then, and Open MPI 5's
 // ranks end themselves, but only from inside an MPI call: a rank waiting in shared memory (the
-// node algorithm) or in Python makes none, and ran on for ever (2026-12-03). So the watchdog asks
+// node algorithm) or in Python makes none, and would run on for ever. So the watchdog asks
 // endRankIfLauncherGone() at every tick (200 ms), and such a rank ends itself.
 //
 // Which process is the launcher: Open MPI (4.1 and 5) and Hydra start each rank in a process

@@ -7,7 +7,7 @@
 //          standard's non-overtaking rule) and nothing that could complete the held receive is
 //          held back behind it.
 // auto takes probe where the library is known to lose MPI_Irecv(MPI_ANY_SOURCE) completions:
-// MPICH's ch4 ucx netmod (5.0.2 measured, in plain C too: after a few messages from another host,
+// MPICH's ch4 ucx netmod (5.0.2, in plain C too: after a few messages from another host,
 // or from this one with MPIR_CVAR_NOLOCAL=1, the receive never completes; MPI_Improbe sees the
 // message and the ofi netmod is fine). Everywhere else, post.
 #pragma once

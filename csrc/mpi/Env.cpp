@@ -151,8 +151,8 @@ void finalizeIfOwned() {
 namespace {
 // A launcher forwards each rank's stdout and stderr through pipes, and MPI_Abort makes it end
 // every rank and itself: what this process wrote that it has not read yet is lost. Under load,
-// MPICH's Hydra lost a rank's last lines so, the reason for the abort among them (CI,
-// 2026-12-03). So wait, a bounded time, until the reader has taken what is in the pipes (on a
+// MPICH's Hydra loses a rank's last lines so, the reason for the abort among them. So wait, a
+// bounded time, until the reader has taken what is in the pipes (on a
 // pipe FIONREAD counts the unread bytes from either end; files and terminals need no wait).
 void waitUntilOutputIsRead(std::chrono::milliseconds limit) {
   const auto deadline = std::chrono::steady_clock::now() + limit;

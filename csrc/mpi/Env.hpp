@@ -33,9 +33,9 @@ void finalizeIfOwned();
 // The standard promises MPI_Abort only a "best attempt"; Open MPI's PMIx_Abort has deadlocked
 // before (open-mpi/ompi#3225, several ranks aborting at once: ompi-release#101). So a backstop
 // thread exits this process after kAbortGraceSeconds if it is still here; the launcher then sees
-// a rank die and ends the job. (Open MPI 5 across two hosts leaving a job running after the
-// watchdogs' MPI_Abort, CI 2026-11-29 and 12-03, is another thing: every rank had gone, and its
-// launcher stayed; a plain mpi4py program does the same. docs/testing.md.)
+// a rank die and ends the job. (Open MPI 5 across two hosts can leave its launcher running after
+// every rank has gone through the watchdogs' MPI_Abort; a plain mpi4py program does the same:
+// docs/troubleshooting.md.)
 constexpr int kAbortGraceSeconds = 10;
 // Before MPI_Abort, at most this long for the launcher to read what this process wrote to its
 // stdout and stderr pipes (see waitUntilOutputIsRead in Env.cpp).

@@ -1,9 +1,9 @@
 // How a rank waits for other ranks inside MPI. Where every rank has a core, in MPI's own calls
 // (MPI_Wait, blocking collectives): the lowest latency. Where ranks outnumber the cores (crowded,
 // decided at import from TORCH_MPIGPU_MPI_YIELD), a rank waiting in a blocking MPI call spins a
-// whole core, and the ranks it waits for get less of one: measured on the 2-core VM, 1.98 s of
-// CPU in a 2 s MPI_Barrier under Open MPI 5 (mpi_yield_when_idle set) and under MPICH alike
-// (docs/testing.md). There a wait tests for completion and sleeps in between.
+// whole core, and the ranks it waits for get less of one (a 2 s MPI_Barrier burns ~2 s of CPU
+// under Open MPI 5, mpi_yield_when_idle set, and under MPICH alike). There a wait tests for
+// completion and sleeps in between.
 #pragma once
 
 #include <mpi.h>
@@ -57,22 +57,13 @@ class Backoff {
   bool slept_ = false;
 };
 
-// A crowded MPI wait yields for kYieldFor (a peer a step behind).
-// Tried on 2026-12-03 and left (the 2-core VM, Open MPI 5, 3 ranks; benchmarks/crowded_waits.py
-// and MPI's own collectives in 24-byte pieces, test_collectives_with_mpis_own_algorithm[3-env1]):
-// - testing without a pause for 10 ms: MPICH's barrier at 3-4 ranks took 4-8 ms (its ranks never
-//   yield, so a spinning rank keeps the core its peer needs);
-// - sleeping 50 us at once: 4x in a barrier loop;
-// - 1 us sleeps instead of yields (timer slack lowered to 1 us): a barrier loop 170-200 us
-//   against 55-65 yielding; beside two idle-class busy loops (CI's background setups) the
-//   collectives took 38-43 s against 20-23 s yielding and 11-13 s spinning; a sleep every 16th
-//   yield: 21-23 s. The yield's price there (a yield can hand the core to the idle-class
-//   process until the next tick) stays; on a quiet machine yielding and spinning take the same
-//   (10 s).
-// Which neighbours take a yield's core (2026-12-04, benchmarks/results/
-// crowded_waits_background_load_2026-12-04.txt): idle-class or niced work of the job's own
-// autogroup; not a neighbour of normal priority, beside which yielding is what keeps the job
-// going (31.5 s against 78.9 spinning), nor niced work in an autogroup of its own.
+// A crowded MPI wait yields for kYieldFor (a peer a step behind), then sleeps, growing from
+// kFirstSleepUs to kMaxSleepUs. Why not the alternatives (benchmarks/crowded_waits.py measures
+// them; docs/performance.md): testing without a pause lets a spinning rank keep the core its peer
+// needs (MPICH's ranks never yield); sleeping at once, or 1 us sleeps instead of yields, makes a
+// barrier loop 3-4x slower. A yield can hand the core to idle-class or niced work of the job's own
+// autogroup until the next tick (scripts/test.sh runs its background setups in an autogroup of
+// their own for that reason); beside work of normal priority yielding is what keeps the job going.
 constexpr std::chrono::microseconds kYieldFor{2000};
 constexpr int kFirstSleepUs = 50;
 constexpr int kMaxSleepUs = 500;
