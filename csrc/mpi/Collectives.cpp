@@ -13,6 +13,7 @@
 #include "KeepUntilExit.hpp"
 #include "Overlap.hpp"
 #include "mpi/Check.hpp"
+#include "mpi/Comm.hpp"
 #include "mpi/Env.hpp"
 #include "mpi/Wait.hpp"
 
@@ -20,7 +21,6 @@ namespace mpigpu::mpi {
 namespace {
 
 std::atomic<uint64_t> g_calls{0};
-std::atomic<int> g_commsHeld{0};
 
 char* bytes(const at::Tensor& t) { return static_cast<char*>(t.data_ptr()); }
 
@@ -100,22 +100,6 @@ MPI_Comm splitComm(const Comm& parent, const std::vector<int>& ranks, std::vecto
   MPIGPU_MPI_CHECK(MPI_Allreduce(MPI_IN_PLACE, &same, 1, MPI_INT, MPI_MIN, child), op, parent.rank);
   if (!same) freeComm(&child);
   return child;
-}
-
-void noteMade(MPI_Comm comm) {
-  if (comm != MPI_COMM_NULL) g_commsHeld.fetch_add(1, std::memory_order_relaxed);
-}
-
-int commsHeld() { return g_commsHeld.load(std::memory_order_relaxed); }
-
-void freeComm(MPI_Comm* comm) {
-  if (*comm != MPI_COMM_NULL) {
-    int finalized = 0;
-    MPI_Finalized(&finalized);
-    if (!finalized) MPI_Comm_free(comm);
-    *comm = MPI_COMM_NULL;
-    g_commsHeld.fetch_sub(1, std::memory_order_relaxed);
-  }
 }
 
 void allreduceInPlace(const Comm& c, const char* op, at::Tensor& buf, const Reduction& red,

@@ -11,20 +11,10 @@
 #include <cstdint>
 #include <vector>
 
+#include "mpi/Comm.hpp"
 #include "mpi/Types.hpp"
 
 namespace mpigpu::mpi {
-
-struct Comm {
-  MPI_Comm handle = MPI_COMM_NULL;
-  int rank = 0;
-  int size = 1;
-  int64_t maxCount = 2147483647;  // elements per MPI call
-  // Some member is crowded (mpi/Wait.hpp): its collectives begin with arriveTogether. Agreed
-  // when the group is made (agreeArrival) and inherited by the communicators made from it, so
-  // every member does the same.
-  bool arrive = false;
-};
 
 // Members-only creation (MPI_Group_incl + MPI_Comm_create_group on the job communicator,
 // mpi/Env.hpp): the c10d creator runs on member ranks only, so nothing here may involve
@@ -37,12 +27,6 @@ MPI_Comm createGroupComm(const std::vector<int>& jobRanks, int tag, int rankForE
 // ranks MPI grouped it with in *made (a member's *made is those ranks either way).
 MPI_Comm splitComm(const Comm& parent, const std::vector<int>& ranks, std::vector<int>* made,
                    const char* op);
-// Communicators made by mpigpu and not yet freed (every one it makes is noted here and freed
-// through freeComm): an MPI caps how many a process may hold (MPICH and the MPIs built on it:
-// 2048), and the error for running out says how many are ours.
-void noteMade(MPI_Comm comm);
-int commsHeld();
-void freeComm(MPI_Comm* comm);
 
 // Number of MPI communication calls made by this process (tests count them to prove fusion).
 uint64_t callCount();

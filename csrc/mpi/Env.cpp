@@ -16,7 +16,7 @@
 
 #include "Errors.hpp"
 #include "mpi/Check.hpp"
-#include "mpi/Collectives.hpp"
+#include "mpi/Comm.hpp"
 #include "mpi/Types.hpp"
 #include "mpi/Wait.hpp"
 

@@ -9,7 +9,7 @@
 #include <sched.h>
 
 #include "mpi/Check.hpp"
-#include "mpi/Collectives.hpp"
+#include "mpi/Comm.hpp"
 
 namespace mpigpu::mpi {
 namespace {
