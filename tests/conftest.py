@@ -14,6 +14,7 @@ MPIGPU_TEST_LAUNCHER picks the launcher (scripts/test.sh runs the multi-rank sui
                      slurm_cluster.sh up-two-hosts), block placement (0-1 on h0 at 3 and 4 ranks)
 """
 
+import ast
 import os
 import re
 import resource
@@ -493,24 +494,73 @@ def run_mpi(script, np, env=None, timeout=300, args=(), repeat=None):
 
 # What each rank of a tests/mp script prints (tests/mp/common.py, Checker.finish). Non-greedy and
 # without "[": some launchers (Open MPI 4.1) run two ranks' lines together.
-_SUMMARY = re.compile(r"\[rank (\d+)/(\d+)\] [^\[\n]*?: (\d+) checks passed, (\d+) failed")
-_BEHAVIOUR = re.compile(r'\[rank (\d+)/\d+\] behaviour "(.*?)": (\d+) passed, (\d+) failed')
+_SUMMARY = re.compile(r"\[rank (\d+)/(\d+)\] [^\[\n]*?: (\d+) checks passed, (\d+) failed"
+                      r"(?:, (\d+) skipped)?")
+_BEHAVIOUR = re.compile(r'\[rank (\d+)/\d+\] behaviour "(.*?)": (\d+) passed, (\d+) failed'
+                        r'(?:, (\d+) skipped)?')
 _SECTION_SECONDS = re.compile(r"\[rank 0/\d+\] seconds by section: ([^\n]*)")
 _FAIL = re.compile(r"\[rank (\d+)\] FAIL [^\n]*?: \[(.*?)\] ([^\n]*)")
+_SKIP = re.compile(r"\[rank (\d+)\] SKIP [^\n]*?: \[(.*?)\] ([^\n]*)")
+
+# The checks tests/mp scripts skipped (Checker.skip) in a test that otherwise ran: kept with the
+# test's report (user_properties, which pytest-xdist carries to the controller) and listed in
+# pytest's summary, so a skipped check is seen as skipped, never as passed.
+SKIPPED_CHECKS = "skipped checks"
+_current_item = [None]
+
+
+def pytest_runtest_setup(item):
+    _current_item[0] = item
+
+
+def note_skipped_checks(lines):
+    item = _current_item[0]
+    if item is not None and lines:
+        item.user_properties.append((SKIPPED_CHECKS, lines))
+
+
+def pytest_terminal_summary(terminalreporter):
+    noted = [(report.nodeid, lines) for reports in terminalreporter.stats.values()
+             for report in reports if getattr(report, "when", None) == "call"
+             for key, lines in report.user_properties if key == SKIPPED_CHECKS]
+    if not noted:
+        return
+    terminalreporter.write_sep("=", f"checks skipped inside {len(noted)} test(s) that ran "
+                                    "(tests/mp scripts' Checker.skip)")
+    for nodeid, lines in noted:
+        for line in lines:
+            terminalreporter.write_line(f"SKIPPED CHECK {nodeid}: {line}")
+
+
+def _skipped_by_case(skip_lines):
+    """Every rank's SKIP lines as '[behaviours] case: reason (ranks)', one line for a case the
+    same ranks skipped in several behaviours (a late peer's, in every section)."""
+    ranks = {}
+    for rank, behaviour, case in skip_lines:
+        ranks.setdefault((behaviour, case), set()).add(int(rank))
+    behaviours = {}
+    for (behaviour, case), r in ranks.items():
+        behaviours.setdefault((case, tuple(sorted(r))), []).append(behaviour)
+    return [f"[{'; '.join(b)}] {case} (rank{'s' if len(r) > 1 else ''} {', '.join(map(str, r))})"
+            for (case, r), b in behaviours.items()]
 
 
 def passed_counts(output, np, behaviours=None):
     """Reads every rank's report of a tests/mp script and fails, per behaviour and per rank, when
     a rank reported nothing, a check failed, a behaviour ran no check, or (given `behaviours`,
     the names the script's sections must report) a behaviour is missing or unexpected. Returns
-    the fewest checks any rank passed."""
+    the fewest checks any rank passed.
+    Skipped checks (Checker.skip) are never counted as passed: a behaviour whose checks a rank
+    skipped has run there; a test whose every check on every rank was skipped is skipped
+    (pytest.skip), and the skipped checks of one that ran are listed in pytest's summary. A rank
+    that only skipped (a late peer that measures nothing) is left out of the fewest."""
     __tracebackhide__ = True
-    summaries = {int(r): (int(p), int(f)) for r, _, p, f in _SUMMARY.findall(output)}
+    summaries = {int(r): (int(p), int(f), int(s or 0)) for r, _, p, f, s in _SUMMARY.findall(output)}
     tail = output[-3000:]
     missing_ranks = sorted(set(range(np)) - set(summaries))
     assert not missing_ranks, f"no report from rank(s) {missing_ranks} of {np}:\n{tail}"
     reported = {}  # behaviour -> {rank: (passed, failed)}
-    for rank, name, passed, failed in _BEHAVIOUR.findall(output):
+    for rank, name, passed, failed, _ in _BEHAVIOUR.findall(output):
         reported.setdefault(name, {})[int(rank)] = (int(passed), int(failed))
     problems = []
     if behaviours is not None:
@@ -530,11 +580,34 @@ def passed_counts(output, np, behaviours=None):
                                 + "; ".join(first[:3]))
     # the summary line too: a behaviour line can be lost where a launcher runs two ranks' lines
     # together
-    for rank, (_, failed) in sorted(summaries.items()):
+    for rank, (_, failed, _) in sorted(summaries.items()):
         if failed:
             problems.append(f"rank {rank}: {failed} checks failed in all")
     assert not problems, "\n".join(problems) + f"\n--- output tail ---\n{tail}"
-    return min(p for p, _ in summaries.values())
+    skipped = _skipped_by_case(_SKIP.findall(output))
+    checked = [p for p, f, s in summaries.values() if p + f or not s]
+    if not checked:
+        pytest.skip(f"every check of every rank was skipped: {'; '.join(skipped[:5])}")
+    note_skipped_checks(skipped)
+    return min(checked)
+
+
+def script_constant(script, name):
+    """The module-level constant `name` of tests/mp/`script` (a literal: the SECTIONS its Checker
+    reports, say), read with ast, the script not imported (its imports start MPI); also one
+    element of a tuple unpacked there (`A, B = SECTIONS = ("a", "b")`)."""
+    tree = ast.parse((MP_DIR / script).read_text(), str(MP_DIR / script))
+    for node in tree.body:
+        if not isinstance(node, ast.Assign):
+            continue
+        for target in node.targets:
+            if isinstance(target, ast.Name) and target.id == name:
+                return ast.literal_eval(node.value)
+            if isinstance(target, ast.Tuple):
+                for i, element in enumerate(target.elts):
+                    if isinstance(element, ast.Name) and element.id == name:
+                        return ast.literal_eval(node.value)[i]
+    raise LookupError(f"tests/mp/{script} defines no module-level {name}")
 
 
 @pytest.fixture(scope="session")

@@ -2,9 +2,11 @@
 marked (run, needs=..., illustration), the settings tables are the generated ones in tiers, and
 `import torch_mpi_gpu` from the repository root either works (an in-place build) or says in one
 sentence what to do. scripts/doc_commands.py runs the runnable commands themselves (a step of
-scripts/test.sh)."""
+scripts/test.sh). Every relative link of README.md and docs/ resolves, and our code calls torch's
+current collective names."""
 
 import os
+import re
 import shutil
 import subprocess
 import sys
@@ -128,3 +130,43 @@ def test_the_readmes_commands_work_from_the_repository_root():
                           capture_output=True, text=True, timeout=180)
     out = proc.stdout + proc.stderr
     assert proc.returncode == 0 and out.count("parameters equal to its single-process") == 2, out
+
+
+def github_anchor(heading):
+    """The anchor GitHub gives a markdown heading."""
+    text = re.sub(r"[^\w\- ]", "", heading.strip().lower())
+    return text.replace(" ", "-")
+
+
+def test_readme_and_docs_links_resolve():
+    # every relative link of README.md and docs/*.md names a file of the repository, and its
+    # #anchor a heading of that file; the README stays short (the rest lives in docs/)
+    pages = [ROOT / "README.md", *sorted((ROOT / "docs").glob("*.md"))]
+    assert len((ROOT / "README.md").read_bytes()) <= 12 * 1024
+    broken = []
+    for page in pages:
+        for target in re.findall(r"\]\(([^)\s]+)\)", page.read_text()):
+            if re.match(r"[a-z]+://", target):
+                continue
+            path, _, anchor = target.partition("#")
+            dest = (page.parent / path).resolve() if path else page
+            if not dest.exists():
+                broken.append(f"{page.relative_to(ROOT)}: {target} (no such file)")
+            elif anchor:
+                headings = re.findall(r"^#+ (.*)$", dest.read_text(), re.M)
+                if anchor not in {github_anchor(h) for h in headings}:
+                    broken.append(f"{page.relative_to(ROOT)}: {target} (no such heading)")
+    assert not broken, "\n".join(broken)
+    linked = set(re.findall(r"\(docs/([\w-]+\.md)", (ROOT / "README.md").read_text()))
+    assert linked == {p.name for p in pages[1:]}, f"docs/ pages the README does not list: {linked}"
+
+
+def test_our_code_calls_torchs_current_collective_names():
+    # torch 2.13 deprecates all_gather_into_tensor / reduce_scatter_tensor for all_gather_single /
+    # reduce_scatter_single: the package, benchmarks and examples call the new names (bench.py
+    # falls back to the old ones on older torch); tests/mp/collectives.py tests both spellings
+    old = re.compile(r"dist\.(all_gather_into_tensor|reduce_scatter_tensor)\(")
+    files = [*(ROOT / "torch_mpi_gpu").glob("*.py"), *(ROOT / "benchmarks").glob("*.py"),
+             *(ROOT / "examples").glob("*.py")]
+    calls = [f"{f.relative_to(ROOT)}: {m.group(0)}" for f in files for m in old.finditer(f.read_text())]
+    assert not calls, calls

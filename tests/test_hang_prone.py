@@ -15,7 +15,7 @@ import tempfile
 
 import pytest
 
-from conftest import LAUNCHER, MP_DIR, is_hydra, mpirun_path, passed_counts, run_mpi
+from conftest import LAUNCHER, MP_DIR, is_hydra, mpirun_path, passed_counts, run_mpi, script_constant
 from test_multirank import p2p_groups_behaviours
 from test_reliability import launch
 
@@ -32,10 +32,9 @@ HYDRA = is_hydra(mpirun_path())
 SEQUENCE_RUNS = ({"slot": 2, "node": 1} if HYDRA else
                  {"slot": 5 if LAUNCHER == "two-hosts-ip-only" else 6, "node": 3}) if TWO_HOSTS else {
     "default": int(os.environ.get("MPIGPU_TEST_REPEAT", "3"))}
-SEQUENCE = {"world ops", "point-to-point", "subgroup of odd ranks", "world after the subgroup"}
-BUSY_WAIT = {"collective inline, sync", "collective on the worker, sync",
-             "collective async, wait()", "recv, blocking", "irecv, wait()", "barrier",
-             "collective by MPI's own", "collective by the ring"}
+# the sections each script reports (defined there)
+SEQUENCE = set(script_constant("subgroup_sequence.py", "SECTIONS"))
+BUSY_WAIT = set(script_constant("busy_wait.py", "SECTIONS"))
 
 
 def mapping_env(mapping):
@@ -47,7 +46,8 @@ def test_subgroup_sequence_repeated(mapping):
     # Before the fix: 0 of 5 passed at 2 hosts x 2 ranks bound to cores (hung in group creation)
     out = run_mpi("subgroup_sequence.py", NP, env=mapping_env(mapping), timeout=90,
                   repeat=SEQUENCE_RUNS[mapping])
-    assert passed_counts(out, NP, SEQUENCE) >= 10
+    # (8 on the ranks outside the subgroup, which skip its two checks; 10 on its members)
+    assert passed_counts(out, NP, SEQUENCE) >= 8
 
 
 @pytest.mark.skipif(not TWO_HOSTS, reason="one host: test_multirank's p2p_groups at 4 ranks is this")

@@ -48,10 +48,7 @@ FSDP = {"device mesh on mpigpu", "FSDP2 fp32 matches one process", "FSDP2 mpigpu
         "FSDP2 bf16 mixed precision", "DTensor redistribute and reductions"}
 
 
-ERRORS = {"reduce op x dtype refused", "sizes, roots and lists refused", "tensor kinds refused",
-          "point-to-point peers and tags refused", "the backend's own checks",
-          "use after destroy refused", "a coalescing block that raised does not hold the group",
-          "the group works after the errors"}
+ERRORS = set(conftest.script_constant("errors.py", "SECTIONS"))
 
 
 def p2p_groups_behaviours(np):
@@ -61,11 +58,8 @@ def p2p_groups_behaviours(np):
 
 
 def fusion_behaviours(np):
-    every = {"100 fp32 tensors of odd sizes in one allreduce", "mixed dtypes",
-             "the coalescing manager", "coalesced all_gather_into_tensor / reduce_scatter_tensor",
-             "TORCH_MPIGPU_FUSION_BYTES caps a bucket",
-             "TORCH_MPIGPU_FUSE_BELOW_BYTES leaves big host tensors unpacked"}
-    return every | ({"batch_isend_irecv"} if np > 1 else set())
+    every = set(conftest.script_constant("fusion.py", "SECTIONS"))
+    return every | ({conftest.script_constant("fusion.py", "BATCH_ISEND_IRECV")} if np > 1 else set())
 
 
 
@@ -190,8 +184,7 @@ def test_split_groups_and_device_mesh_with_a_bound_device(np, own_device_env):
     assert passed_counts(out, np, split_groups_behaviours(np)) >= 25
 
 
-SHRINK_BEHAVIOURS = {"a subgroup shrunk", "SHRINK_ABORT fails an op waiting for the excluded rank",
-                     "the default group shrunk: global ranks renumbered"}
+SHRINK_BEHAVIOURS = set(conftest.script_constant("shrink.py", "SECTIONS"))
 
 
 @pytest.mark.parametrize("np, level", [(3, "multiple"), (4, "multiple"), (3, "serialized")])
@@ -686,7 +679,7 @@ def test_a_leader_failing_with_its_peers_tensors_mapped_fails_the_op_on_every_ra
 
 def test_the_leaders_kept_mappings_give_right_results_on_the_device_slot_code():
     # kept_mappings.py on the emulated mapping (the leader's opens and closes run on CUDA only:
-    # test_gpu.py, and the rules themselves in test_single_process.py): a tensor used again and
+    # test_gpu.py, and the rules themselves in the single-process tests): a tensor used again and
     # new tensors after frees, every op mapped, none refused
     if LAUNCHER.startswith("two-hosts"):
         pytest.skip("one node's leader; across the hosts no rank shares a node with one here")

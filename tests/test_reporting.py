@@ -1,5 +1,6 @@
 """The multi-rank suite's reporting (conftest.passed_counts over tests/mp/common.Checker's
-output): a lost behaviour, a failed check and a silent rank each fail by name."""
+output): a lost behaviour, a failed check and a silent rank each fail by name; a skipped check
+(Checker.skip) is reported as skipped, never as passed."""
 
 import pytest
 
@@ -56,6 +57,70 @@ def test_a_failed_check_names_behaviour_rank_and_case():
 def test_a_silent_rank_fails():
     with pytest.raises(AssertionError, match=r"no report from rank\(s\) \[1, 2\] of 3"):
         passed_counts(report(0, 3, GOOD), 3)
+
+
+def skipping_rank(rank, world, skipped):
+    """A rank's report whose every check was skipped (Checker.skip): (behaviour, case) pairs."""
+    lines = [f"[rank {rank}] SKIP script(np={world}): [{b}] {case}" for b, case in skipped]
+    behaviours = {}
+    for b, _ in skipped:
+        behaviours[b] = behaviours.get(b, 0) + 1
+    lines += [f'[rank {rank}/{world}] behaviour "{b}": 0 passed, 0 failed, {n} skipped'
+              for b, n in behaviours.items()]
+    lines.append(f"[rank {rank}/{world}] script(np={world}): 0 checks passed, 0 failed, "
+                 f"{len(skipped)} skipped")
+    return "\n".join(lines)
+
+
+def taken_skipped_checks(item):
+    """The skipped checks passed_counts noted on this test (taken off: not listed in the run's
+    summary, which would report a planted report's lines as this suite's)."""
+    noted = [lines for key, lines in item.user_properties if key == "skipped checks"]
+    item.user_properties[:] = [p for p in item.user_properties if p[0] != "skipped checks"]
+    return noted
+
+
+def test_a_skipped_check_is_not_a_passed_one(request):
+    # rank 1 only arrives late (busy_wait.py): its behaviours ran, none of its checks passed; the
+    # fewest passed is rank 0's, and the skips are noted for the summary
+    late = [("all_reduce", "late peer: it only arrives late"), ("broadcast", "late peer: it only arrives late")]
+    out = report(0, 2, GOOD) + "\n" + skipping_rank(1, 2, late)
+    assert passed_counts(out, 2, {"all_reduce", "broadcast"}) == 14
+    assert taken_skipped_checks(request.node) == [[
+        "[all_reduce; broadcast] late peer: it only arrives late (rank 1)"]]
+    # a rank that skipped some checks and passed others counts what it passed
+    out = report(0, 2, GOOD) + "\n" + report(1, 2, [("all_reduce", 3, 0), ("broadcast", 4, 0)])
+    out = out.replace('"all_reduce": 3 passed, 0 failed', '"all_reduce": 3 passed, 0 failed, 7 skipped')
+    assert passed_counts(out, 2, {"all_reduce", "broadcast"}) == 7
+
+
+def test_a_script_whose_every_check_was_skipped_is_skipped(request):
+    out = skipping_rank(0, 1, [("point-to-point", "blocking send/recv: one rank: nothing to send")])
+    with pytest.raises(pytest.skip.Exception, match=r"every check of every rank was skipped: "
+                       r"\[point-to-point\] blocking send/recv: one rank: nothing to send \(rank 0\)"):
+        passed_counts(out, 1, {"point-to-point"})
+    # a failure elsewhere still fails: a skip never hides it
+    bad = report(0, 2, [("point-to-point", 0, 1)], fail=("point-to-point", "wrong"))
+    with pytest.raises(AssertionError, match="1 failed, e.g. wrong"):
+        passed_counts(bad + "\n" + skipping_rank(1, 2, [("point-to-point", "x: y")]), 2)
+    assert not taken_skipped_checks(request.node)
+
+
+def test_checker_reports_a_skip_as_a_skip(checker_module, capsys, request):
+    import torch
+    c = checker_module.Checker("planted")
+    c.section("checked")
+    c.close("equal", torch.ones(2), torch.ones(2))
+    c.section("not here")
+    c.skip("subgroup all_reduce", "not a member")
+    assert c.finish() == 0 and c.passed == 1 and not c.failures
+    out = capsys.readouterr().out
+    assert "[rank 0] SKIP planted: [not here] subgroup all_reduce: not a member" in out, out
+    assert '[rank 0/1] behaviour "not here": 0 passed, 0 failed, 1 skipped' in out, out
+    assert '[rank 0/1] behaviour "checked": 1 passed, 0 failed\n' in out, out
+    assert "[rank 0/1] planted: 1 checks passed, 0 failed, 1 skipped" in out, out
+    assert passed_counts(out, 1, {"checked", "not here"}) == 1
+    assert taken_skipped_checks(request.node) == [["[not here] subgroup all_reduce: not a member (rank 0)"]]
 
 
 # The reduction checker (tests/mp/common.py: reduction_bound with Checker.close) against planted

@@ -236,6 +236,11 @@ def startup_seconds(now):
 class Checker:
     """Collects failures instead of stopping at the first, then reports them all.
 
+    skip(case, reason): a check that does not apply on this rank or at this size (no peer at one
+    rank, not a member of the subgroup) is reported as skipped, never counted as passed: the driver
+    (tests/conftest.py, passed_counts) skips a test whose every check was skipped and lists the
+    skipped checks of the others in pytest's summary.
+
     defer_device_reads=True: close() on device tensors queues their copies to the host behind
     the work in flight and compares them at the next section() or finish() (or every
     DEFERRED_BYTES), after one wait, instead of waiting for the device at every check: on a GPU
@@ -249,6 +254,8 @@ class Checker:
         self.name = name
         self.passed = 0
         self.failures = []
+        # behaviour -> ["case: reason", ...] of the checks skip() left out
+        self.skipped = {}
         self.rank = dist.get_rank() if dist.is_initialized() else 0
         # (scripts that end their group before finish() still report their world's size)
         self.world = dist.get_world_size() if dist.is_initialized() else 1
@@ -295,6 +302,8 @@ class Checker:
             counts = self.behaviours.setdefault(behaviour, [0, 0])
             counts[0] += passed
             counts[1] += failed
+        for behaviour, skipped in other.skipped.items():
+            self.skipped.setdefault(behaviour, []).extend(skipped)
 
     def close(self, case, got, expected, dtype=None, world=1, bound=None):
         """got must equal expected: in shape and dtype always; in value within `bound` (per
@@ -382,6 +391,13 @@ class Checker:
         else:
             self._tally(False, f"{case}: {detail}")
 
+    def skip(self, case, reason):
+        """`case` does not apply here (on this rank, at this world size), for `reason`: reported as
+        a skip, neither passed nor failed. Never for a check that could run: the skip says why
+        it cannot."""
+        self.behaviours.setdefault(self.current, [0, 0])
+        self.skipped.setdefault(self.current, []).append(f"{case}: {reason}")
+
     def raises(self, case, exc_type, fn, must_contain=()):
         try:
             fn()
@@ -412,19 +428,27 @@ class Checker:
             print(f"[rank {self.rank}] FAIL {self.name}: {f}", flush=True)
         if self.failures:
             print(f"[rank {self.rank}] replay with MPIGPU_TEST_SEED_OFFSET={SEED_OFFSET}", flush=True)
-        # one line per behaviour, read by tests/conftest.py (passed_counts)
+        # the skipped checks, as the failed ones: read by tests/conftest.py (passed_counts)
+        skipped = [f"[{behaviour}] {case}" for behaviour, cases in self.skipped.items()
+                   for case in cases]
+        for s in skipped[:50]:
+            print(f"[rank {self.rank}] SKIP {self.name}: {s}", flush=True)
+        # one line per behaviour, read by tests/conftest.py (passed_counts); its skipped checks,
+        # where it has any, after the failed ones
         # (a section that made no check is left out: the driver then reports it as not run)
         for behaviour, (passed, failed) in self.behaviours.items():
-            if passed + failed == 0:
+            skips = len(self.skipped.get(behaviour, ()))
+            if passed + failed + skips == 0:
                 continue
             print(f'[rank {self.rank}/{world}] behaviour "{behaviour}": {passed} passed, '
-                  f'{failed} failed', flush=True)
+                  f'{failed} failed' + (f", {skips} skipped" if skips else ""), flush=True)
         self._clock()
         if self.rank == 0:  # read by tests/conftest.py (run_mpi) into MPIGPU_TEST_TIMINGS
             spent = "; ".join(f"{name} {s:.1f}" for name, s in self.seconds.items() if s >= 0.05)
             print(f"[rank 0/{world}] seconds by section: {spent}", flush=True)
         print(f"[rank {self.rank}/{world}] {self.name}: {self.passed} checks passed, "
-              f"{len(self.failures)} failed", flush=True)
+              f"{len(self.failures)} failed" + (f", {len(skipped)} skipped" if skipped else ""),
+              flush=True)
         return 1 if self.failures else 0
 
 

@@ -6,6 +6,13 @@ import torch.distributed as dist
 
 from common import Checker, run
 
+# The sections every rank reports (tests/test_multirank.py reads them from here)
+(OP_DTYPE, SIZES_ROOTS_LISTS, TENSOR_KINDS, P2P_PEERS_TAGS, BACKEND_CHECKS, AFTER_DESTROY,
+ COALESCING_BLOCK, WORKS_AFTER) = SECTIONS = (
+    "reduce op x dtype refused", "sizes, roots and lists refused", "tensor kinds refused",
+    "point-to-point peers and tags refused", "the backend's own checks", "use after destroy refused",
+    "a coalescing block that raised does not hold the group", "the group works after the errors")
+
 
 def main():
     dist.init_process_group("mpigpu")
@@ -15,7 +22,7 @@ def main():
     who = f"[rank {rank}]"
     f, i = torch.ones(4), torch.ones(4, dtype=torch.int32)
 
-    c.section("reduce op x dtype refused")
+    c.section(OP_DTYPE)
     c.raises("BXOR on float", TypeError, lambda: dist.all_reduce(f.clone(), op=dist.ReduceOp.BXOR),
              ("mpigpu allreduce", who, "BXOR", "Float"))
     c.raises("AVG on int", TypeError, lambda: dist.all_reduce(i.clone(), op=dist.ReduceOp.AVG),
@@ -31,7 +38,7 @@ def main():
                                                 torch.ones(2 * world, dtype=torch.bfloat16),
                                                 op=dist.ReduceOp.BOR),
              ("reduce_scatter_tensor", who, "BOR"))
-    c.section("sizes, roots and lists refused")
+    c.section(SIZES_ROOTS_LISTS)
     bo = dist.BroadcastOptions()
     bo.rootRank = world + 3
     c.raises("broadcast root out of range", ValueError, lambda: pg.broadcast([f.clone()], bo),
@@ -64,25 +71,25 @@ def main():
     c.raises("all_to_all_single uneven without splits", ValueError,
              lambda: dist.all_to_all_single(torch.empty(world + 1), torch.ones(world + 1)),
              ("all_to_all_single", who, "divide evenly")) if world > 1 else None
-    c.section("tensor kinds refused")
+    c.section(TENSOR_KINDS)
     # all_reduce takes sparse COO tensors (collectives.py tests it; torch's dispatcher refuses
     # them to the other ops before mpigpu sees them), but not mixed with dense ones
     c.raises("sparse tensor in a dense all_reduce list", TypeError,
              lambda: pg.allreduce([torch.eye(3).to_sparse(), torch.ones(3)]).wait(),
              ("allreduce", who, "mixes sparse COO"))
-    c.section("point-to-point peers and tags refused")
+    c.section(P2P_PEERS_TAGS)
     c.raises("send to self", ValueError, lambda: pg.send([f], rank, 0), ("send", who, "yourself"))
     c.raises("send to out-of-range peer", ValueError, lambda: pg.send([f], world + 1, 0),
              ("send", who, "out of range"))
     c.raises("negative tag", ValueError, lambda: pg.recv([f], (rank + 1) % world, -3) if world > 1
              else pg.recv([f], 1, -3), ("recv", who))
-    c.section("sizes, roots and lists refused")
+    c.section(SIZES_ROOTS_LISTS)
     c.raises("gather list on non-root", ValueError,
              lambda: pg.gather([[torch.empty(4) for _ in range(world)]], [f], _gather_opts((rank + 1) % world))
              if world > 1 else pg.gather([[torch.empty(4)]], [f], _gather_opts(5)),
              ("gather", who))
 
-    c.section("the backend's own checks")
+    c.section(BACKEND_CHECKS)
     be = pg._get_backend(torch.device("cpu"))  # our backend itself: no torch-side checks in front
     c.raises("meta tensor", TypeError, lambda: be.allreduce([torch.empty(3, device="meta")]),
              ("allreduce", who, "meta"))
@@ -95,7 +102,7 @@ def main():
     c.raises("empty tensor list", ValueError, lambda: be.allreduce([]), ("allreduce", who))
     c.raises("non-zero rootTensor", ValueError,
              lambda: be.broadcast([f.clone()], _bcast_opts(0, 1)), ("broadcast", who, "rootTensor"))
-    c.section("use after destroy refused")
+    c.section(AFTER_DESTROY)
     # use after destroy: the backend object of a destroyed group refuses, it does not crash
     g = dist.new_group(list(range(world)))
     gb = g._get_backend(torch.device("cpu"))
@@ -103,7 +110,7 @@ def main():
     c.raises("use after destroy_process_group", ValueError, lambda: gb.allreduce([f.clone()]),
              ("allreduce", who, "destroyed"))
 
-    c.section("a coalescing block that raised does not hold the group")
+    c.section(COALESCING_BLOCK)
     # torch ends a coalescing block only when its body returns: an op that raises in it, or the
     # caller's own error, leaves our side of the block open (every later batch_isend_irecv
     # failed with "coalescing already started" before)
@@ -140,7 +147,7 @@ def main():
         c.close("a batch after it", ring_batch(5), torch.full((4,), before + 1.0))
         c.close("a block after that", coalesced_sum(1.0), torch.full((4,), float(world)))
 
-    c.section("the group works after the errors")
+    c.section(WORKS_AFTER)
     t = torch.full((3,), float(rank))
     dist.all_reduce(t)
     c.close("works after errors", t, torch.full((3,), float(sum(range(world)))))

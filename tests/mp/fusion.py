@@ -11,6 +11,17 @@ import torch_mpi_gpu
 from common import Checker, make_input, reduced, run, use_test_device
 
 
+# The sections every rank reports, and the one it reports only with a peer (tests/
+# test_multirank.py reads both from here)
+(HUNDRED_TENSORS, MIXED_DTYPES, COALESCING_MANAGER, COALESCED_GATHER_SCATTER, FUSION_BYTES,
+ FUSE_BELOW_BYTES) = SECTIONS = (
+    "100 fp32 tensors of odd sizes in one allreduce", "mixed dtypes", "the coalescing manager",
+    "coalesced all_gather_into_tensor / reduce_scatter_tensor",
+    "TORCH_MPIGPU_FUSION_BYTES caps a bucket",
+    "TORCH_MPIGPU_FUSE_BELOW_BYTES leaves big host tensors unpacked")
+BATCH_ISEND_IRECV = "batch_isend_irecv"
+
+
 def calls():
     # MPI collective calls, plus runs of our own algorithms (TORCH_MPIGPU_ALGO): one per bucket
     return torch_mpi_gpu._C.mpi_call_count() + sum(torch_mpi_gpu._C.algorithm_runs().values())
@@ -29,7 +40,7 @@ def main():
     c = Checker(f"fusion(np={world})")
     pg = dist.distributed_c10d._get_default_group()
 
-    c.section("100 fp32 tensors of odd sizes in one allreduce")
+    c.section(HUNDRED_TENSORS)
     # 100 fp32 tensors of odd sizes in one allreduce: one MPI call
     sizes = [1 + (i * 37) % 300 for i in range(100)]
     per_rank = [[make_input(10 + i, r, n, torch.float32) for i, n in enumerate(sizes)]
@@ -41,7 +52,7 @@ def main():
         want, bound = reduced("sum", [per_rank[r][i] for r in range(world)], torch.float32)
         c.close(f"fused allreduce tensor {i}", mine[i], want, torch.float32, bound=bound)
 
-    c.section("mixed dtypes")
+    c.section(MIXED_DTYPES)
     # mixed dtypes: grouped, one call per dtype (3 here)
     dts = [torch.float32, torch.int64, torch.bfloat16] * 10
     per_rank = [[make_input(200 + i, r, 5 + i, dt) for i, dt in enumerate(dts)] for r in range(world)]
@@ -53,7 +64,7 @@ def main():
         c.close(f"mixed-dtype fused allreduce tensor {i} {dts[i]}", mine[i], want, dts[i],
                 bound=bound)
 
-    c.section("the coalescing manager")
+    c.section(COALESCING_MANAGER)
     # the coalescing manager (what torch's _coalescing_manager / DTensor use): one call
     parts = [make_input(300 + i, rank, 64, torch.float32) for i in range(50)]
     def coalesced():
@@ -67,7 +78,7 @@ def main():
                           torch.float32)
     c.close("coalescing manager result", parts[49], want, torch.float32, bound=bound)
 
-    c.section("coalesced all_gather_into_tensor / reduce_scatter_tensor")
+    c.section(COALESCED_GATHER_SCATTER)
     # coalesced all_gather_into_tensor / reduce_scatter_tensor (FSDP's calls): one call each
     ins = [make_input(400 + i, rank, 3 + i, torch.float32) for i in range(10)]
     outs = [torch.empty(world * (3 + i)) for i in range(10)]
@@ -97,7 +108,7 @@ def main():
         c.close(f"coalesced reduce_scatter_tensor avg {i}", outs[i], full[mine_part],
                 torch.float32, bound=bound[mine_part])
 
-    c.section("TORCH_MPIGPU_FUSION_BYTES caps a bucket")
+    c.section(FUSION_BYTES)
     # TORCH_MPIGPU_FUSION_BYTES caps a bucket (read when a group is created)
     os.environ["TORCH_MPIGPU_FUSION_BYTES"] = "4096"
     small = dist.new_group(list(range(world)))
@@ -112,7 +123,7 @@ def main():
     c.true("FUSION_BYTES=0: one call per tensor", n == 10, f"{n} calls")
     del os.environ["TORCH_MPIGPU_FUSION_BYTES"]
 
-    c.section("TORCH_MPIGPU_FUSE_BELOW_BYTES leaves big host tensors unpacked")
+    c.section(FUSE_BELOW_BYTES)
     # in a group without a GPU, tensors of FUSE_BELOW_BYTES or more are reduced in place and the
     # smaller ones packed; where a member has a GPU everything is packed, on every rank alike
     # (a CUDA rank and a CPU rank must cut the same buckets: MPIGPU_TEST_DEVICE=mixed)
@@ -130,7 +141,7 @@ def main():
                     torch.full_like(ts[i], v * world))
         os.environ.pop("TORCH_MPIGPU_FUSE_BELOW_BYTES", None)
 
-    c.section("batch_isend_irecv")
+    c.section(BATCH_ISEND_IRECV)
     # batch_isend_irecv: a ring, all posted together, completed together
     if world > 1:
         send = torch.full((1000,), float(rank))

@@ -59,6 +59,12 @@ def excluded_is_refused(c, group):
              lambda: dist.shrink_group([WORLD_RANK], group=group), ("exclusion list",))
 
 
+# The sections every rank reports (tests/test_multirank.py reads them from here)
+SUBGROUP_SHRUNK, ABORTED, DEFAULT_SHRUNK = SECTIONS = (
+    "a subgroup shrunk", "SHRINK_ABORT fails an op waiting for the excluded rank",
+    "the default group shrunk: global ranks renumbered")
+
+
 def main():
     global WORLD_RANK
     dist.init_process_group("mpigpu")
@@ -70,7 +76,7 @@ def main():
     # get other names there than on the excluded ranks (and would wait for each other forever)
     parent, parent2 = dist.new_group(list(range(world))), dist.new_group(list(range(world)))
 
-    c.section("a subgroup shrunk")
+    c.section(SUBGROUP_SHRUNK)
     out = [1, world - 1] if world >= 4 else [1]
     if WORLD_RANK in out:
         excluded_is_refused(c, parent)
@@ -84,7 +90,7 @@ def main():
         dist.destroy_process_group(child)
     dist.barrier()
 
-    c.section("SHRINK_ABORT fails an op waiting for the excluded rank")
+    c.section(ABORTED)
     gone = world - 1
     parent = parent2
     if WORLD_RANK == gone:
@@ -98,7 +104,7 @@ def main():
         dist.destroy_process_group(child)
     dist.barrier()
 
-    c.section("the default group shrunk: global ranks renumbered")
+    c.section(DEFAULT_SHRUNK)
     if WORLD_RANK == gone:
         excluded_is_refused(c, None)
         c.true("the excluded rank keeps its own view", dist.get_world_size() == world)
