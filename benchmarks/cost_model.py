@@ -168,31 +168,15 @@ def shared_gpu_leader_checks():
     return rows
 
 
-# Opening and closing a CUDA IPC handle, as UCX measured them with nvprof (V100, 2019,
-# rapidsai/ucx-py#334: cuIpcOpenMemHandle 1.33 ms, cuIpcCloseMemHandle 0.50 ms a call, which is
-# why UCX, Open MPI and NCCL keep what they open, and the mapped form now too:
-# node/KeptMappings.hpp). Not measured on the lent GPU's driver yet (benchmarks/ipc_mapping_cost.py).
-IPC_OPEN_CLOSE_UCX_2019_S = 1.33e-3 + 0.50e-3
-
-
 def shared_gpu_predictions():
     """#22's targets on the lent GPU, 2 ranks. The leader form at its 2 designed switches: what it
     should take now that an op queues no stream event where the stream has no work left (the
-    leader's events were queued while its peer's copies ran: the likely third switch; not run).
-    The form where the leader maps its peers' own tensors (NODE_LEADER=mapped, not run): the
-    peers queue no device work, so one switch at most and 4n bytes (read both inputs, write both
-    outputs); its mappings kept across ops (the default), a tensor used before costs no open.
-    Opened and closed in every op instead (NODE_MAPPED_KEEP=0), at UCX's 2019 figures it would
-    lose to the slots at every size."""
+    leader's events were queued while its peer's copies ran: the likely third switch; not run)."""
     rows = []
     for n, target in ((16 * MIB, "<= 0.45 ms"), (256 * MIB, "<= 1.0 ms")):
         large = v("shared_mem_large_Bps") if n > 16 * MIB else None
         rows.append((f"leader form, 2 switches (no idle-stream events; not run), {fmt_b(n)}",
                      shared_gpu(n, 2, 8, large), target))
-        rows.append((f"peers' tensors mapped, kept (NODE_LEADER=mapped, not run), {fmt_b(n)}",
-                     shared_gpu(n, 1, 4, large), target))
-        rows.append(("  the same, opened + closed each op (MAPPED_KEEP=0) at UCX's 2019 cost",
-                     shared_gpu(n, 1, 4, large) + IPC_OPEN_CLOSE_UCX_2019_S, target))
     return rows
 
 

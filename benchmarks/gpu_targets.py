@@ -133,11 +133,10 @@ def forms(ar, sizes=(MIB, 16 * MIB, 256 * MIB)):
 
 
 def waits_note(row):
-    """Per op on rank 0, the node's leader: host barriers (h), the peers' allocations it opened
-    (o, NODE_LEADER=mapped: few where it keeps its mappings), stream events it queued (e)."""
+    """Per op on rank 0, the node's leader: host barriers (h), stream events it queued (e)."""
     w = row.get("node_waits_per_op") or {}
-    return " ".join(f"{w[k]:.2g}{tag}" for k, tag in (("host", "h"), ("mapped_opens", "o"),
-                                                      ("stream_events", "e")) if w.get(k))
+    return " ".join(f"{w[k]:.2g}{tag}" for k, tag in (("host", "h"), ("stream_events", "e"))
+                    if w.get(k))
 
 
 def main(argv=None):

@@ -76,21 +76,16 @@ void readNodeSettings(Config& c) {
   c.nodeOneShotBytes = parseInt("TORCH_MPIGPU_NODE_ONE_SHOT_BYTES", 0, kHuge);
   c.nodeSingleCopyBytes = parseInt("TORCH_MPIGPU_NODE_SINGLE_COPY_BYTES", 0, kHuge);
   c.testNoSingleCopy = parseFlag("TORCH_MPIGPU_TEST_NO_SINGLE_COPY");
-  c.testLeaderFailsAt = parseInt("TORCH_MPIGPU_TEST_LEADER_FAILS_AT", 0, kHuge);
   c.nodeDeviceBufferBytes = parseInt("TORCH_MPIGPU_NODE_DEVICE_BUFFER_BYTES", 1, kTiB);
   c.nodeDeviceBufferMaxBytes = parseInt("TORCH_MPIGPU_NODE_DEVICE_BUFFER_MAX_BYTES", 1, kTiB);
   c.nodeTestDeviceSlots = parseFlag("TORCH_MPIGPU_TEST_DEVICE_SLOTS");
   c.nodeDeviceOrder = parseChoice<NodeDeviceOrder>("TORCH_MPIGPU_NODE_DEVICE_ORDER",
                                                    {{"auto", NodeDeviceOrder::Auto},
                                                     {"host", NodeDeviceOrder::Host},
-                                                    {"device", NodeDeviceOrder::Device},
-                                                    {"stream", NodeDeviceOrder::Stream}});
-  c.nodeLeader =
-      parseChoice<NodeLeader>("TORCH_MPIGPU_NODE_LEADER", {{"auto", NodeLeader::Auto},
-                                                           {"1", NodeLeader::On},
-                                                           {"0", NodeLeader::Off},
-                                                           {"mapped", NodeLeader::Mapped}});
-  c.nodeMappedKeep = parseInt("TORCH_MPIGPU_NODE_MAPPED_KEEP", 0, 1 << 20);
+                                                    {"device", NodeDeviceOrder::Device}});
+  c.nodeLeader = parseChoice<NodeLeader>(
+      "TORCH_MPIGPU_NODE_LEADER",
+      {{"auto", NodeLeader::Auto}, {"1", NodeLeader::On}, {"0", NodeLeader::Off}});
   c.testHostPieceBytes = parseInt("TORCH_MPIGPU_TEST_HOST_PIECE_BYTES", 0, kTiB);
   c.nodeAcrossMinBytes = parseInt("TORCH_MPIGPU_NODE_ACROSS_MIN_BYTES", 0, kHuge);
   c.nodeSharedGpuAllreduceBytes =

@@ -19,15 +19,14 @@ enum class CudaReduce : int8_t { Auto, Direct, Staged };
 // (tests only, TORCH_MPIGPU_TEST_CUDA_PROBE_FAILS=1) makes the probe fail on purpose.
 enum class CudaProbe : int8_t { Auto, Off, Fail };
 // How the node algorithm's ranks wait for each other in device slots
-// (TORCH_MPIGPU_NODE_DEVICE_ORDER=auto|host|device|stream; node/DeviceSlots.hpp).
-enum class NodeDeviceOrder : int8_t { Auto, Host, Device, Stream };
-// The node algorithm's leader form (TORCH_MPIGPU_NODE_LEADER=auto|1|0|mapped;
+// (TORCH_MPIGPU_NODE_DEVICE_ORDER=auto|host|device; node/DeviceSlots.hpp).
+enum class NodeDeviceOrder : int8_t { Auto, Host, Device };
+// The node algorithm's leader form (TORCH_MPIGPU_NODE_LEADER=auto|1|0;
 // algorithms/NodeAlgorithms.cpp): the node's first rank reduces one-node all_reduce and
 // reduce_scatter for all and takes all_gather's rows after its peers have placed theirs, so each
 // peer's device work comes in one turn per op (a GPU the ranks share switches twice, not 4-6
-// times). `Mapped`: in device slots ordered from the host, the leader maps its peers' tensors for
-// the op and does all their work itself, so they queue none (one switch per op).
-enum class NodeLeader : int8_t { Auto, On, Off, Mapped };
+// times).
+enum class NodeLeader : int8_t { Auto, On, Off };
 // How receives from any source meet MPI (TORCH_MPIGPU_ANY_SOURCE_RECV=auto|post|probe;
 // mpi/AnySource.hpp).
 enum class AnySourceRecv : int8_t { Auto, Post, Probe };
@@ -102,15 +101,12 @@ struct Config {
   int64_t nodeSingleCopyBytes = 0;
   // Tests only: this rank's single-copy probe fails (the group must fall back as one).
   bool testNoSingleCopy = false;
-  int64_t testLeaderFailsAt = 0;  // tests: the node's leader fails its Nth mapped op (0: never)
   // Groups whose every member has a GPU: the node algorithm's slots in device memory (CUDA IPC),
   // per rank and half; ops are cut into pieces of this size, each piece two host round trips.
   int64_t nodeDeviceBufferBytes = 0;
   int64_t nodeDeviceBufferMaxBytes = 0;  // ... grown on demand up to this
   NodeDeviceOrder nodeDeviceOrder = NodeDeviceOrder::Auto;
   NodeLeader nodeLeader = NodeLeader::Auto;
-  // NODE_LEADER=mapped: the peers' allocations the leader keeps mapped across ops (0: none).
-  int64_t nodeMappedKeep = 0;
   // Tests only: groups without a GPU run the device-slot code on host memory.
   bool nodeTestDeviceSlots = false;
   // Tests only: this rank's host paths cut all_reduce/reduce/broadcast into MPI calls of this

@@ -357,12 +357,11 @@ void ProcessGroupMPIGPU::readNodes(int hasGpu) {
   node_ = std::make_unique<node::Node>(
       node::Topology::build(algoComm_, config_.pretendNodes, "new_group"), algoComm_,
       node::HostSpec{config_.nodeBufferBytes, config_.nodeOneShotBytes, config_.nodeSingleCopyBytes,
-                     config_.testNoSingleCopy, config_.nodeLeader, config_.testLeaderFailsAt},
+                     config_.testNoSingleCopy, config_.nodeLeader},
       allGpu != 0 || testSlots,
       testSlots ? algo::hostDeviceSlotsForTests() : paths_->nodeSlots(c10::DeviceType::CUDA),
       node::SlotsSpec{config_.nodeDeviceBufferBytes, config_.nodeDeviceOrder, timeoutMs_.load(),
-                      std::max(config_.nodeDeviceBufferBytes, config_.nodeDeviceBufferMaxBytes),
-                      config_.nodeMappedKeep});
+                      std::max(config_.nodeDeviceBufferBytes, config_.nodeDeviceBufferMaxBytes)});
   if (allGpu != 0 && !testSlots)
     node_->readDevices(paths_->nodeDeviceId(c10::DeviceType::CUDA), "new_group");
   spansNodes_ = node_->topology().localSize < size_;

@@ -133,10 +133,6 @@ const SettingSpec kSettings[] = {
      "in device slots ordered from the host (ranks sharing a GPU), else `0`",
      Tier::Tuning,
      "lent H200, ranks sharing its GPU: fewer time-slice switches per op (performance.md)"},
-    {"TORCH_MPIGPU_NODE_MAPPED_KEEP", "64", "", ReadAt::GroupCreationPerRank,
-     "`NODE_LEADER=mapped`: how many of its peers' allocations the node's leader keeps mapped "
-     "after an op, the most recently used; `0`: each op opens and closes its own",
-     Tier::Tuning, "not measured"},
     {"TORCH_MPIGPU_NODE_ONE_SHOT_BYTES", "65536", "", ReadAt::GroupCreation,
      "node algorithm on one node: all_reduce up to this size is one-shot (every rank reduces every "
      "input), above two-shot (each reduces 1/p, then all copy)",
@@ -244,11 +240,6 @@ const SettingSpec kSettings[] = {
     {"TORCH_MPIGPU_TEST_NO_SINGLE_COPY", "0", "", ReadAt::GroupCreationPerRank,
      "`1` fails this rank's single-copy probe, as where the kernel forbids it; the group then "
      "copies through the slots as one",
-     Tier::Test, ""},
-    {"TORCH_MPIGPU_TEST_LEADER_FAILS_AT", "0", "", ReadAt::GroupCreationPerRank,
-     "the node's leader fails this process's Nth op with its peers' tensors mapped "
-     "(`NODE_LEADER=mapped`), as a failed kernel would; its peers must raise, naming it, not "
-     "wait; `0`: never",
      Tier::Test, ""},
     {"TORCH_MPIGPU_TEST_CUDA_PROBE_FAILS", "0", "", ReadAt::GroupCreation,
      "`1`: this rank's CUDA-awareness check (`CUDA_PROBE=auto`) fails on purpose, as wrong bytes "

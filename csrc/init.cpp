@@ -5,7 +5,6 @@
 
 #include <atomic>
 #include <chrono>
-#include <cstring>
 #include <map>
 #include <thread>
 
@@ -29,7 +28,6 @@
 #include "paths/Devices.hpp"
 #include "algorithms/Algorithms.hpp"
 #include "algorithms/NodeAlgorithms.hpp"
-#include "node/KeptMappings.hpp"
 
 namespace py = pybind11;
 using mpigpu::ProcessGroupMPIGPU;
@@ -217,8 +215,7 @@ void bindWatchdog(py::module_& m) {
         return counter->polls.load();
       },
       py::arg("seconds"), py::call_guard<py::gil_scoped_release>(),
-      "Tests: how often the watchdog's thread polled a poller registered for `seconds` (as it "
-      "polls the device barriers that streams wait for, cuda/StreamBarrier.hpp).");
+      "Tests: how often the watchdog's thread polled a poller registered for `seconds`.");
 }
 
 void bindLifecycle(py::module_& m) {
@@ -345,10 +342,6 @@ void bindAlgorithmTable(py::module_& m) {
         d["single_copy_reads"] = w.singleCopyReads;
         d["settle_us"] = static_cast<double>(w.settleNs) / 1e3;
         d["barrier_us"] = static_cast<double>(w.barrierNs) / 1e3;
-        d["mapped_ops"] = w.mappedOps;
-        d["mapped_refused"] = w.mappedRefused;
-        d["map_us"] = static_cast<double>(w.mapNs) / 1e3;
-        d["mapped_opens"] = w.mappedOpens;
         d["start_wait_us"] = static_cast<double>(mpigpu::paths::startWaitNs()) / 1e3;
         const auto events = mpigpu::paths::orderEvents();
         d["stream_events"] = events.recorded;
@@ -362,14 +355,10 @@ void bindAlgorithmTable(py::module_& m) {
       "peers' buffers read in place (process_vm_readv) by all_gather; settle_us: microseconds "
       "waiting for this rank's own device work before a barrier or MPI, barrier_us: waiting at "
       "host barriers for the peers, start_wait_us: ops' start waiting for the caller's queued "
-      "device work (any algorithm); mapped_ops: ops the node's leader did with its peers' "
-      "tensors mapped (TORCH_MPIGPU_NODE_LEADER=mapped), mapped_refused: ops that went through "
-      "the slots instead (some tensor could not be mapped), map_us: the leader opening and closing "
-      "them, mapped_opens: the allocations it opened (the rest it found still mapped); "
-      "stream_events: events a device path recorded to order an op after the caller's "
-      "stream or its consumers after the op, stream_events_skipped: those left out because the "
-      "stream had no work left (each event is a device command, a switch where ranks share a "
-      "GPU).");
+      "device work (any algorithm); stream_events: events a device path recorded to order an op "
+      "after the caller's stream or its consumers after the op, stream_events_skipped: those left "
+      "out because the stream had no work left (each event is a device command, a switch where "
+      "ranks share a GPU).");
   m.def(
       "algorithms",
       [] {
@@ -438,61 +427,8 @@ std::string autoAlgorithm(const std::string& op, int64_t bytes, at::ScalarType d
   return a != nullptr ? a->name : "mpi";
 }
 
-// The leader's kept mappings (node/KeptMappings.hpp) driven by `steps`, with opens and closes
-// that only log: ("map", op, owner, allocation, owner_frees) (a negative allocation cannot be
-// opened), ("end", op, keep), ("close_unheld",); `op` names one of several ops (groups) in
-// flight at once. Returns the log: "open o:a", "close o:a", "refused o:a".
-std::vector<std::string> testKeptMappings(const std::vector<py::tuple>& steps) {
-  using mpigpu::node::KeptMappings;
-  std::vector<std::string> log;
-  auto name = [](uint64_t owner, int64_t allocation) { return c10::str(owner, ":", allocation); };
-  std::map<void*, std::string> names;
-  std::map<int, std::vector<void*>> held;  // per op
-  uint64_t owner = 0;                      // (of the open in progress)
-  int64_t next = 0;
-  KeptMappings kept(
-      [&](const KeptMappings::Handle& h, std::string* why) -> void* {
-        int64_t allocation;
-        std::memcpy(&allocation, h.data(), sizeof(allocation));
-        if (allocation < 0) {
-          *why = "refused";
-          log.push_back("refused " + name(owner, allocation));
-          return nullptr;
-        }
-        void* mapped = reinterpret_cast<void*>(++next * 4096);
-        names[mapped] = name(owner, allocation);
-        log.push_back("open " + names[mapped]);
-        return mapped;
-      },
-      [&](int, void* mapped) { log.push_back("close " + names.at(mapped)); });
-  for (const py::tuple& step : steps) {
-    const auto what = step[0].cast<std::string>();
-    if (what == "map") {
-      uint8_t handle[64] = {};
-      owner = step[2].cast<uint64_t>();
-      const auto allocation = step[3].cast<int64_t>();
-      std::memcpy(handle, &allocation, sizeof(allocation));
-      std::string why;
-      void* p = kept.acquire(0, owner, handle, step[4].cast<uint64_t>(), &why);
-      if (p != nullptr) held[step[1].cast<int>()].push_back(p);
-    } else if (what == "end") {
-      auto& mine = held[step[1].cast<int>()];
-      kept.release(mine, step[2].cast<int64_t>());
-      mine.clear();
-    } else if (what == "close_unheld") {  // a group's release
-      kept.release({}, 0);
-    } else {
-      throw py::value_error("_test_kept_mappings: no step named " + what);
-    }
-  }
-  return log;  // (what is still mapped stays so: the pretend mappings need no close)
-}
-
 // Unit-test hooks and counters of the algorithms and fusion layers.
 void bindAlgorithms(py::module_& m) {
-  m.def("_test_kept_mappings", &testKeptMappings, py::arg("steps"),
-        "The node leader's kept mappings of its peers' allocations (NODE_LEADER=mapped) driven "
-        "by `steps` with logging opens and closes (unit tests of its rules).");
   m.def("_fusion_buckets", &mpigpu::fusionBuckets, py::arg("tensors"), py::arg("limit_bytes"),
         py::arg("alone_bytes"),
         "Fusion policy (unit tests): indices of `tensors` per MPI call, grouped by dtype in "

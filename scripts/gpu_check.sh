@@ -55,15 +55,11 @@ SANITIZER_NODE_BUDGET_S="${SANITIZER_NODE_BUDGET_S:-40}"
 #     auto leaves out those whose stream has no work left, the likely third switch of the
 #     leader form);
 #   - ordered by device flags (forced; each barrier waits for the other process's time slice
-#     here) and by stream waits (forced, the leader form: no kernel spins while it waits; not
-#     yet measured);
-#   - with the leader mapping its peers' tensors (NODE_LEADER=mapped: the peers queue no device
-#     work; not yet measured), keeping its mappings across ops (the default) or opening and
-#     closing them in each op (NODE_MAPPED_KEEP=0).
+#     here).
 # mpigpu[NODE_BUFFER_BYTES=0]: auto without the node algorithm, i.e. what auto took before
 # the leader form's lease (MPI's own, then the ring; benchmarks/results/2026-12-04_h200_gpu-check-node-leader/),
 # so "no size slower" shows in one run.
-ALLREDUCE_BACKENDS="${ALLREDUCE_BACKENDS:-mpigpu,mpigpu[NODE_BUFFER_BYTES=0],mpigpu[ALGO=node],mpigpu[ALGO=node;CUDA_ORDER_EVENTS=always],mpigpu[ALGO=node;NODE_DEVICE_ORDER=device],mpigpu[ALGO=node;NODE_DEVICE_ORDER=stream],mpigpu[ALGO=node;NODE_LEADER=mapped],mpigpu[ALGO=node;NODE_LEADER=mapped;NODE_MAPPED_KEEP=0],mpigpu[ALGO=mpi],mpigpu[ALGO=ring;CUDA_REDUCE=direct],mpigpu[ALGO=allgather;CUDA_REDUCE=direct],mpigpu[ALGO=rhd;CUDA_REDUCE=direct],MPI,gloo-host}"
+ALLREDUCE_BACKENDS="${ALLREDUCE_BACKENDS:-mpigpu,mpigpu[NODE_BUFFER_BYTES=0],mpigpu[ALGO=node],mpigpu[ALGO=node;CUDA_ORDER_EVENTS=always],mpigpu[ALGO=node;NODE_DEVICE_ORDER=device],mpigpu[ALGO=mpi],mpigpu[ALGO=ring;CUDA_REDUCE=direct],mpigpu[ALGO=allgather;CUDA_REDUCE=direct],mpigpu[ALGO=rhd;CUDA_REDUCE=direct],MPI,gloo-host}"
 mkdir -p "$OUT" /tmp/ompi /tmp/nccl
 exec > >(tee "$OUT/gpu_check.log") 2>&1
 export PYTHONUNBUFFERED=1
@@ -142,10 +138,6 @@ if [ "$BENCH" = 1 ]; then
 # cost model's shared_switch_s; the leader form's third switch, CUDA_ORDER_EVENTS)
 step "hand-offs between two processes on the GPU (budget 60s)"
 timeout 60 python "$ROOT/benchmarks/shared_gpu_handoff.py" --rounds 200 | tee "$OUT/handoff.txt"
-# what opening and closing a peer's allocation costs (a miss of the leader's kept mappings,
-# NODE_LEADER=mapped) and whether a mapping holds memory its owner freed (same file)
-step "CUDA IPC: export, open and close by size; a mapping of freed memory (budget 90s)"
-timeout 90 python "$ROOT/benchmarks/ipc_mapping_cost.py" | tee -a "$OUT/handoff.txt"
 # where a 2-rank job's first seconds go, step by step, alone on the GPU (the tests' launches spend
 # ~10 s each outside their checks with 4 workers sharing it; same file)
 step "first use: a 2-rank job's start and first ops, step by step (budget 60s)"
@@ -184,7 +176,7 @@ bench "$ALLREDUCE_BUDGET_S" allreduce_cuda_2ranks --ops allreduce -b 16 -e 256M 
   --backends "$(backends "$ALLREDUCE_BACKENDS")"
 # the other ops: mpigpu's defaults against the previous default, raw MPI and NCCL
 bench "$OTHERS_BUDGET_S" others_cuda_2ranks --ops reduce_scatter,allgather,broadcast -b 16 -e 256M -f 8 -n 20 \
-  --backends "mpigpu,mpigpu[NODE_BUFFER_BYTES=0],mpigpu[ALGO=node],mpigpu[ALGO=node;CUDA_ORDER_EVENTS=always],mpigpu[ALGO=node;NODE_DEVICE_ORDER=stream],mpigpu[ALGO=node;NODE_LEADER=mapped],mpigpu[ALGO=node;NODE_LEADER=mapped;NODE_MAPPED_KEEP=0],mpigpu[ALGO=mpi]${MPI_OK:+,$MPI_OK}"
+  --backends "mpigpu,mpigpu[NODE_BUFFER_BYTES=0],mpigpu[ALGO=node],mpigpu[ALGO=node;CUDA_ORDER_EVENTS=always],mpigpu[ALGO=mpi]${MPI_OK:+,$MPI_OK}"
 # #22's targets from the two sweeps, met or not, and every form at the target sizes; "no size
 # slower" against GPU_TARGETS_BASELINE (a run folder or its all_reduce JSON), else the newest
 # archived gpu-check run on this kind of GPU with an all_reduce sweep
@@ -213,10 +205,8 @@ sanitize() {
     echo "=== $tool exit $?" | tee -a "$OUT/sanitizer.log"
   done
   # the node algorithm's CUDA IPC slots (#22): memcheck ordered from the host (auto there: the
-  # leader form, the first rank reducing for both), racecheck ordered by the device-flag kernel,
-  # memcheck ordered by stream waits (the leader form; its barriers give up after 60 s), memcheck
-  # with the leader mapping its peer's tensors (NODE_LEADER=mapped: CUDA IPC opened per op)
-  for spec in memcheck:host:auto racecheck:device:auto memcheck:stream:auto memcheck:host:mapped; do
+  # leader form, the first rank reducing for both), racecheck ordered by the device-flag kernel
+  for spec in memcheck:host:auto racecheck:device:auto; do
     IFS=: read -r tool order leader <<< "$spec"
     step "compute-sanitizer --tool $tool, node algorithm (device slots, ordered: $order, leader: $leader), 20 soak cases, 2 ranks (budget ${SANITIZER_NODE_BUDGET_S}s)"
     (cd "$ROOT/tests/mp" && MPIGPU_TEST_DEVICE=cuda MPIGPU_RANDOM_CASES=20 MPIGPU_SOAK_MAX_ELEMENTS=20000 \

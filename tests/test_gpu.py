@@ -293,31 +293,21 @@ def test_split_groups_and_device_mesh_bound_to_cuda():
 # host (they share the GPU); device flags are forced, correct but slow here (each barrier waits
 # for the other processes' time slices).
 NODE_ORDER = {"auto": "ordered from the host: ranks of the node share a GPU",
-              "device": "ordered on the device by flags (TORCH_MPIGPU_NODE_DEVICE_ORDER=device)",
-              "stream": "ordered on the device by stream waits (TORCH_MPIGPU_NODE_DEVICE_ORDER=stream)"}
+              "device": "ordered on the device by flags (TORCH_MPIGPU_NODE_DEVICE_ORDER=device)"}
 
 
 # (3 ranks ordered from the host run as 2 + 1 pretended nodes: the hierarchical path on device
 # slots, MPI between the nodes, in lanes as where nodes hold different counts). One node ordered
 # from the host: auto takes the leader form (NODE_LEADER: the node's first rank reduces for all,
 # fewer switches between the ranks' time slices); `0` keeps one-shot and two-shot covered there.
-# Stream waits (the op's stream waits on the flags itself, no kernel spins): the leader form on
-# the GPU the ranks share, and one-shot and two-shot at 3 ranks.
-# Mapped (NODE_LEADER=mapped): the leader maps its peers' tensors by CUDA IPC (keeping the
-# mappings across ops) and does every rank's work, so the peers queue none.
 @pytest.mark.long_first(seconds=30)
 @pytest.mark.parametrize("np, order, shape, leader", [
     (2, "auto", "1 node x 2 ranks", "auto"),
     (3, "auto", "1 node x 3 ranks", "0"),
     (3, "auto", "2 nodes of 1 to 2 ranks (not uniform), across nodes in 1 lane", "auto"),
     (2, "device", "1 node x 2 ranks", "auto"),
-    (3, "device", "1 node x 3 ranks", "auto"),
-    (2, "stream", "1 node x 2 ranks", "auto"),
-    (3, "stream", "1 node x 3 ranks", "0"),
-    (2, "auto", "1 node x 2 ranks", "mapped"),
-    (3, "auto", "1 node x 3 ranks", "mapped")],
-    ids=["2-auto-leader", "3-auto-no-leader", "3-auto-2+1-nodes", "2-device", "3-device",
-         "2-stream-leader", "3-stream-no-leader", "2-mapped-leader", "3-mapped-leader"])
+    (3, "device", "1 node x 3 ranks", "auto")],
+    ids=["2-auto-leader", "3-auto-no-leader", "3-auto-2+1-nodes", "2-device", "3-device"])
 def test_node_algorithm_cuda(np, order, shape, leader):
     # the node algorithm on CUDA tensors: device slots mapped into the peers by CUDA IPC; 64 KiB
     # slots, so most ops go in pieces. Unavailable IPC would run the ring, and the
@@ -329,36 +319,10 @@ def test_node_algorithm_cuda(np, order, shape, leader):
         env["TORCH_MPIGPU_TEST_PRETEND_NODES"] = "2"
     else:
         env["MPIGPU_EXPECT_ORDER"] = NODE_ORDER[order]
-        env["MPIGPU_EXPECT_LEADER"] = ("mapped" if leader == "mapped" else
-                                       "1" if order in ("auto", "stream") and leader == "auto" else "0")
-    if leader == "mapped":  # every op's tensors from torch's caching allocator: none refused
-        env["MPIGPU_EXPECT_MAPPED"] = "some"
-    timeout = 600
-    if order == "stream":  # not yet run on a GPU: a barrier that never passes gives up in a minute
-        env["TORCH_MPIGPU_TIMEOUT"], timeout = "60", 240
-    out = run_mpi("collectives.py", np, env=env, timeout=timeout)
+        env["MPIGPU_EXPECT_LEADER"] = "1" if order == "auto" and leader == "auto" else "0"
+    out = run_mpi("collectives.py", np, env=env, timeout=600)
     assert passed_counts(out, np, COLLECTIVES | {"the group's nodes", FORCED_ALGORITHM}) > 1500
     assert "no device slots" not in out, out[-3000:]
-
-
-def test_a_leader_failing_with_its_peers_tensors_mapped_fails_the_op_on_every_rank():
-    # as the CPU test (test_multirank.py), with the peers' tensors mapped by CUDA IPC: the
-    # leader's failure still hands its mappings back, and the group goes on
-    env = {"MPIGPU_TEST_DEVICE": "cuda", "TORCH_MPIGPU_ALGO": "node", "TORCH_MPIGPU_NODE_LEADER": "mapped",
-           "TORCH_MPIGPU_TEST_LEADER_FAILS_AT": "2"}
-    out = run_mpi("mapped_leader_fails.py", 2, env=env)
-    assert passed_counts(out, 2, {"the leader fails a mapped op"}) >= 4
-
-
-@pytest.mark.parametrize("np, keep", [(2, "0"), (3, "64")])
-def test_the_leader_keeps_its_peers_mappings_across_ops(np, keep):
-    # NODE_LEADER=mapped by CUDA IPC: one tensor used again opens each peer's allocation once
-    # (KEEP 0: every op), and new tensors after the peers' empty_cache (new handles, maybe at
-    # freed addresses) are opened anew and come out right
-    env = {"MPIGPU_TEST_DEVICE": "cuda", "TORCH_MPIGPU_ALGO": "node", "TORCH_MPIGPU_NODE_LEADER": "mapped",
-           "TORCH_MPIGPU_NODE_MAPPED_KEEP": keep}
-    out = run_mpi("kept_mappings.py", np, env=env)
-    assert passed_counts(out, np, {"a tensor used again", "a peer's freed memory"}) >= 30
 
 
 @pytest.mark.parametrize("np", [2, 3])
@@ -372,15 +336,12 @@ def test_auto_takes_the_leader_form_on_a_shared_gpu(np):
 
 
 @pytest.mark.long_first(seconds=82)
-@pytest.mark.parametrize("order", ["auto", "device", "mapped"])
+@pytest.mark.parametrize("order", ["auto", "device"])
 def test_ddp_and_fsdp2_through_the_node_algorithm_cuda(order):
     # training through the CUDA IPC slots, ordered from the host (auto: the ranks share the GPU)
-    # and by device flags, and with the leader mapping its peers' tensors (NODE_LEADER=mapped:
-    # DDP's buckets and FSDP2's shards, kept mapped across steps; added 2026-12-05, not yet run);
-    # each must match its single-process reference
+    # and by device flags; each must match its single-process reference
     env = {"MPIGPU_TEST_DEVICE": "cuda", "TORCH_MPIGPU_ALGO": "node", "MPIGPU_EXPECT_RAN": "node",
-           **({"TORCH_MPIGPU_NODE_LEADER": "mapped"} if order == "mapped" else
-              {"TORCH_MPIGPU_NODE_DEVICE_ORDER": order})}
+           "TORCH_MPIGPU_NODE_DEVICE_ORDER": order}
     ran = {"the expected algorithm ran"}
     out = run_mpi("ddp.py", 2, env=env, timeout=600)
     assert passed_counts(out, 2, DDP | ran) >= 60

@@ -323,33 +323,6 @@ NODE_SHAPES = {
                                                            "MPIGPU_EXPECT_ORDER": "ordered from the host",
                                                            "MPIGPU_EXPECT_LEADER": "1"},
                                                        "1 node x 4 ranks"),
-    # ordered by the slots themselves where stream waits would order them (NODE_DEVICE_ORDER=
-    # stream): the leader form with barriers on the device, as on a GPU the ranks share
-    "device-slot-code-on-host-1x3-stream-order-leader-form": (3, {"TORCH_MPIGPU_TEST_DEVICE_SLOTS": "1",
-                                                              "TORCH_MPIGPU_NODE_DEVICE_ORDER": "stream",
-                                                              "TORCH_MPIGPU_NODE_DEVICE_BUFFER_BYTES": "4096",
-                                                              "TORCH_MPIGPU_NODE_DEVICE_BUFFER_MAX_BYTES": "8192",
-                                                              "MPIGPU_EXPECT_SLOTS": "device slots 8192 bytes per "
-                                                              "rank and half (grown from 4096, at most 8192)",
-                                                              "MPIGPU_EXPECT_ORDER": "ordered by the slots "
-                                                              "themselves (tests: their own barrier, as stream waits)",
-                                                              "MPIGPU_EXPECT_LEADER": "1"},
-                                                          "1 node x 3 ranks"),
-    # the leader with its peers' tensors mapped (NODE_LEADER=mapped), here emulated: each peer's
-    # tensors copied into its slot, back after the op; those beyond the slot are refused, so both
-    # the mapped ops and the fallback to the slots run (at 2 ranks the first peer's tensor is
-    # also the reduction's second output)
-    **{f"device-slot-code-on-host-1x{n}-mapped-leader": (n, {"TORCH_MPIGPU_TEST_DEVICE_SLOTS": "1",
-                                                             "TORCH_MPIGPU_NODE_DEVICE_ORDER": "host",
-                                                             "TORCH_MPIGPU_NODE_LEADER": "mapped",
-                                                             "TORCH_MPIGPU_NODE_DEVICE_BUFFER_BYTES": "4096",
-                                                             "TORCH_MPIGPU_NODE_DEVICE_BUFFER_MAX_BYTES": str(slots),
-                                                             "MPIGPU_EXPECT_SLOTS": "device slots",
-                                                             "MPIGPU_EXPECT_ORDER": "ordered from the host",
-                                                             "MPIGPU_EXPECT_LEADER": "mapped",
-                                                             "MPIGPU_EXPECT_MAPPED": "some, some refused"},
-                                                         f"1 node x {n} ranks")
-       for n, slots in ((2, 65536), (3, 8192))},
     "2+1+1-one-lane": (4, {"TORCH_MPIGPU_TEST_PRETEND_NODES": "3", "TORCH_MPIGPU_NODE_BUFFER_BYTES": "4096"},
                        "3 nodes of 1 to 2 ranks (not uniform), across nodes in 1 lane"),
     # the device-slot code (what the CUDA IPC slots run) on host memory, hierarchical, 4 KiB
@@ -649,42 +622,12 @@ def test_random_ops_with_node_algorithm_on_nodes_holding_different_counts(np, pr
 # The leader form (NODE_LEADER=1: the node's first rank reduces one-node all_reduce and
 # reduce_scatter for all, and takes all_gather's rows after its peers placed theirs) with the
 # random cases' sizes, dtypes, views and async interleavings: on one node, and on nodes holding
-# different counts (3 + 2 pretended: all_gather's rows shared in the leader form on each node);
-# and the leader mapping its peers' tensors (NODE_LEADER=mapped, emulated on the device-slot code:
-# each peer's tensors copied into its 8 KiB slot and back; larger ones through the slots)
-MAPPED_ON_TEST_SLOTS = {"TORCH_MPIGPU_NODE_LEADER": "mapped", "TORCH_MPIGPU_TEST_DEVICE_SLOTS": "1",
-                        "TORCH_MPIGPU_NODE_DEVICE_ORDER": "host", "TORCH_MPIGPU_NODE_DEVICE_BUFFER_BYTES": "8192",
-                        "TORCH_MPIGPU_NODE_DEVICE_BUFFER_MAX_BYTES": "8192"}
-
-
-@pytest.mark.parametrize("np, pretend_nodes, extra", [(3, 1, {}), (5, 2, {}), (3, 1, MAPPED_ON_TEST_SLOTS)],
-                         ids=["1x3", "3+2", "1x3-mapped"])
-def test_random_ops_with_node_algorithm_in_the_leader_form(np, pretend_nodes, extra):
+# different counts (3 + 2 pretended: all_gather's rows shared in the leader form on each node)
+@pytest.mark.parametrize("np, pretend_nodes", [(3, 1), (5, 2)], ids=["1x3", "3+2"])
+def test_random_ops_with_node_algorithm_in_the_leader_form(np, pretend_nodes):
     env = {"MPIGPU_RANDOM_CASES": "500", **algo_env("node"), "TORCH_MPIGPU_NODE_BUFFER_BYTES": "4096",
-           "TORCH_MPIGPU_NODE_LEADER": "1", "TORCH_MPIGPU_TEST_PRETEND_NODES": str(pretend_nodes), **extra}
+           "TORCH_MPIGPU_NODE_LEADER": "1", "TORCH_MPIGPU_TEST_PRETEND_NODES": str(pretend_nodes)}
     assert passed_counts(run_mpi("random_ops.py", np, env=env, timeout=900), np) >= 500
-
-
-@pytest.mark.parametrize("np", [2, 3])
-def test_a_leader_failing_with_its_peers_tensors_mapped_fails_the_op_on_every_rank(np):
-    # the leader's second mapped op fails (a test hook, as a failed kernel would): it raises its
-    # own error, each peer one naming the op, itself and the leader, none waits for it, and the
-    # ops either side are right
-    if LAUNCHER.startswith("two-hosts"):
-        pytest.skip("one node's leader; across the hosts no rank shares a node with one here")
-    env = {**MAPPED_ON_TEST_SLOTS, **algo_env("node"), "TORCH_MPIGPU_TEST_LEADER_FAILS_AT": "2"}
-    out = run_mpi("mapped_leader_fails.py", np, env=env)
-    assert passed_counts(out, np, {"the leader fails a mapped op"}) >= 4
-
-
-def test_the_leaders_kept_mappings_give_right_results_on_the_device_slot_code():
-    # kept_mappings.py on the emulated mapping (the leader's opens and closes run on CUDA only:
-    # test_gpu.py, and the rules themselves in the single-process tests): a tensor used again and
-    # new tensors after frees, every op mapped, none refused
-    if LAUNCHER.startswith("two-hosts"):
-        pytest.skip("one node's leader; across the hosts no rank shares a node with one here")
-    out = run_mpi("kept_mappings.py", 3, env={**MAPPED_ON_TEST_SLOTS, **algo_env("node")})
-    assert passed_counts(out, 3, {"a tensor used again", "a peer's freed memory"}) >= 30
 
 
 @pytest.mark.parametrize("np", RANKS)

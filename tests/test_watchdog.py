@@ -13,7 +13,8 @@ from helpers import ENV, ROOT, python
 
 
 def test_the_watchdog_polls_what_waits_on_a_device():
-    # the stream barriers' timeouts (cuda/StreamBarrier.hpp) hang on the watchdog's tick (~200 ms)
+    # what a poller registers (work on a device that no host thread watches) hangs on the
+    # watchdog's tick (~200 ms)
     rc, out = python(
         "import torch, torch.distributed as dist, torch_mpi_gpu\n"
         "dist.init_process_group('mpigpu', store=dist.HashStore(), rank=0, world_size=1)\n"

@@ -431,7 +431,7 @@ def main(argv=None):
                     print(f"# point {op} {row['bytes']} {name}: " + (row["error"] if "error" in row else
                           f"{row['median_us']:.1f} us, busbw {row['busbw_GBps']:.3f} GB/s, wrong {row['wrong']}"
                           f", node waits/op {waits_text(row)}, waits us/op by rank (start/settle/"
-                          f"barrier/map) {wait_times_text(row)}"), flush=True)
+                          f"barrier) {wait_times_text(row)}"), flush=True)
                 if bar:
                     bar[0].advance(bar[1])
     if bar:
@@ -484,14 +484,13 @@ def node_waits():
     return _C.node_waits()
 
 
-WAIT_TIMES = ("start_wait_us", "settle_us", "barrier_us", "map_us")
+WAIT_TIMES = ("start_wait_us", "settle_us", "barrier_us")
 
 
 def waits_by_rank(row, world, stats):
     """Where each rank's op time went, per op: waiting at the op's start for the caller's queued
-    device work, for its own device work before a node barrier or MPI, at node barriers for its
-    peers, and (the leader, NODE_LEADER=mapped) opening and closing its peers' tensors (one
-    collective: every rank calls it, also after a failure)."""
+    device work, for its own device work before a node barrier or MPI, and at node barriers for its
+    peers (one collective: every rank calls it, also after a failure)."""
     w = row.get("node_waits_per_op") or {}
     mine = torch.tensor([float(w.get(k, 0.0)) for k in WAIT_TIMES], dtype=torch.float64)
     every = [torch.zeros_like(mine) for _ in range(world)]
@@ -500,8 +499,7 @@ def waits_by_rank(row, world, stats):
 
 
 def wait_times_text(row):
-    """'0: 12/0/300/40, 1: 150/140/3/0': per rank, start / settle / barrier / map microseconds per
-    op (map: the node's leader opening and closing its peers' tensors, NODE_LEADER=mapped)."""
+    """'0: 12/0/300, 1: 150/140/3': per rank, start / settle / barrier microseconds per op."""
     t = row.get("wait_us_per_op_by_rank")
     if not t or not any(any(v) for v in t.values()):
         return "-"
@@ -511,16 +509,12 @@ def wait_times_text(row):
 
 def waits_text(row):
     """Node-algorithm waits per op: "2h" (host barriers), "2d" (device barriers), "-" (none);
-    then, with NODE_LEADER=mapped, " 1m" (ops the leader did with the peers' tensors mapped),
-    " 1r" (ops that went through the slots instead) and " 0.01o" (allocations the leader opened:
-    the rest it found still mapped from an earlier op); then " 2e": stream events a device path
-    queued to order the op (each a device command: on a GPU the ranks share, one queued during a
-    peer's work costs a switch). This rank's counts (rank 0: the node's leader)."""
+    then " 2e": stream events a device path queued to order the op (each a device command: on a
+    GPU the ranks share, one queued during a peer's work costs a switch). This rank's counts (rank
+    0: the node's leader)."""
     w = row.get("node_waits_per_op") or {}
     parts = [f"{w[k]:.3g}{k[0]}" for k in ("host", "device") if w.get(k)]
-    more = [f"{w[k]:.3g}{tag}" for k, tag in (("mapped_ops", "m"), ("mapped_refused", "r"),
-                                              ("mapped_opens", "o"), ("stream_events", "e"))
-            if w.get(k)]
+    more = [f"{w[k]:.3g}{tag}" for k, tag in (("stream_events", "e"),) if w.get(k)]
     return " ".join(["+".join(parts) or "-"] + more)
 
 

@@ -6,14 +6,12 @@
 #include <atomic>
 #include <chrono>
 #include <cstring>
-#include <exception>
 #include <vector>
 
 #include "Errors.hpp"
 #include "Overlap.hpp"
 #include "algorithms/Steps.hpp"
 #include "mpi/Collectives.hpp"
-#include "node/KeptMappings.hpp"
 #include "node/Node.hpp"
 
 namespace mpigpu::algo {
@@ -27,13 +25,6 @@ std::atomic<uint64_t> g_hostWaits{0}, g_deviceWaits{0};
 // Nanoseconds this process's node ops spent waiting for their own device work (settle) and for
 // their node's peers at host barriers: where an op's time goes (the benchmark's columns).
 std::atomic<uint64_t> g_settleNs{0}, g_barrierNs{0};
-// Ops the leader did with its peers' tensors mapped, and ops that went through the slots instead
-// because some tensor could not be mapped (NODE_LEADER=mapped).
-std::atomic<uint64_t> g_mappedOps{0}, g_mappedRefused{0};
-// Nanoseconds the leader spent opening and closing its peers' tensors (CUDA IPC, every op).
-std::atomic<uint64_t> g_mapNs{0};
-// Ops this process led with its peers' tensors mapped, failed ones too (the tests' failure hook).
-std::atomic<int64_t> g_ledMapped{0};
 
 uint64_t nanosSince(std::chrono::steady_clock::time_point start) {
   return static_cast<uint64_t>(
@@ -242,165 +233,6 @@ void leaderPiece(NodeOp& o, const at::Tensor& part, double scale) {
   if (me != 0) part.copy_(result);
 }
 
-// ---- the leader form with the peers' tensors mapped (NODE_LEADER=mapped) ----
-// Each peer shares its op's tensors and waits; the leader maps them (keeping mappings across ops:
-// node/KeptMappings.hpp) and does every rank's copies and reductions itself, so the peers queue no
-// device work: on a GPU that the ranks share, one switch between their time slices per op (the
-// leader's), where the slots take two. Three host barriers, none of which waits for device work
-// but the peers' own queued work (their tensors complete) and the leader's (done before they go
-// on).
-
-// The leader's answers, in its host slot: whether it mapped every peer's tensors (read after the
-// second barrier), then whether its work on them succeeded (after the third).
-struct MappedVerdict {
-  int32_t ok;
-  int32_t done;
-  char failed[256];
-};
-
-// Every local rank's tensors as the leader sees them: [r][i] is rank r's i-th (the leader's own
-// at [0], the peers' mapped), as bytes.
-using MappedTensors = std::vector<std::vector<at::Tensor>>;
-
-at::Tensor asBytes(const at::Tensor& t) {
-  // contiguous, but a size-1 dimension may carry any stride: the elements as one dense row
-  return t.as_strided({t.numel()}, {1}).view(at::kByte);
-}
-
-// The leader maps every peer's tensors (their refs in their host slots); "" or why not.
-std::string mapPeers(NodeOp& o, const std::vector<at::Tensor>& mine, MappedTensors* all) {
-  const int L = o.topo.localSize;
-  all->assign(L, {});
-  for (const at::Tensor& t : mine) (*all)[0].push_back(asBytes(t));
-  for (int r = 1; r < L; ++r) {
-    const auto* refs = reinterpret_cast<const node::SharedTensorRef*>(o.seg.slotData(r));
-    for (size_t i = 0; i < mine.size(); ++i) {
-      if (!refs[i].ok)
-        return c10::str("local rank ", r, "'s tensor: ",
-                        std::string(refs[i].why, strnlen(refs[i].why, sizeof(refs[i].why))));
-      std::string why;
-      // every rank's i-th tensor has the same size (the op's contract, checked before the op)
-      at::Tensor t = o.dev->mapShared(r, refs[i], mine[i].numel() * mine[i].element_size(), &why);
-      if (!t.defined()) return c10::str("local rank ", r, "'s tensor: ", why);
-      (*all)[r].push_back(t);
-    }
-  }
-  return "";
-}
-
-// The leader's part once every peer's tensors are mapped: lead(all), its device work finished
-// before they go on (their results complete, and nothing of the leader's still reading memory
-// they may free), the op's mappings handed back (kept or closed), and the outcome in the verdict
-// for them; what lead threw, for the leader to raise.
-template <typename F>
-std::exception_ptr leadMapped(NodeOp& o, const MappedTensors& all, MappedVerdict* verdict,
-                              F&& lead) {
-  std::exception_ptr failure;
-  std::string failed;
-  try {
-    const int64_t failAt = o.node.testLeaderFailsAt();
-    if (g_ledMapped.fetch_add(1, std::memory_order_relaxed) + 1 == failAt)
-      MPIGPU_THROW_BACKEND(o.op, o.rank, "tests: TORCH_MPIGPU_TEST_LEADER_FAILS_AT=", failAt);
-    lead(all);
-    settleTimed(*o.dev);
-  } catch (const c10::Error& e) {
-    failure = std::current_exception();
-    failed = e.what_without_backtrace();
-  } catch (const std::exception& e) {
-    failure = std::current_exception();
-    failed = e.what();
-  }
-  if (failure) {
-    std::snprintf(verdict->failed, sizeof(verdict->failed), "%s", failed.c_str());
-    try {
-      o.dev->settle();  // (what was queued reads the peers' memory: finished before they go on)
-    } catch (const std::exception&) {
-    }
-  }
-  const auto start = std::chrono::steady_clock::now();
-  o.dev->endMappedOp();
-  g_mapNs.fetch_add(nanosSince(start), std::memory_order_relaxed);
-  verdict->done = failure ? 0 : 1;
-  return failure;
-}
-
-// Runs lead(all) on the leader, the peers' tensors mapped, and returns true; or false on every
-// rank alike, nothing written, where some tensor could not be shared or mapped (the caller then
-// takes the slots). `mine`: this rank's tensors, contiguous; the same count and sizes on every
-// rank.
-template <typename F>
-bool withPeersMapped(NodeOp& o, const std::vector<at::Tensor>& mine, F&& lead) {
-  const int me = o.topo.localRank;
-  const size_t k = mine.size();
-  if (o.seg.slotBytes() <
-      static_cast<int64_t>(std::max(k * sizeof(node::SharedTensorRef), sizeof(MappedVerdict))))
-    return false;  // (every rank's host slots are the same size)
-  auto* refs = reinterpret_cast<node::SharedTensorRef*>(o.seg.slotData(me));
-  const bool contiguous =
-      std::all_of(mine.begin(), mine.end(), [](const at::Tensor& t) { return t.is_contiguous(); });
-  if (me != 0 && contiguous) o.dev->share(mine, refs);
-  for (size_t i = 0; me != 0 && !contiguous && i < k; ++i) {
-    refs[i].ok = 0;
-    std::snprintf(refs[i].why, sizeof(refs[i].why), "not contiguous");
-  }
-  o.sync(/*wroteForPeers=*/me != 0);  // each peer's tensors complete before the leader reads them
-  auto* verdict = reinterpret_cast<MappedVerdict*>(o.seg.slotData(0));
-  MappedTensors all;
-  if (me == 0) {
-    const auto start = std::chrono::steady_clock::now();
-    const std::string why =
-        contiguous ? mapPeers(o, mine, &all) : std::string("the leader's tensor is not contiguous");
-    g_mapNs.fetch_add(nanosSince(start), std::memory_order_relaxed);
-    verdict->ok = why.empty() ? 1 : 0;
-    if (!why.empty()) {
-      o.dev->endMappedOp();
-      TORCH_WARN_ONCE("mpigpu: [rank ", o.rank, "] ", o.op,
-                      ": the node's leader could not map its peers' tensors (", why,
-                      "); such ops go through the device slots (TORCH_MPIGPU_NODE_LEADER=1 "
-                      "takes them always)");
-    }
-  }
-  o.sync(/*wroteForPeers=*/false);  // the leader's verdict
-  if (!verdict->ok) {
-    g_mappedRefused.fetch_add(1, std::memory_order_relaxed);
-    o.flip();
-    return false;
-  }
-  std::exception_ptr failure;
-  if (me == 0) failure = leadMapped(o, all, verdict, std::forward<F>(lead));
-  o.sync(/*wroteForPeers=*/false);
-  const bool done = verdict->done != 0;
-  const std::string failed =
-      done ? "" : std::string(verdict->failed, strnlen(verdict->failed, sizeof(verdict->failed)));
-  if (me != 0 && done) o.dev->collectShared(mine, refs);  // (before the slots' halves flip)
-  o.flip();
-  if (failure) std::rethrow_exception(failure);
-  // (the leader may have written part of this rank's tensors: they are not results)
-  if (!done)
-    MPIGPU_THROW_BACKEND(o.op, o.rank,
-                         "the node's leader (local rank 0) failed in this op while working on "
-                         "this rank's tensors (",
-                         failed,
-                         "), so they hold no result; see the leader's error, and restart the job "
-                         "(TORCH_MPIGPU_NODE_LEADER=1 keeps each rank's tensors to itself)");
-  g_mappedOps.fetch_add(1, std::memory_order_relaxed);
-  return true;
-}
-
-// all_reduce: the leader reduces every rank's tensor in rank order (the slots' bits) into its own
-// and the first peer's in one pass, then copies the result to the others.
-bool allreduceMapped(NodeOp& o, const at::Tensor& buf, double scale) {
-  const auto dtype = buf.scalar_type();
-  const int64_t n = buf.numel();
-  return withPeersMapped(o, {buf}, [&](const MappedTensors& all) {
-    auto typed = [&](const at::Tensor& bytes) { return bytes.view(dtype).view({n}); };
-    std::vector<at::Tensor> sources;
-    for (const auto& rank : all) sources.push_back(typed(rank[0]));
-    combineAll(o.c, sources[0], sources, scale, /*also=*/sources[1]);
-    for (size_t r = 2; r < all.size(); ++r) sources[r].copy_(sources[0]);
-  });
-}
-
 // In place on the host tensor `buf`, in pieces of one slot.
 void allreduceOnHost(NodeOp& o, const at::Tensor& buf) {
   prescale(o.c, buf, /*inPlace=*/true);
@@ -410,7 +242,6 @@ void allreduceOnHost(NodeOp& o, const at::Tensor& buf) {
   const double scale = finalScale(o.c, t.size);
   if (small(o, buf)) return smallSum(o, buf, buf, 0, scale);
   const int64_t chunk = o.slotBytes() / buf.element_size();
-  if (o.node.mapsPeers(o.dev) && buf.numel() > 0 && allreduceMapped(o, buf, scale)) return;
   // one-shot: every rank reduces all slots in rank order (the same bits everywhere); two-shot:
   // each rank reduces its 1/L, then all copy every slice
   const bool oneShot = t.nodes == 1 && buf.numel() * buf.element_size() <= o.node.oneShotBytes();
@@ -509,23 +340,6 @@ void reduceScatterLeaderPiece(NodeOp& o, const at::Tensor& cols, const at::Tenso
   if (me != 0) dst.copy_(results[me]);
 }
 
-// reduce_scatter (NODE_LEADER=mapped): the leader sums block j of every rank's input, in rank
-// order (the slots' bits), into rank j's output. A rank whose output overlaps its input shares a
-// copy of the input.
-bool reduceScatterMapped(NodeOp& o, const at::Tensor& input, const at::Tensor& out, double scale) {
-  const int L = o.topo.localSize;
-  const auto dtype = out.scalar_type();
-  const int64_t m = out.numel();
-  const at::Tensor held = overlaps(input, out) ? input.clone() : input;
-  return withPeersMapped(o, {held, out}, [&](const MappedTensors& all) {
-    for (int j = 0; j < L; ++j) {
-      std::vector<at::Tensor> sources;
-      for (int r = 0; r < L; ++r) sources.push_back(all[r][0].view(dtype).view({L, m})[j]);
-      combineAll(o.c, all[j][1].view(dtype), sources, scale);
-    }
-  });
-}
-
 // `in` holds size x out.numel() elements in group rank order; this rank's block reduced to out.
 void reduceScatterOnHost(NodeOp& o, const at::Tensor& in, const at::Tensor& out) {
   const Topology& t = o.topo;
@@ -538,7 +352,6 @@ void reduceScatterOnHost(NodeOp& o, const at::Tensor& in, const at::Tensor& out)
   const at::Tensor rows = input.view({p, m});
   const int64_t cols = std::max<int64_t>(1, o.slotBytes() / (out.element_size() * p));
   const double scale = finalScale(o.c, p);
-  if (o.node.mapsPeers(o.dev) && m > 0 && reduceScatterMapped(o, input, out, scale)) return;
   if (t.nodes == 1 && o.node.leaderForm(o.dev)) {
     // the leader reads its input in place after writing its output: apart, if they overlap
     const at::Tensor held = me == 0 && overlaps(input, out) ? rows.clone() : rows;
@@ -622,21 +435,6 @@ struct RowMove {
 };
 using RowsOnNode = std::vector<std::vector<RowMove>>;
 
-// all_gather (NODE_LEADER=mapped): the leader copies every rank's rows into every rank's output
-// (a row already in its place is left there).
-bool gatherMapped(NodeOp& o, const at::Tensor& mine, const RowsOnNode& rows, int64_t rowBytes,
-                  const at::Tensor& out) {
-  return withPeersMapped(o, {mine, out}, [&](const MappedTensors& all) {
-    for (size_t j = 0; j < all.size(); ++j)
-      for (size_t i = 0; i < all.size(); ++i)
-        for (const RowMove& row : rows[i]) {
-          const at::Tensor from = all[i][0].narrow(0, row.held * rowBytes, rowBytes);
-          const at::Tensor to = all[j][1].narrow(0, row.to * rowBytes, rowBytes);
-          if (from.const_data_ptr() != to.const_data_ptr()) to.copy_(from);
-        }
-  });
-}
-
 // Every local rank's rows to every rank of the node, in one copy: each rank publishes what it
 // holds and reads every peer's rows straight into `out` (process_vm_readv), where the slots cost
 // two copies of each row (into the writer's slot, out of it). The second barrier keeps `held`
@@ -683,7 +481,6 @@ void shareRows(NodeOp& o, const at::Tensor& held, const RowsOnNode& rows, int64_
   const at::Tensor mine = overlaps(held, out) && !inItsPlace ? held.clone() : held;
   if (o.onHost() && o.node.singleCopy(rowBytes))
     return shareRowsInPlace(o, mine, rows, rowBytes, out);
-  if (o.node.mapsPeers(o.dev) && rowBytes > 0 && gatherMapped(o, mine, rows, rowBytes, out)) return;
   const ByteSpan from = spanOf(o, mine), into = spanOf(o, out);
   const int64_t width = std::max<int64_t>(eb, o.slotBytes() / static_cast<int64_t>(most) / eb * eb);
   // the leader form (leaderPiece): the peers place their rows, then the leader places its own and
@@ -861,15 +658,12 @@ bool onNode(Context& c, std::vector<at::Tensor> tensors, std::vector<bool> writt
 
 int64_t bytesOf(const at::Tensor& t) { return t.numel() * static_cast<int64_t>(t.element_size()); }
 
-// Tests only: host shared memory as "device" slots. With NODE_DEVICE_ORDER=device or stream they
-// order the ranks themselves, as device flags or stream waits do, through their own segment's
-// barrier; `stream` also takes the leader form, as stream waits on a GPU the ranks share do.
+// Tests only: host shared memory as "device" slots. With NODE_DEVICE_ORDER=device they order the
+// ranks themselves, as device flags do, through their own segment's barrier.
 class HostDeviceSlots final : public node::DeviceSlots {
  public:
   HostDeviceSlots(std::unique_ptr<SharedSegment> seg, node::Ordering ordering)
-      : seg_(std::move(seg)),
-        ownBarrier_(ordering == node::Ordering::Device || ordering == node::Ordering::Stream),
-        asStreamWaits_(ordering == node::Ordering::Stream) {}
+      : seg_(std::move(seg)), ownBarrier_(ordering == node::Ordering::Device) {}
   at::Device device() const override { return at::Device(at::kCPU); }
   int64_t slotBytes() const override { return seg_->slotBytes(); }
   at::Tensor slot(int rank, at::ScalarType dtype, int64_t elems) const override {
@@ -881,47 +675,15 @@ class HostDeviceSlots final : public node::DeviceSlots {
     return makeHostReducer(kind);
   }
   bool ordersOnDevice() const override { return ownBarrier_; }
-  bool leaderSuits() const override { return !ownBarrier_ || asStreamWaits_; }
   void barrier(const char* op, int rank) override { seg_->sync(op, rank, never_); }
-  // The leader's mapping, emulated: each peer copies its tensors into its own slot, the leader
-  // works on the slots, the peer copies back after the op; tensors beyond the slot are refused,
-  // so the fallback to the slots runs too.
-  void share(const std::vector<at::Tensor>& ts, node::SharedTensorRef* refs) override {
-    int64_t at = 0;
-    for (size_t i = 0; i < ts.size(); ++i) {
-      const int64_t bytes = bytesOf(ts[i]);
-      refs[i].offset = at;
-      refs[i].ok = at + bytes <= slotBytes() ? 1 : 0;
-      if (refs[i].ok)
-        ownBytes().narrow(0, at, bytes).copy_(asBytes(ts[i]));
-      else
-        std::snprintf(refs[i].why, sizeof(refs[i].why), "tests: beyond the %lld-byte test slot",
-                      static_cast<long long>(slotBytes()));
-      at += (bytes + 63) / 64 * 64;
-    }
-  }
-  at::Tensor mapShared(int r, const node::SharedTensorRef& ref, int64_t bytes,
-                       std::string*) override {
-    return seg_->slot(r, at::kByte, slotBytes()).narrow(0, ref.offset, bytes);
-  }
-  void collectShared(const std::vector<at::Tensor>& ts,
-                     const node::SharedTensorRef* refs) override {
-    for (size_t i = 0; i < ts.size(); ++i)
-      asBytes(ts[i]).copy_(ownBytes().narrow(0, refs[i].offset, bytesOf(ts[i])));
-  }
   std::string ordering() const override {
-    if (!ownBarrier_) return "ordered from the host";
-    return asStreamWaits_
-               ? "ordered by the slots themselves (tests: their own barrier, as stream waits)"
-               : "ordered by the slots themselves (tests: their own barrier)";
+    return ownBarrier_ ? "ordered by the slots themselves (tests: their own barrier)"
+                       : "ordered from the host";
   }
 
  private:
-  at::Tensor ownBytes() const { return seg_->slot(seg_->localRank(), at::kByte, slotBytes()); }
-
   std::unique_ptr<SharedSegment> seg_;
   const bool ownBarrier_;
-  const bool asStreamWaits_;
   const std::atomic<bool> never_{false};
 };
 
@@ -937,16 +699,10 @@ node::DeviceSlotsMaker hostDeviceSlotsForTests() {
 }
 
 NodeWaits nodeWaits() {
-  return {g_hostWaits.load(std::memory_order_relaxed),
-          g_deviceWaits.load(std::memory_order_relaxed),
-          SharedSegment::yieldsToPeerOnThisCpu(),
-          SharedSegment::singleCopyReads(),
-          g_settleNs.load(std::memory_order_relaxed),
-          g_barrierNs.load(std::memory_order_relaxed),
-          g_mappedOps.load(std::memory_order_relaxed),
-          g_mappedRefused.load(std::memory_order_relaxed),
-          g_mapNs.load(std::memory_order_relaxed),
-          node::KeptMappings::opened().load(std::memory_order_relaxed)};
+  return {
+      g_hostWaits.load(std::memory_order_relaxed), g_deviceWaits.load(std::memory_order_relaxed),
+      SharedSegment::yieldsToPeerOnThisCpu(),      SharedSegment::singleCopyReads(),
+      g_settleNs.load(std::memory_order_relaxed),  g_barrierNs.load(std::memory_order_relaxed)};
 }
 
 bool nodeAllreduce(Context& c, const at::Tensor& buf) {

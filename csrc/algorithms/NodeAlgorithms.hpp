@@ -24,10 +24,6 @@ struct NodeWaits {
   uint64_t singleCopyReads;    // peers' buffers read in place (SharedSegment::readPublished)
   uint64_t settleNs;           // waiting for this rank's own device work before a barrier or MPI
   uint64_t barrierNs;          // waiting at host barriers for the node's peers
-  uint64_t mappedOps;          // ops the leader did with its peers' tensors mapped (NODE_LEADER)
-  uint64_t mappedRefused;      // ops that went through the slots: some tensor could not be mapped
-  uint64_t mapNs;              // the leader opening and closing its peers' tensors
-  uint64_t mappedOpens;        // ... of which opens (the rest found kept: node/KeptMappings.hpp)
 };
 NodeWaits nodeWaits();
 

@@ -1,31 +1,21 @@
 #include "cuda/IpcSlots.hpp"
 
-#include <c10/cuda/CUDACachingAllocator.h>
 #include <c10/cuda/CUDAFunctions.h>
 #include <c10/cuda/CUDAGuard.h>
 #include <c10/cuda/CUDAStream.h>
 #include <c10/util/StringUtil.h>
-#include <cuda.h>
 #include <cuda_runtime_api.h>
-#include <unistd.h>
 
 #include <algorithm>
-#include <atomic>
-#include <cstdio>
 #include <cstring>
-#include <mutex>
-#include <random>
 #include <set>
 #include <vector>
 
 #include "Errors.hpp"
 #include "algorithms/Reducer.hpp"
 #include "cuda/CudaReducer.hpp"
-#include "cuda/DriverApi.hpp"
 #include "cuda/NodeBarrier.hpp"
-#include "cuda/StreamBarrier.hpp"
 #include "mpi/Check.hpp"
-#include "node/KeptMappings.hpp"
 
 namespace mpigpu::cuda {
 namespace {
@@ -35,92 +25,11 @@ std::string cudaText(cudaError_t e) {
   return cudaGetErrorString(e);
 }
 
-using AddressRange = CUresult (*)(CUdeviceptr*, size_t*, CUdeviceptr);
-
-// The start of the allocation holding `p` (what cudaIpcGetMemHandle exports); null, with why.
-void* allocationStart(const void* p, std::string* why) {
-  static std::string missing;
-  static const auto range =
-      reinterpret_cast<AddressRange>(driverFunction("cuMemGetAddressRange", &missing));
-  if (range == nullptr) {
-    *why = missing;
-    return nullptr;
-  }
-  CUdeviceptr base = 0;
-  size_t size = 0;
-  const CUresult r = range(&base, &size, reinterpret_cast<CUdeviceptr>(p));
-  if (r != CUDA_SUCCESS) {
-    *why = c10::str("cuMemGetAddressRange failed (CUresult ", static_cast<int>(r), ")");
-    return nullptr;
-  }
-  return reinterpret_cast<void*>(base);
-}
-
-// Segments torch's caching allocator has given back to the device in this process (cudaFree),
-// sent with each op's shared tensors so the node's leader closes mappings that may be of freed
-// memory (node/KeptMappings.hpp). Counted from the first share on; where the allocator takes no
-// trace tracker (another allocator backend), every share counts as one, so the leader opens this
-// rank's allocations anew at every op.
-std::atomic<uint64_t> g_segmentsFreed{0};
-bool g_freesCounted = false;
-
-uint64_t segmentsFreed() {
-  static std::once_flag once;
-  std::call_once(once, [] {
-    namespace alloc = c10::cuda::CUDACachingAllocator;
-    try {
-      // Runs inside the allocator's lock (before its cudaFree): an atomic add and nothing else.
-      alloc::attachAllocatorTraceTracker([](const alloc::TraceEntry& e) {
-        if (e.action_ == alloc::TraceEntry::SEGMENT_FREE ||
-            e.action_ == alloc::TraceEntry::SEGMENT_UNMAP)
-          g_segmentsFreed.fetch_add(1, std::memory_order_relaxed);
-      });
-      g_freesCounted = true;
-    } catch (const std::exception&) {
-    }
-  });
-  return g_freesCounted ? g_segmentsFreed.load(std::memory_order_relaxed)
-                        : g_segmentsFreed.fetch_add(1, std::memory_order_relaxed) + 1;
-}
-
-// This process as the owner of the allocations it shares (KeptMappings' key): drawn once, so
-// processes that share a pid (one per container) differ.
-uint64_t processToken() {
-  static const uint64_t token = [] {
-    std::random_device entropy;
-    return (static_cast<uint64_t>(entropy()) << 32) ^ entropy() ^ static_cast<uint64_t>(::getpid());
-  }();
-  return token;
-}
-
-// The leader's mappings of its peers' allocations, every group's and device's (the calls make
-// the device current). Never destroyed: a group's release closes what no op holds, and the
-// process's end takes the rest.
-node::KeptMappings& keptMappings() {
-  static auto* kept = new node::KeptMappings(
-      [](const node::KeptMappings::Handle& h, std::string* why) -> void* {
-        cudaIpcMemHandle_t handle;
-        std::memcpy(&handle, h.data(), sizeof(handle));
-        void* p = nullptr;
-        const cudaError_t e = cudaIpcOpenMemHandle(&p, handle, cudaIpcMemLazyEnablePeerAccess);
-        if (e == cudaSuccess) return p;
-        *why = c10::str("cudaIpcOpenMemHandle: ", cudaText(e));
-        return nullptr;
-      },
-      // a close that fails leaks a mapping; it is not the next call's error
-      [](int device, void* p) {
-        c10::cuda::CUDAGuard guard(static_cast<c10::DeviceIndex>(device));
-        if (cudaIpcCloseMemHandle(p) != cudaSuccess) cudaGetLastError();
-      });
-  return *kept;
-}
-
 class IpcSlots final : public node::DeviceSlots {
  public:
-  IpcSlots(at::Device device, int64_t slotBytes, int localRank, int localSize, int64_t mappedKeep)
+  IpcSlots(at::Device device, int64_t slotBytes, int localRank, int localSize)
       : peers_(localSize, nullptr),
         peerFlags_(localSize, nullptr),
-        mappedKeep_(mappedKeep),
         device_(device),
         slotBytes_(slotBytes),
         localRank_(localRank) {}
@@ -147,23 +56,14 @@ class IpcSlots final : public node::DeviceSlots {
   }
 
   bool ordersOnDevice() const override { return onDevice_; }
-  bool leaderSuits() const override { return !onDevice_ || (streamBarrier_ && sharedGpu_); }
   void barrier(const char* op, int rank) override {
     const cudaStream_t stream = c10::cuda::getCurrentCUDAStream(device_.index()).stream();
-    if (streamBarrier_) {
-      const std::string why = streamBarrier_->queue(stream);
-      if (!why.empty())
-        MPIGPU_THROW_BACKEND(op, rank, "could not queue the node's stream barrier: ", why,
-                             " (TORCH_MPIGPU_NODE_DEVICE_ORDER=host orders from the host)");
-      return;
-    }
     const cudaError_t e = queueNodeBarrier(barrierArgs_, stream);
     if (e != cudaSuccess)
       MPIGPU_THROW_BACKEND(op, rank, "could not queue the node's device barrier: ", cudaText(e),
                            " (TORCH_MPIGPU_NODE_DEVICE_ORDER=host orders from the host)");
   }
   void checkBarriers(const char* op, int rank) const override {
-    if (streamBarrier_) streamBarrier_->poll();  // (a barrier past its timeout gives up now)
     if (gaveUp_ == nullptr) return;
     const unsigned long long k = *static_cast<volatile unsigned long long*>(gaveUp_);
     if (k != 0)
@@ -176,59 +76,11 @@ class IpcSlots final : public node::DeviceSlots {
   std::string ordering() const override { return ordering_; }
   void cancel() override {
     if (gaveUp_ != nullptr) static_cast<volatile unsigned long long*>(gaveUp_)[1] = 1;
-    if (streamBarrier_) streamBarrier_->release();
-  }
-  // The leader's mapping of its peers' tensors (NODE_LEADER=mapped): each op's tensors are
-  // exported by their allocations' handles; the leader keeps what it opens across ops
-  // (node/KeptMappings.hpp), told who owns them and how many segments it has freed since.
-  void share(const std::vector<at::Tensor>& ts, node::SharedTensorRef* refs) override {
-    static_assert(sizeof(cudaIpcMemHandle_t) == sizeof(node::KeptMappings::Handle));
-    c10::cuda::CUDAGuard guard(device_);
-    const uint64_t freed = segmentsFreed();  // (counting from before the first export)
-    for (size_t i = 0; i < ts.size(); ++i) {
-      node::SharedTensorRef& ref = refs[i];
-      std::string why;
-      void* start =
-          ts[i].device() == device_ ? allocationStart(ts[i].const_data_ptr(), &why) : nullptr;
-      cudaIpcMemHandle_t handle{};
-      cudaError_t e = cudaSuccess;
-      if (ts[i].device() != device_)
-        why = c10::str("on ", ts[i].device(), ", not the slots' ", device_);
-      else if (start != nullptr && (e = cudaIpcGetMemHandle(&handle, start)) != cudaSuccess)
-        why = c10::str("cudaIpcGetMemHandle: ", cudaText(e),
-                       " (memory that cannot be exported: expandable segments, a memory pool, "
-                       "or mapped from another process)");
-      ref.ok = why.empty() ? 1 : 0;
-      ref.owner = processToken();
-      ref.ownerFrees = freed;
-      std::snprintf(ref.why, sizeof(ref.why), "%s", why.c_str());
-      std::memcpy(ref.handle, &handle, sizeof(handle));
-      ref.offset = ref.ok ? static_cast<const uint8_t*>(ts[i].const_data_ptr()) -
-                                static_cast<const uint8_t*>(start)
-                          : 0;
-    }
-  }
-  at::Tensor mapShared(int r, const node::SharedTensorRef& ref, int64_t bytes,
-                       std::string* why) override {
-    c10::cuda::CUDAGuard guard(device_);
-    // (a peer's tensors of one op often share one allocation, an all_gather in place: its input
-    // is its row of the output; that is one mapping)
-    void* p = keptMappings().acquire(device_.index(), ref.owner, ref.handle, ref.ownerFrees, why);
-    if (p == nullptr) return {};
-    held_.push_back(p);
-    return at::from_blob(static_cast<uint8_t*>(p) + ref.offset, {bytes},
-                         at::TensorOptions().dtype(at::kByte).device(device_));
-  }
-  void endMappedOp() override {
-    c10::cuda::CUDAGuard guard(device_);
-    keptMappings().release(held_, mappedKeep_);
-    held_.clear();
   }
 
   void release() override {
     c10::cuda::CUDAGuard guard(device_);
-    // every kernel of this process that reads or writes a peer's memory (a stream barrier
-    // stuck on a peer is released at its timeout meanwhile: the watchdog still polls it)
+    // every kernel of this process that reads or writes a peer's memory
     cudaDeviceSynchronize();
     cudaGetLastError();
     unmapAll();
@@ -244,24 +96,12 @@ class IpcSlots final : public node::DeviceSlots {
   std::vector<void*> peerFlags_;
   unsigned long long* gaveUp_ = nullptr;
   bool onDevice_ = false;
-  // stream ordering: the barrier the op's stream waits for itself (null: the kernel's, or host)
-  std::shared_ptr<StreamBarrier> streamBarrier_;
-  bool sharedGpu_ = false;  // fewer GPUs than ranks on this node
   std::string ordering_ = "ordered from the host";
   NodeBarrierArgs barrierArgs_{};
-  // NODE_LEADER=mapped: what this group's op holds of the process's kept mappings, and how many
-  // mappings an op leaves open
-  std::vector<void*> held_;
-  const int64_t mappedKeep_;
 
-  // The group goes (no device work of this process touches its peers' memory any more): the
-  // stream barrier retired; what an op still held (one that failed before its end) let go and
-  // every kept mapping no op holds closed (another group's next op opens again what it needs);
-  // every peer's buffer and flags unmapped.
+  // The group goes (no device work of this process touches its peers' memory any more): every
+  // peer's buffer and flags unmapped.
   void unmapAll() {
-    if (streamBarrier_) streamBarrier_->retire();
-    keptMappings().release(held_, /*keep=*/0);
-    held_.clear();
     for (size_t r = 0; r < peers_.size(); ++r) {
       if (static_cast<int>(r) == localRank_) continue;
       if (peers_[r] != nullptr) cudaIpcCloseMemHandle(peers_[r]);
@@ -283,7 +123,6 @@ struct Exported {
   cudaIpcMemHandle_t handle;
   cudaIpcMemHandle_t flagsHandle;
   char pciBusId[32];
-  char noStreamWaits[128];  // stream ordering asked: why this rank cannot ("" it can)
   int ok;
   int flagsOk;
 };
@@ -341,19 +180,17 @@ std::string gpuIdentity(c10::DeviceIndex index) {
 
 namespace {
 
-// Who waits for the node's barriers: the host (its segment's barrier), a kernel (device flags)
-// or the op's stream itself (the same flags, stream memory operations).
-enum class Waits { Host, Kernel, Stream };
+// Who waits for the node's barriers: the host (its segment's barrier) or a kernel (device flags).
+enum class Waits { Host, Kernel };
 
 // How the node's ranks wait for each other, from what every local rank sent (the same answer on
-// each); sets *how and *shared (fewer GPUs than ranks); returns why.
-std::string chooseOrdering(node::Ordering asked, const std::vector<Exported>& all, Waits* how,
-                           bool* shared) {
+// each); sets *how; returns why.
+std::string chooseOrdering(node::Ordering asked, const std::vector<Exported>& all, Waits* how) {
   *how = Waits::Host;
   const int n = static_cast<int>(all.size());
   std::set<std::string> gpus;
   for (const auto& e : all) gpus.insert(std::string(e.pciBusId, strnlen(e.pciBusId, 32)));
-  *shared = static_cast<int>(gpus.size()) < n;
+  const bool shared = static_cast<int>(gpus.size()) < n;  // fewer GPUs than ranks
   if (asked == node::Ordering::Host)
     return "ordered from the host (TORCH_MPIGPU_NODE_DEVICE_ORDER=host)";
   if (n > kMaxBarrierRanks)
@@ -362,15 +199,7 @@ std::string chooseOrdering(node::Ordering asked, const std::vector<Exported>& al
   for (int r = 0; r < n; ++r)
     if (!all[r].flagsOk)
       return c10::str("ordered from the host: local rank ", r, " could not make its barrier flags");
-  if (asked == node::Ordering::Stream) {
-    for (int r = 0; r < n; ++r)
-      if (all[r].noStreamWaits[0] != '\0')
-        return c10::str("ordered from the host: local rank ", r, " cannot queue stream waits (",
-                        std::string(all[r].noStreamWaits, strnlen(all[r].noStreamWaits, 128)), ")");
-    *how = Waits::Stream;
-    return "ordered on the device by stream waits (TORCH_MPIGPU_NODE_DEVICE_ORDER=stream)";
-  }
-  if (asked == node::Ordering::Auto && *shared)
+  if (asked == node::Ordering::Auto && shared)
     return "ordered from the host: ranks of the node share a GPU, where a kernel waiting for "
            "another process would hold it for a whole time slice "
            "(TORCH_MPIGPU_NODE_DEVICE_ORDER=device overrides)";
@@ -378,19 +207,6 @@ std::string chooseOrdering(node::Ordering asked, const std::vector<Exported>& al
   return asked == node::Ordering::Device
              ? "ordered on the device by flags (TORCH_MPIGPU_NODE_DEVICE_ORDER=device)"
              : "ordered on the device by flags (every rank of the node has a GPU of its own)";
-}
-
-// The stream barrier over the flags mapFlags mapped, watched for timeouts by the watchdog; ""
-// on success.
-std::string startStreamBarrier(IpcSlots& slots, int localSize, int localRank) {
-  const NodeBarrierArgs& a = slots.barrierArgs_;
-  auto barrier = std::make_shared<StreamBarrier>(
-      slots.device().index(), std::vector<unsigned long long*>(a.flags, a.flags + localSize),
-      localRank, std::chrono::nanoseconds(a.timeoutNs), slots.gaveUp_);
-  if (!barrier->unavailable().empty()) return "the stream barrier: " + barrier->unavailable();
-  slots.streamBarrier_ = std::move(barrier);
-  Watchdog::addPoller(slots.streamBarrier_);
-  return "";
 }
 
 // Maps every peer's flags and fills the barrier's arguments; "" on success.
@@ -455,8 +271,7 @@ std::unique_ptr<node::DeviceSlots> makeIpcSlots(const mpi::Comm& nodeComm,
                                                 const at::Device& device, const char* op, int rank,
                                                 std::string* why) {
   c10::cuda::CUDAGuard guard(device);
-  auto slots = std::make_unique<IpcSlots>(device, spec.slotBytes, nodeComm.rank, nodeComm.size,
-                                          spec.mappedKeep);
+  auto slots = std::make_unique<IpcSlots>(device, spec.slotBytes, nodeComm.rank, nodeComm.size);
   Exported mine{};
   std::string error = exportOwn(*slots, 2 * spec.slotBytes, &mine);
   mine.ok = error.empty() ? 1 : 0;
@@ -465,9 +280,6 @@ std::unique_ptr<node::DeviceSlots> makeIpcSlots(const mpi::Comm& nodeComm,
                          exportFlags(*slots, nodeComm.size, &mine).empty()
                      ? 1
                      : 0;
-  if (spec.ordering == node::Ordering::Stream && mine.flagsOk)
-    std::snprintf(mine.noStreamWaits, sizeof(mine.noStreamWaits), "%s",
-                  streamWaitsUnavailable(device.index()).c_str());
   std::vector<Exported> all(nodeComm.size);
   MPIGPU_MPI_CHECK(MPI_Allgather(&mine, sizeof(Exported), MPI_BYTE, all.data(), sizeof(Exported),
                                  MPI_BYTE, nodeComm.handle),
@@ -480,10 +292,8 @@ std::unique_ptr<node::DeviceSlots> makeIpcSlots(const mpi::Comm& nodeComm,
   }
   if (error.empty()) {
     Waits how = Waits::Host;
-    slots->ordering_ = chooseOrdering(spec.ordering, all, &how, &slots->sharedGpu_);
+    slots->ordering_ = chooseOrdering(spec.ordering, all, &how);
     if (how != Waits::Host) error = mapFlags(*slots, all, nodeComm.rank, spec.barrierTimeoutMs);
-    if (error.empty() && how == Waits::Stream)
-      error = startStreamBarrier(*slots, nodeComm.size, nodeComm.rank);
     slots->onDevice_ = how != Waits::Host && error.empty();
   }
   if (!error.empty()) {

@@ -74,8 +74,9 @@ class Watchdog {
   static void announceExit();
 
   // What the watchdog's thread also looks at each tick (~200 ms), for as long as it lives: work
-  // queued on a device that no host thread watches, such as the node's barriers that the GPU's
-  // streams wait for themselves (cuda/StreamBarrier.hpp), which must still give up at a timeout.
+  // queued on a device that no host thread watches, which must still give up at a timeout. (Its
+  // one user, the barriers the GPU's streams waited for themselves, went with
+  // NODE_DEVICE_ORDER=stream; only the tests register one now.)
   class Poller {
    public:
     virtual ~Poller() = default;

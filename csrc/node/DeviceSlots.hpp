@@ -3,7 +3,7 @@
 // device, reading the peers' buffers directly. A device type provides them through its paths
 // (paths/Devices.hpp: DevicePaths::nodeSlots; CUDA: cuda/IpcSlots.cpp, by CUDA IPC).
 //
-// The ranks' steps are ordered in one of three ways (TORCH_MPIGPU_NODE_DEVICE_ORDER):
+// The ranks' steps are ordered in one of two ways (TORCH_MPIGPU_NODE_DEVICE_ORDER):
 //   host    the host segment's barrier: before it, each rank waits for its own queued device
 //           work, so its writes are complete when a peer reads them. No kernel ever waits for
 //           another process, which is what ranks sharing one GPU need (a kernel that spins there
@@ -11,15 +11,11 @@
 //   device  flags in the slots' memory: a barrier is a kernel on the op's stream that marks this
 //           rank's arrival in every peer's flags and waits for theirs; no host round trip, so
 //           the ops queue ahead like NCCL's. What ranks with GPUs of their own need.
-//   stream  the same flags, written and waited for by the op's stream itself (CUDA: stream memory
-//           operations): no kernel occupies the GPU while a peer is late, so where the ranks
-//           share a GPU a blocked stream can leave it to the others; not yet measured.
 #pragma once
 
 #include <ATen/ATen.h>
 #include <torch/csrc/distributed/c10d/Types.hpp>
 
-#include <cstdio>
 #include <functional>
 #include <memory>
 #include <string>
@@ -36,18 +32,6 @@ namespace mpigpu::node {
 
 using Ordering = NodeDeviceOrder;
 
-// A rank's tensor as the node's leader maps it for one op (NODE_LEADER=mapped): what the device
-// needs to map its memory (CUDA: the allocation's IPC handle) and where in it the tensor lies.
-// Plain bytes: it travels through the host segment's slots.
-struct SharedTensorRef {
-  uint8_t handle[64];
-  int64_t offset;       // bytes from the start of what `handle` maps
-  uint64_t owner;       // the owner process's token (KeptMappings)
-  uint64_t ownerFrees;  // allocations the owner's allocator has given back so far
-  int32_t ok;           // 0: this tensor cannot be mapped; `why` says why
-  char why[100];
-};
-
 // What the node asks of its slots. `Auto`: device flags where every local rank has a GPU of its
 // own, the host barrier where some share one.
 struct SlotsSpec {
@@ -55,7 +39,6 @@ struct SlotsSpec {
   Ordering ordering;
   int64_t barrierTimeoutMs;  // a device barrier gives up after this long (a peer died or stalled)
   int64_t maxSlotBytes;      // the node grows its slots on demand up to this (node/Node.hpp)
-  int64_t mappedKeep;        // NODE_LEADER=mapped: mappings the leader keeps (KeptMappings.hpp)
 };
 
 class DeviceSlots {
@@ -75,9 +58,9 @@ class DeviceSlots {
   // True: the node op calls barrier() where it would settle and take the host barrier.
   virtual bool ordersOnDevice() const { return false; }
   // Whether the leader form suits these slots when NODE_LEADER is auto: where the ranks' device
-  // work runs one process at a time (ordered from the host, or by stream waits on a GPU they
-  // share), one rank reducing for all costs the fewest switches between them.
-  virtual bool leaderSuits() const { return !ordersOnDevice(); }
+  // work runs one process at a time (ordered from the host), one rank reducing for all costs the
+  // fewest switches between them.
+  bool leaderSuits() const { return !ordersOnDevice(); }
   // Queues a barrier of the node's ranks on the current stream: this rank's writes queued so far
   // are visible to its peers, and its later work starts once every peer has queued (and reached)
   // the same barrier.
@@ -90,32 +73,10 @@ class DeviceSlots {
   // abort() (any thread): device barriers queued or waiting give up at once instead of waiting
   // for peers that will not come.
   virtual void cancel() {}
-  // ---- the leader maps its peers' tensors (NODE_LEADER=mapped) ----
-  // Fills refs[i] so the leader can map ts[i] (contiguous, this rank's) while this rank waits
-  // inside the op; ok 0, and why, where it cannot.
-  virtual void share(const std::vector<at::Tensor>& ts, SharedTensorRef* refs) {
-    for (size_t i = 0; i < ts.size(); ++i) {
-      refs[i].ok = 0;
-      std::snprintf(refs[i].why, sizeof(refs[i].why), "these device slots cannot share tensors");
-    }
-  }
-  // Local rank r's tensor from its `ref` (bytes), mapped here at least until endMappedOp();
-  // undefined, with the reason in `why`, where it cannot be mapped.
-  virtual at::Tensor mapShared(int r, const SharedTensorRef& ref, int64_t bytes, std::string* why) {
-    *why = "these device slots cannot map tensors";
-    return {};
-  }
-  // The op is over and this rank's device work on what mapShared mapped has finished (settled):
-  // the slots may keep some mappings for later ops (CUDA: node/KeptMappings.hpp) and close the
-  // rest.
-  virtual void endMappedOp() {}
-  // The owner, after the op: what the leader wrote is in ts (tests' host slots copy it back;
-  // mapped memory already holds it).
-  virtual void collectShared(const std::vector<at::Tensor>& ts, const SharedTensorRef* refs) {}
 
   // Before the slots go (node/Node.cpp: retire): waits for all of this process's device work and
   // unmaps the peers' buffers; the node then waits for every rank before any frees its own, so
-  // no rank frees memory a peer still reads or maps.
+  // no rank frees memory a peer still reads.
   virtual void release() {}
 };
 

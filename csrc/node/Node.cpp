@@ -180,10 +180,7 @@ std::string Node::describe() const {
                     " bytes per rank and half (made at the first node op)");
   return c10::str(s, ", device slots ", deviceSpec_.slotBytes, " bytes per rank and half", grown,
                   ", ", deviceSlots_->ordering(),
-                  mapsPeers(deviceSlots_.get())
-                      ? ", the leader form with the peers' tensors mapped (the node's first rank "
-                        "works on every rank's tensors)"
-                  : leaderForm(deviceSlots_.get())
+                  leaderForm(deviceSlots_.get())
                       ? ", the leader form (the node's first rank reduces for all)"
                       : "");
 }

@@ -20,7 +20,6 @@ struct HostSpec {
   int64_t singleCopyBytes;  // all_gather from this (per rank) reads the peers' buffers in place
   bool refuseSingleCopy;    // tests: this rank's probe fails, as where the kernel forbids reads
   NodeLeader leader = NodeLeader::Auto;  // the leader form (Config.hpp)
-  int64_t testLeaderFailsAt = 0;         // tests: the leader fails its Nth mapped op (Config.hpp)
 };
 
 class Node {
@@ -37,7 +36,6 @@ class Node {
 
   const Topology& topology() const { return topology_; }
   int64_t oneShotBytes() const { return host_.oneShotBytes; }
-  int64_t testLeaderFailsAt() const { return host_.testLeaderFailsAt; }
   // Whether a host all_gather of `bytes` per rank reads the peers' buffers in place
   // (SharedSegment::readPublished). After segment(); the same on every rank.
   bool singleCopy(int64_t bytes) const { return singleCopy_ && bytes >= host_.singleCopyBytes; }
@@ -46,13 +44,6 @@ class Node {
   bool leaderForm(const DeviceSlots* dev) const {
     if (host_.leader != NodeLeader::Auto) return host_.leader != NodeLeader::Off;
     return dev != nullptr && dev->leaderSuits();
-  }
-  // Whether the leader form maps its peers' tensors (NODE_LEADER=mapped) in `dev`: device slots
-  // ordered from the host, where each peer waits inside the op while the leader works on its
-  // memory. The same on every rank.
-  bool mapsPeers(const DeviceSlots* dev) const {
-    return host_.leader == NodeLeader::Mapped && dev != nullptr && !dev->ordersOnDevice() &&
-           topology_.nodes == 1;
   }
   // At creation, collective over the group, where every member has a GPU: `mine` names this
   // rank's GPU (paths/Devices.hpp: nodeDeviceId; "" unknown). Reads whether every node holds
