@@ -65,27 +65,21 @@ struct Config {
   // group resolves when it is made (algorithms/Algorithms.hpp: policyFor).
   std::string algo;
   // Largest message of our algorithms; pieces of one step pipeline against the reduction.
-  // 32 MiB: on one shared H100 every device message costs a context switch, and 32 MiB pieces
-  // beat 4 MiB ones at 64-256 MiB (1.15-1.65 ms against 1.31-1.93 ms).
   int64_t algoPieceBytes = 0;
   // auto, in groups with a GPU: reductions below this use MPI's own collectives (CUDA tensors
-  // staged through pinned memory: on one shared H100, 0.1-0.4 ms up to 1 MiB against 0.8 ms for
-  // the ring, whose device messages and kernel cost a GPU context switch each); from here the
-  // ring (4 MiB: 0.8-0.9 ms against 1.4-1.5 ms).
+  // staged through pinned memory), from here the ring, whose device messages and kernels cost
+  // more per op but reduce on the GPU.
   int64_t algoMinBytes = 0;
-  // auto, in groups without a GPU (measured on the 2-core CI VM, Open MPI 5): fp16/bf16
-  // reductions of at least hostHalfRingBytes use the ring (MPI reduces them with a user-defined
-  // op one element at a time: a 16 MiB fp16 all_reduce 22 ms against 5.2 ms), and reduce_scatter
-  // of at least hostReduceScatterRingBytes too (fp32 1 MiB: 0.21 ms against 0.09 ms).
+  // auto, in groups without a GPU: fp16/bf16 reductions of at least hostHalfRingBytes use the
+  // ring (MPI reduces them with a user-defined op one element at a time), and reduce_scatter of
+  // at least hostReduceScatterRingBytes too.
   int64_t hostHalfRingBytes = 0;
   int64_t hostReduceScatterRingBytes = 0;
   // ... and in groups that span nodes (without the node algorithm: one rank per node, uneven
-  // nodes, NODE_BUFFER_BYTES=0), all_reduce from hostAcrossRingBytes. Two simulated hosts x 1
-  // rank, a 10 Gbit/s link, Open MPI 5.0.11 over TCP: Open MPI's own all_reduce took 27 ms at
-  // 16 MiB in runs of back-to-back ops (half the link's speed), the ring 14.3-14.7 ms; 4 MiB
-  // 4.6 against 3.5 ms; 1 MiB a tie (benchmarks/results/two_hosts/allreduce_2hosts_x1.txt).
-  // The cause is the order of the exchange: posted receive first, then send (as Open MPI's
-  // sendrecv does) halves the link's speed there; the ring posts its sends first.
+  // nodes, NODE_BUFFER_BYTES=0), all_reduce from hostAcrossRingBytes: Open MPI's own exchange
+  // posts its receive before its send (as its sendrecv does), which halves a TCP link's speed for
+  // large messages; the ring posts its sends first. (Each default's measurement: the settings'
+  // rows in Settings.cpp, docs/settings.md.)
   int64_t hostAcrossRingBytes = 0;
   // CUDA_REDUCE=auto with a CUDA-aware MPI: our algorithms' messages go as device pointers for
   // ops of at least this many bytes, through pinned host memory below (device messages pay for

@@ -28,6 +28,7 @@
 #include "paths/Devices.hpp"
 #include "algorithms/Algorithms.hpp"
 #include "algorithms/NodeAlgorithms.hpp"
+#include "testing/TestHooks.hpp"
 
 namespace py = pybind11;
 using mpigpu::ProcessGroupMPIGPU;
@@ -200,24 +201,6 @@ void bindProgramComm(py::module_& m) {
 }
 
 // The process's end: stop engines, finalise or abort MPI.
-// Unit-test hook of the watchdog's pollers.
-void bindWatchdog(py::module_& m) {
-  m.def(
-      "_watchdog_polls",
-      [](double seconds) {
-        struct Counter final : mpigpu::Watchdog::Poller {
-          std::atomic<int> polls{0};
-          void poll() override { polls.fetch_add(1); }
-        };
-        auto counter = std::make_shared<Counter>();
-        mpigpu::Watchdog::addPoller(counter);
-        std::this_thread::sleep_for(std::chrono::duration<double>(seconds));
-        return counter->polls.load();
-      },
-      py::arg("seconds"), py::call_guard<py::gil_scoped_release>(),
-      "Tests: how often the watchdog's thread polled a poller registered for `seconds`.");
-}
-
 void bindLifecycle(py::module_& m) {
   m.def(
       "shutdown",
@@ -273,27 +256,6 @@ void bindLifecycle(py::module_& m) {
       py::call_guard<py::gil_scoped_release>(),
       "MPI_Abort(MPI_COMM_WORLD, code) when MPI is running: the launcher ends every rank (this "
       "process exits by itself if MPI_Abort has not ended it within 10 s).");
-}
-
-// A ReduceOp's name (SUM, AVG, ...) as the test hooks take it: the names messages use.
-c10d::ReduceOp::RedOpType reduceOpKind(const std::string& opName) {
-  std::string known;
-  for (int k = 0; k < c10d::ReduceOp::UNUSED; ++k) {
-    const auto kind = static_cast<c10d::ReduceOp::RedOpType>(k);
-    if (opName == mpigpu::mpi::reduceOpName(kind)) return kind;
-    known += (k ? ", " : "") + std::string(mpigpu::mpi::reduceOpName(kind));
-  }
-  throw py::value_error("unknown reduce op " + opName + "; one of " + known);
-}
-
-void reduceStep(const at::Tensor& dst, const at::Tensor& a, const at::Tensor& b,
-                const std::string& opName, double scale, const std::optional<at::Tensor>& also) {
-  auto reducer = mpigpu::paths::makeReducer(dst.device().type(), reduceOpKind(opName));
-  py::gil_scoped_release noGil;
-  if (also.has_value())
-    reducer->combineToBoth(dst, *also, a, b, scale);
-  else
-    reducer->combine(dst, a, b, scale);
 }
 
 // Which data path tensors of a device type take here for each use, and why.
@@ -382,58 +344,8 @@ void bindAlgorithmTable(py::module_& m) {
       "and the ops it serves, in the order auto asks them.");
 }
 
-// The CUDA-awareness probe's exchanges and agreement on host buffers (tests).
-void bindDirectProbe(py::module_& m) {
-  m.def(
-      "_direct_probe",
-      [](bool corrupt) {
-        mpigpu::mpi::ProbeOutcome out;
-        {
-          py::gil_scoped_release released;  // collective: other ranks may take a while
-          const auto job = mpigpu::mpi::jobComm();
-          out = mpigpu::mpi::probeDirect({job.comm, job.rank, job.size}, at::Device(at::kCPU),
-                                         corrupt, "direct_probe");
-        }
-        return py::make_tuple(out.ok, out.detail, out.seconds);
-      },
-      py::arg("corrupt") = false,
-      "CUDA-awareness probe (tests): its exchanges and agreement on host buffers over the job "
-      "communicator, collective; corrupt fails this rank's check. Returns (ok, detail, seconds).");
-  m.def(
-      "_mpich_netmod",
-      [](const std::string& libraryVersion, const std::string& netmodVariable) {
-        return mpigpu::mpi::mpichNetmod(libraryVersion, netmodVariable.c_str());
-      },
-      py::arg("library_version"), py::arg("netmod_variable") = "",
-      "The MPICH ch4 netmod in use (unit tests of TORCH_MPIGPU_ANY_SOURCE_RECV=auto) from "
-      "MPI_Get_library_version's text and MPIR_CVAR_CH4_NETMOD; '' for other libraries.");
-}
-
-// _auto_algorithm: algo::choose for facts given by a test, under the current settings.
-std::string autoAlgorithm(const std::string& op, int64_t bytes, at::ScalarType dtype, int world,
-                          bool groupHasGpu, bool nodeSuits, bool spansNodes, bool onSharedDevice) {
-  using mpigpu::algo::OpKind;
-  static const std::map<std::string, OpKind> kinds{{"all_reduce", OpKind::Allreduce},
-                                                   {"reduce_scatter", OpKind::ReduceScatter},
-                                                   {"reduce", OpKind::Reduce},
-                                                   {"all_gather", OpKind::Allgather},
-                                                   {"broadcast", OpKind::Broadcast}};
-  auto kind = kinds.find(op);
-  if (kind == kinds.end()) throw py::value_error("_auto_algorithm: no op named " + op);
-  const auto config = mpigpu::Config::fromEnv();
-  const mpigpu::algo::Facts facts{kind->second, bytes,     dtype,      world,
-                                  groupHasGpu,  nodeSuits, spansNodes, onSharedDevice};
-  const auto* a = mpigpu::algo::choose(mpigpu::algo::policyFor(config.algo), config, facts);
-  return a != nullptr ? a->name : "mpi";
-}
-
-// Unit-test hooks and counters of the algorithms and fusion layers.
+// Counters of the algorithms and MPI layers, and the rule auto follows.
 void bindAlgorithms(py::module_& m) {
-  m.def("_fusion_buckets", &mpigpu::fusionBuckets, py::arg("tensors"), py::arg("limit_bytes"),
-        py::arg("alone_bytes"),
-        "Fusion policy (unit tests): indices of `tensors` per MPI call, grouped by dtype in "
-        "first-seen order, runs of at most limit_bytes; tensors of at least alone_bytes travel "
-        "alone.");
   m.def("mpi_call_count", &mpigpu::mpi::callCount,
         "MPI communication calls made by this process so far (tests use it to prove fusion).");
   m.def("mpi_comms_held", &mpigpu::mpi::commsHeld,
@@ -447,11 +359,6 @@ void bindAlgorithms(py::module_& m) {
       },
       "How ops choose their algorithm with the current settings, for a group in which some "
       "member has a GPU exactly when this process sees one.");
-  m.def("_auto_algorithm", &autoAlgorithm, py::arg("op"), py::arg("bytes"), py::arg("dtype"),
-        py::arg("world"), py::arg("group_has_gpu"), py::arg("node_suits"), py::arg("spans_nodes"),
-        py::arg("on_shared_device"),
-        "The algorithm auto (or TORCH_MPIGPU_ALGO) takes for an op of these facts with the current "
-        "settings (unit tests of the table's rules): a row's name, or 'mpi' for MPI's own.");
   m.def(
       "algorithm_runs",
       [] {
@@ -460,30 +367,6 @@ void bindAlgorithms(py::module_& m) {
         return d;
       },
       "How many reductions each of our algorithms has run in this process.");
-
-  m.def(
-      "_resolve_reduction",
-      [](const std::string& reduceOp, const at::Tensor& sample, std::optional<double> premul) {
-        mpigpu::mpi::ensureInitialized();  // our fp16/bf16 types and ops exist from then on
-        c10d::ReduceOp rop;  // (torch's constructors refuse PREMUL_SUM without its factor)
-        rop.op_ = reduceOpKind(reduceOp);
-        if (premul) rop.supplement_ = c10::make_intrusive<c10d::NCCLPreMulSumSupplement>(*premul);
-        const auto r = mpigpu::mpi::resolveReduction(rop, sample.scalar_type(), "allreduce", 0);
-        py::dict d;
-        d["type"] = mpigpu::mpi::typeName(r.type);
-        d["op"] = mpigpu::mpi::opName(r.op);
-        d["divide_by_size"] = r.divideBySize;
-        d["premul"] = r.premulScalar ? py::cast(*r.premulScalar) : py::none();
-        return d;
-      },
-      py::arg("reduce_op"), py::arg("sample"), py::arg("premul") = py::none(),
-      "Reduction resolution (unit tests): the MPI datatype and op, and the steps around the MPI "
-      "call, for ReduceOp `reduce_op` (its name: SUM, AVG, ...) on tensors of sample's dtype.");
-  m.def("reduce_step", &reduceStep, py::arg("dst"), py::arg("a"), py::arg("b"), py::arg("op"),
-        py::arg("scale") = 1.0, py::arg("also") = py::none(),
-        "One local reduction step of our algorithms, dst = (a op b) * scale, with the reducer of "
-        "dst's device (the host's, or the CUDA kernels), the result written to `also` too where "
-        "given (it may be a: the leader form's last step); for tests against torch's own ops.");
 }
 
 void bindFlightRecorder(py::module_& m) {
@@ -511,10 +394,9 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   bindRendezvous(m);
   bindProgramComm(m);
   bindLifecycle(m);
-  bindWatchdog(m);
   bindPaths(m);
   bindAlgorithms(m);
   bindAlgorithmTable(m);
-  bindDirectProbe(m);
+  mpigpu::testing::bindTestHooks(m);  // csrc/testing/: hooks for the unit tests only
   bindFlightRecorder(m);
 }

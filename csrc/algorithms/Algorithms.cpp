@@ -283,40 +283,19 @@ namespace {
 
 bool isHalf(at::ScalarType t) { return t == at::kHalf || t == at::kBFloat16; }
 
-// Measured on the 2-core CI VM, Open MPI 5: inside one node (2 ranks) shared memory was as fast
-// as MPI's own at 8 B and 1.4-4x faster from 1 MiB (benchmarks/results/node_cpu_2ranks.txt);
-// across two simulated hosts x 2 ranks the hierarchical path tied MPI's own at 256 KiB and won
-// 2.7-3.3x from 1 MiB, but lost below (64 KiB: 606 against 180 us;
-// benchmarks/results/two_hosts/node_2hosts_x2.txt). all_gather and broadcast alike
-// (benchmarks/results/node_data_movement.txt): inside one node on par up to 2 KiB, then
-// 1.1-1.6x (all_gather) and 1.3-3.9x (broadcast) faster; across the hosts 1.0-2.3x faster from
-// 1 MiB, mixed at 256 KiB, 2-26x slower below 32 KiB. Hosts holding different numbers of
-// ranks (all_reduce and reduce in lanes; 2 + 1 and 3 + 2 ranks on the two simulated hosts,
-// benchmarks/results/two_hosts/node_2hosts_uneven_2026-12-04.txt): 1.6-2.5x faster than MPI's
-// own or the ring from 1 MiB, mixed at 256 KiB, so the same threshold; broadcast there (in one
-// lane; node_2hosts_uneven_broadcast_2026-12-04.txt): at 3 + 2 1.6-1.7x faster at 256 KiB and
-// 2.0-3.2x from 1 MiB, at 2 + 1 on par, mixed below 256 KiB; reduce_scatter and all_gather there
-// (node_2hosts_uneven_rs_ag_2026-12-04.txt): at 3 + 2 from 1 MiB on par to 2.4x faster than
-// what auto took before (1.6-2.4x at 16 MiB); at 2 + 1 reduce_scatter 1.3-1.6x at 16 MiB,
-// all_gather 1.2x there and on par to 1.2x slower at 4 MiB (MPI's own crosses the link once too
-// with one rank on the far host); mixed at 256 KiB: the same threshold.
-// Groups with a GPU: only device tensors whose node's ranks share a GPU (the leader form,
-// Node::leaderOnSharedDevice). On the lent H200 shared by 2 ranks (2026-12-04, fp32,
-// benchmarks/results/gpu_h200_2026-12-04b/README.md) the leader form against what auto took
-// before (MPI's own below ALGO_MIN_BYTES, then the ring): all_reduce 2.27x faster at 1 MiB,
-// 2.41x at 4 MiB, 2.16x at 16 MiB, 1.98x at 64 MiB, 1.63x at 256 MiB, but 1.4-2.8x slower at
-// 64-256 KiB (MPI's own is one IPC copy there) and on par or up to 1.2x slower below;
-// reduce_scatter 1.80x at 4 MiB, 1.68x at 32 MiB, 1.46x at 256 MiB, slower to 512 KiB; all_gather
-// 1.66-1.86x faster at every size to 32 MiB and 1.24x at 256 MiB (MPI's own all_gather of
-// device memory took 614 us even at 16 B). So all_gather at any size, all_reduce from
-// NODE_SHARED_GPU_ALLREDUCE_BYTES (1 MiB: its crossing lies between 256 KiB, 0.72x, and 1 MiB,
-// 2.27x; the sweep's points) and reduce_scatter from ALGO_MIN_BYTES (2 MiB: its crossing lies
-// between 512 KiB and 4 MiB, the other sweep's points, neither measured closer). broadcast stays
-// MPI's own (one copy in the receiver's process: 70 against 295 us), reduce too (not measured).
-// Each rank reducing (no leader) was slower than the leader form at every size (1.2-2.4x) and is
-// never auto's choice on a GPU; with a GPU per rank (device flags) the node algorithm has not been
-// measured against NCCL-class nodes (a shared GPU gives no verdict on it): there auto keeps MPI's
-// own and the ring.
+// When auto takes the node algorithm, and why (docs/performance.md has the measurements; the
+// settings' rows say which set each threshold):
+// - Groups without a GPU, inside one node: at every size. Shared memory is as fast as MPI's own
+//   for small ops and faster from about 1 MiB, for reductions, all_gather and broadcast alike.
+// - Across nodes (hierarchical, also where nodes hold different numbers of ranks): from
+//   NODE_ACROSS_MIN_BYTES. Below it the shared-memory barriers on each side cost more than MPI's
+//   own saves; above it one crossing of the link per lane wins.
+// - Groups with a GPU: only device tensors whose node's ranks share a GPU, in the leader form
+//   (Node::leaderOnSharedDevice), which gives each peer one turn of device work per op.
+//   all_gather at any size (MPI's own all_gather of device memory is slow at every size),
+//   all_reduce from NODE_SHARED_GPU_ALLREDUCE_BYTES, reduce_scatter from ALGO_MIN_BYTES (below,
+//   MPI's own is one IPC copy). broadcast and reduce stay MPI's own. With a GPU per rank the
+//   node algorithm is never auto's choice: no GPU run has measured it against NCCL-class nodes.
 bool nodePicks(const Config& config, const Facts& f) {
   if (!f.nodeSuits || f.worldSize == 1 || config.nodeBufferBytes == 0) return false;
   if (f.groupHasGpu) {

@@ -586,9 +586,8 @@ void broadcastOnHost(NodeOp& o, const at::Tensor& buf, int root) {
   const Topology::Carrier c = t.carrierOf(root);
   // Through the slots, not single copy (as all_gather): here the root's copy of one piece into
   // its slot overlaps the readers' copies of the last, where reading the root's buffer in place
-  // leaves all the copying to the readers, and the kernel's copy is slower than memcpy. Measured
-  // with 2 ranks: single copy 1.2x faster to 512 KiB, 1.2-1.7x slower from 2 MiB
-  // (benchmarks/results/node_single_copy_2026-11-29.txt).
+  // leaves all the copying to the readers, and the kernel's copy is slower than memcpy: single
+  // copy loses from about 2 MiB (docs/performance.md).
   const ByteSpan data = spanOf(o, buf);
   auto fromSlotOf = [&](int local) {
     const bool source = t.localRank == local;

@@ -3,7 +3,7 @@
 // touching anything, where the group has no segment (the ring runs the op then).
 #pragma once
 
-#include "algorithms/Algorithms.hpp"
+#include "algorithms/Context.hpp"
 #include "node/DeviceSlots.hpp"
 
 namespace mpigpu::algo {

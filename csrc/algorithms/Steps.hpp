@@ -7,7 +7,7 @@
 #include <algorithm>
 #include <cstdint>
 
-#include "algorithms/Algorithms.hpp"
+#include "algorithms/Context.hpp"
 
 namespace mpigpu::algo {
 
