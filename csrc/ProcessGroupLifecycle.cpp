@@ -11,8 +11,8 @@
 #include <string>
 #include <vector>
 
-#include "Errors.hpp"
-#include "KeepUntilExit.hpp"
+#include "core/Errors.hpp"
+#include "core/KeepUntilExit.hpp"
 #include "algorithms/NodeAlgorithms.hpp"
 #include "engine/FlightRecorder.hpp"
 #include "engine/Watchdog.hpp"

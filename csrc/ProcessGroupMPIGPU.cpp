@@ -8,12 +8,12 @@
 #include <numeric>
 #include <sstream>
 
-#include "ArgChecks.hpp"
-#include "Desync.hpp"
-#include "Errors.hpp"
-#include "Fusion.hpp"
+#include "ops/ArgChecks.hpp"
+#include "ops/Desync.hpp"
+#include "core/Errors.hpp"
+#include "ops/Fusion.hpp"
 #include "Profiling.hpp"
-#include "Sparse.hpp"
+#include "ops/Sparse.hpp"
 #include "mpi/Check.hpp"
 #include "mpi/Env.hpp"
 #include "mpi/Types.hpp"

@@ -13,7 +13,7 @@
 #include <string>
 #include <vector>
 
-#include "Config.hpp"
+#include "core/Config.hpp"
 #include "algorithms/Algorithms.hpp"
 #include "node/Node.hpp"
 #include "engine/WorkMPIGPU.hpp"

@@ -11,10 +11,10 @@
 #include <pybind11/chrono.h>
 #include <pybind11/stl.h>
 
-#include "Errors.hpp"
-#include "Fusion.hpp"
+#include "core/Errors.hpp"
+#include "ops/Fusion.hpp"
 #include "ProcessGroupMPIGPU.hpp"
-#include "Settings.hpp"
+#include "core/Settings.hpp"
 #include "engine/Engine.hpp"
 #include "engine/FlightRecorder.hpp"
 #include "engine/FutureCompleter.hpp"
@@ -80,7 +80,8 @@ void bindSettings(py::module_& m) {
         }
         return rows;
       },
-      "The settings table (csrc/Settings.cpp): (name, default, shown default, read at, meaning, "
+      "The settings table (csrc/core/Settings.cpp): (name, default, shown default, read at, "
+      "meaning, "
       "tier, basis).");
 }
 

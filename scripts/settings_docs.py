@@ -1,6 +1,6 @@
 #!/usr/bin/env python3
 """Writes the generated settings tables into the docs: docs/settings.md (user, build, tuning) and
-docs/testing.md (test), each between its BEGIN/END marker lines, from csrc/Settings.cpp's table
+docs/testing.md (test), each between its BEGIN/END marker lines, from csrc/core/Settings.cpp's table
 (through `python -m torch_mpi_gpu.info --settings-markdown TIER`). `--check`: exit 1 where a doc
 differs, changing nothing (tests/test_docs.py runs it).
 

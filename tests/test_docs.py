@@ -70,7 +70,7 @@ def test_settings_come_in_tiers():
     for name, tier in tiers.items():  # test hooks carry their own prefix, and only they do
         assert (tier == "test") == name.startswith("TORCH_MPIGPU_TEST_"), (name, tier)
     for s in config.of_tier("tuning"):  # every tuning default says what set it
-        assert s.basis.strip(), f"{s.name}: no basis for its default in csrc/Settings.cpp"
+        assert s.basis.strip(), f"{s.name}: no basis for its default in csrc/core/Settings.cpp"
     settings_md = (ROOT / "docs" / "settings.md").read_text()
     for s in config.of_tier("test"):
         assert s.name not in settings_md, f"{s.name}: test-only settings belong in docs/testing.md"

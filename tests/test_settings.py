@@ -1,4 +1,4 @@
-"""Settings (torch_mpi_gpu.config, csrc/Settings.cpp): the table is the one the code reads and the
+"""Settings (torch_mpi_gpu.config, csrc/core/Settings.cpp): the table is the one the code reads and the
 docs show, defaults parse and bad values name the variable, the timeout setting, the debug log,
 and the choices settings drive at start-up: MPI's yield when crowded, the CUDA device of a rank,
 TORCH_MPIGPU_AUTO_ENV=0."""
@@ -36,8 +36,8 @@ def test_settings_table_is_the_one_the_code_reads_and_the_docs_show():
     assert {"TORCH_MPIGPU_FR_STACKS", "TORCH_MPIGPU_TIMEOUT", "TORCH_MPIGPU_AUTO_ENV",
             "MPI_HOME"} <= read, read
     table = {s.name for s in config.SETTINGS}
-    assert read - table == set(), f"read by the code but not in csrc/Settings.cpp: {read - table}"
-    assert table - read == set(), f"in csrc/Settings.cpp but read nowhere: {table - read}"
+    assert read - table == set(), f"read by the code but not in csrc/core/Settings.cpp: {read - table}"
+    assert table - read == set(), f"in csrc/core/Settings.cpp but read nowhere: {table - read}"
     # docs/settings.md's table is the generated one, row for row
     doc = (ROOT / "docs" / "settings.md").read_text()
     assert config.markdown_table() in doc, (

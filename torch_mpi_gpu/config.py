@@ -1,6 +1,6 @@
 """Every TORCH_MPIGPU_* setting: name, default, when it is read, who it is for, meaning.
 
-The table itself is C++ (csrc/Settings.cpp), so the code that parses a setting and the text that
+The table itself is C++ (csrc/core/Settings.cpp), so the code that parses a setting and the text that
 documents it cannot drift apart; this module exposes it to Python (`info`, the launcher) and
 prints the tables of docs/settings.md (user, tuning, build) and docs/testing.md (test):
 
@@ -22,7 +22,7 @@ class Setting:
     shown_default: str
     read_at: str
     meaning: str
-    tier: str  # user, tuning, build or test (csrc/Settings.hpp says who each is for)
+    tier: str  # user, tuning, build or test (csrc/core/Settings.hpp says who each is for)
     basis: str  # tuning: what set the default
 
     @property

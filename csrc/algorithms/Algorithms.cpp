@@ -10,7 +10,7 @@
 #include <atomic>
 #include <vector>
 
-#include "Overlap.hpp"
+#include "core/Overlap.hpp"
 
 namespace mpigpu::algo {
 // ---------------------------------------------------------------------------------------------

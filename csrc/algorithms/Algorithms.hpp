@@ -40,7 +40,7 @@
 #include <string>
 #include <vector>
 
-#include "Config.hpp"
+#include "core/Config.hpp"
 #include "algorithms/Context.hpp"
 
 namespace mpigpu::algo {

@@ -1,7 +1,7 @@
 #include "algorithms/Link.hpp"
 
-#include "Errors.hpp"
-#include "KeepUntilExit.hpp"
+#include "core/Errors.hpp"
+#include "core/KeepUntilExit.hpp"
 #include "mpi/Check.hpp"
 #include "mpi/Wait.hpp"
 #include "mpi/Collectives.hpp"

@@ -8,8 +8,8 @@
 #include <cstring>
 #include <vector>
 
-#include "Errors.hpp"
-#include "Overlap.hpp"
+#include "core/Errors.hpp"
+#include "core/Overlap.hpp"
 #include "algorithms/Steps.hpp"
 #include "mpi/Collectives.hpp"
 #include "node/Node.hpp"

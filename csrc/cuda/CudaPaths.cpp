@@ -21,7 +21,7 @@
 
 #include "cuda/IpcSlots.hpp"
 #include "cuda/CudaReducer.hpp"
-#include "Errors.hpp"
+#include "core/Errors.hpp"
 #include "mpi/Check.hpp"
 #include "mpi/Collectives.hpp"
 #include "mpi/DirectProbe.hpp"

@@ -11,7 +11,7 @@
 #include <set>
 #include <vector>
 
-#include "Errors.hpp"
+#include "core/Errors.hpp"
 #include "algorithms/Reducer.hpp"
 #include "cuda/CudaReducer.hpp"
 #include "cuda/NodeBarrier.hpp"

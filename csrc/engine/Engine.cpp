@@ -11,8 +11,8 @@
 
 #include <sys/prctl.h>
 
-#include "Errors.hpp"
-#include "KeepUntilExit.hpp"
+#include "core/Errors.hpp"
+#include "core/KeepUntilExit.hpp"
 #include "mpi/Check.hpp"
 #include "mpi/Collectives.hpp"
 #include "mpi/Env.hpp"

@@ -1,6 +1,6 @@
 #include "engine/FlightRecorder.hpp"
 
-#include "Settings.hpp"
+#include "core/Settings.hpp"
 
 // torch's recorder header: its format version, kept in step with the analyzer of the installed
 // torch; and its DebugInfoWriter (exported), so a writer a user registered with torch gets our

@@ -9,7 +9,7 @@
 #include <memory>
 #include <thread>
 
-#include "Errors.hpp"
+#include "core/Errors.hpp"
 #include "engine/FlightRecorder.hpp"
 #include "engine/FutureCompleter.hpp"
 

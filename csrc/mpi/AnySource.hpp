@@ -14,7 +14,7 @@
 
 #include <string>
 
-#include "Config.hpp"
+#include "core/Config.hpp"
 
 namespace mpigpu::mpi {
 

@@ -9,9 +9,9 @@
 #include <mutex>
 #include <thread>
 
-#include "Errors.hpp"
-#include "KeepUntilExit.hpp"
-#include "Overlap.hpp"
+#include "core/Errors.hpp"
+#include "core/KeepUntilExit.hpp"
+#include "core/Overlap.hpp"
 #include "mpi/Check.hpp"
 #include "mpi/Comm.hpp"
 #include "mpi/Env.hpp"

@@ -14,7 +14,7 @@
 #include <string_view>
 #include <thread>
 
-#include "Errors.hpp"
+#include "core/Errors.hpp"
 #include "mpi/Check.hpp"
 #include "mpi/Comm.hpp"
 #include "mpi/Types.hpp"

@@ -6,7 +6,7 @@
 #include <algorithm>
 #include <type_traits>
 
-#include "Errors.hpp"
+#include "core/Errors.hpp"
 
 namespace mpigpu::mpi {
 namespace {

@@ -21,7 +21,7 @@
 #include <string>
 #include <vector>
 
-#include "Config.hpp"
+#include "core/Config.hpp"
 #include "mpi/Collectives.hpp"
 
 namespace mpigpu::algo {

@@ -18,7 +18,7 @@
 #include <random>
 #include <thread>
 
-#include "Errors.hpp"
+#include "core/Errors.hpp"
 #include "mpi/Check.hpp"
 #include "mpi/Wait.hpp"
 

@@ -1,8 +1,8 @@
 #include <algorithm>
 
-#include "ArgChecks.hpp"
-#include "Errors.hpp"
-#include "Fusion.hpp"
+#include "ops/ArgChecks.hpp"
+#include "core/Errors.hpp"
+#include "ops/Fusion.hpp"
 #include "mpi/Types.hpp"
 #include "ops/OpPlan.hpp"
 

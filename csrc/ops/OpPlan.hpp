@@ -12,7 +12,7 @@
 #include <memory>
 #include <vector>
 
-#include "Config.hpp"
+#include "core/Config.hpp"
 #include "algorithms/Algorithms.hpp"
 #include "mpi/Collectives.hpp"
 #include "node/Node.hpp"

@@ -1,10 +1,10 @@
 // all_reduce, reduce, reduce_scatter: checked and planned (ops/OpPlan.hpp).
 #include <algorithm>
 
-#include "ArgChecks.hpp"
-#include "Errors.hpp"
-#include "Fusion.hpp"
-#include "Sparse.hpp"
+#include "ops/ArgChecks.hpp"
+#include "core/Errors.hpp"
+#include "ops/Fusion.hpp"
+#include "ops/Sparse.hpp"
 #include "mpi/Types.hpp"
 #include "ops/OpPlan.hpp"
 

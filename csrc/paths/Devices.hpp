@@ -18,7 +18,7 @@
 #include <memory>
 #include <string>
 
-#include "Config.hpp"
+#include "core/Config.hpp"
 #include "mpi/Collectives.hpp"
 #include "node/DeviceSlots.hpp"
 #include "paths/OpBuffers.hpp"

@@ -15,8 +15,8 @@
 
 #include <pybind11/stl.h>
 
-#include "Config.hpp"
-#include "Fusion.hpp"
+#include "core/Config.hpp"
+#include "ops/Fusion.hpp"
 #include "algorithms/Algorithms.hpp"
 #include "engine/Watchdog.hpp"
 #include "mpi/AnySource.hpp"

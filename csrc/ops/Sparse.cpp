@@ -1,11 +1,11 @@
-#include "Sparse.hpp"
+#include "ops/Sparse.hpp"
 
 #include <ATen/core/LegacyTypeDispatch.h>
 
 #include <algorithm>
 #include <sstream>
 
-#include "Errors.hpp"
+#include "core/Errors.hpp"
 #include "mpi/Types.hpp"
 
 namespace mpigpu::sparse {

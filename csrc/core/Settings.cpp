@@ -1,4 +1,4 @@
-#include "Settings.hpp"
+#include "core/Settings.hpp"
 
 #include <c10/util/Exception.h>
 
@@ -259,7 +259,7 @@ const SettingSpec& setting(std::string_view name) {
     if (name == spec.name) return spec;
   }
   TORCH_INTERNAL_ASSERT(false, "mpigpu: setting ", name,
-                        " is read but missing from csrc/Settings.cpp");
+                        " is read but missing from csrc/core/Settings.cpp");
 }
 
 std::string sharedSettings() {

@@ -1,6 +1,6 @@
-#include "Config.hpp"
+#include "core/Config.hpp"
 
-#include "Settings.hpp"
+#include "core/Settings.hpp"
 
 #include <c10/util/Exception.h>
 #include <c10/util/StringUtil.h>
@@ -25,7 +25,8 @@ const char* valueOf(const char* name) {
 // valueOf for settings that always have a value (their table row gives a default).
 const char* requiredValueOf(const char* name) {
   const char* v = valueOf(name);
-  TORCH_INTERNAL_ASSERT(v != nullptr, "mpigpu: ", name, " has no default in csrc/Settings.cpp");
+  TORCH_INTERNAL_ASSERT(v != nullptr, "mpigpu: ", name,
+                        " has no default in csrc/core/Settings.cpp");
   return v;
 }
 

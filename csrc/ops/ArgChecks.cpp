@@ -1,6 +1,6 @@
-#include "ArgChecks.hpp"
+#include "ops/ArgChecks.hpp"
 
-#include "Errors.hpp"
+#include "core/Errors.hpp"
 
 namespace mpigpu {
 

@@ -1,4 +1,4 @@
-#include "Fusion.hpp"
+#include "ops/Fusion.hpp"
 
 #include <limits>
 #include <map>

@@ -1,9 +1,9 @@
-#include "Desync.hpp"
+#include "ops/Desync.hpp"
 
 #include <algorithm>
 #include <sstream>
 
-#include "Errors.hpp"
+#include "core/Errors.hpp"
 #include "mpi/Check.hpp"
 #include "mpi/Wait.hpp"
 

@@ -9,7 +9,7 @@
 #include <cstdint>
 #include <vector>
 
-#include "Config.hpp"
+#include "core/Config.hpp"
 
 namespace mpigpu {
 
