@@ -71,13 +71,14 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupMPIGPU::enqueue(ops::Plan plan) {
   auto bufs = std::move(plan.bufs);
   auto body = std::move(plan.body);
   const int root = plan.root;
+  const int redop = plan.redop;
   std::vector<at::Tensor> outputs = std::move(plan.outputs);
   std::vector<at::Tensor> inputs = std::move(plan.inputs);
   const auto engine = currentEngine(op);
   bufs->issued(op, rank_);  // before the op takes a number: it may refuse
-  // What every rank must agree on (compared before the op with TORCH_MPIGPU_DESYNC_CHECK=1).
+  // What every rank must agree on (ops/Desync.hpp: compared before this op, or in a digest).
   const Fingerprint fp =
-      config_.desyncCheck ? fingerprintOf(type, inputs, outputs, root) : Fingerprint{};
+      desync_.enabled() ? fingerprintOf(type, inputs, outputs, root, redop) : Fingerprint{};
   // The group's collective number: the same on every rank (point-to-point ops have their own).
   const uint64_t seq = ++*collectives_;
   auto built = newWork(type, op, seq, std::move(outputs), std::move(inputs),
@@ -98,7 +99,7 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupMPIGPU::enqueue(ops::Plan plan) {
     const char* name = watched.name;
     const uint64_t seq = watched.seq;
     Watchdog::Scope watch(std::move(watched));
-    if (config_.desyncCheck) checkSameCollective(comm_, groupName_, name, seq, fp);
+    desync_.onCollective(comm_, groupName_, name, seq, fp);
     {
       auto onCommStream = bufs->enter();
       bufs->stageIn();
@@ -260,6 +261,28 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupMPIGPU::barrier(const c10d::BarrierOp
 // Point-to-point: posted in issue order (on the caller when nothing is ahead, else on the
 // worker), completed as MPI finishes them (found by the worker's polling or a waiting caller).
 
+namespace {
+
+// A message shorter than its receive leaves the tensor partly written, and MPI calls that a
+// success: compare what arrived (the first piece, where a huge tensor goes in pieces) with what
+// the receive expects, and fail it instead, naming the peer and both sizes.
+void checkReceivedAll(const char* op, int rank, int64_t maxCount, const MPI_Status& status,
+                      const at::Tensor& buf, paths::OpBuffers& bufs) {
+  int arrived = 0;
+  MPI_Get_count(&status, MPI_BYTE, &arrived);
+  const int64_t expected =
+      std::min<int64_t>(buf.numel(), maxCount) * static_cast<int64_t>(buf.element_size());
+  if (arrived == expected) return;
+  bufs.release();  // nothing is copied back
+  MPIGPU_THROW_BACKEND(op, rank, "the message from rank ", status.MPI_SOURCE, " (tag ",
+                       status.MPI_TAG, ") held ", arrived, " bytes, but this receive expects ",
+                       expected, " (", buf.numel(), " elements of ", buf.scalar_type(),
+                       "); the tensor was not written. A send and its receive must match in "
+                       "size and dtype");
+}
+
+}  // namespace
+
 void ProcessGroupMPIGPU::checkP2P(const char* op, const at::Tensor& tensor, int peer,
                                   int tag) const {
   checkTensor(op, rank_, tensor);
@@ -300,9 +323,11 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupMPIGPU::enqueueP2P(c10d::OpType type,
     WorkMPIGPU* raw = work.get();  // the pending entry owns `work`
     // Watched while the request is pending (the entry owns `then`), for the peer leaving.
     auto watch = peer == MPI_ANY_SOURCE ? nullptr : std::make_shared<Watchdog::Scope>(watched);
-    Engine::Then then = [bufs, raw, watch](const MPI_Status& status) {
+    Engine::Then then = [bufs, raw, watch, op, sending, rank = rank_,
+                         maxCount = comm_.maxCount](const MPI_Status& status) {
       if (status.MPI_ERROR == MPI_SUCCESS) {  // on an error: release only, copy nothing back
         raw->setSourceRank(status.MPI_SOURCE);
+        if (!sending) checkReceivedAll(op, rank, maxCount, status, bufs->mpi(0), *bufs);
         auto onCommStream = bufs->enter();
         bufs->stageOut();
       }

@@ -20,6 +20,7 @@
 #include "engine/Engine.hpp"
 #include "mpi/AnySource.hpp"
 #include "mpi/Collectives.hpp"
+#include "ops/Desync.hpp"
 #include "ops/OpPlan.hpp"
 #include "paths/Devices.hpp"
 
@@ -191,6 +192,8 @@ class ProcessGroupMPIGPU : public c10d::Backend {
   bool spansNodes_ = false;
   std::string nodesWithoutNode_;  // describe()'s nodes where node_ is null
   std::unique_ptr<paths::PathFactory> paths_;
+  // Whether the ranks issue the same collectives (ops/Desync.hpp).
+  DesyncCheck desync_{config_.desyncCheck, config_.desyncFirstOps, config_.desyncInterval};
   // What the ops (ops/) read of this group: references to the members above.
   const ops::Group group_{rank_,     size_, config_, policy_,      comm_,
                           algoComm_, node_, paths_,  groupHasGpu_, spansNodes_};

@@ -607,7 +607,17 @@ def test_fsdp2_and_dtensor(np):
 
 @pytest.mark.parametrize("np", [2, 3, 4])
 def test_desync_detected_with_debug(np):
-    assert passed_counts(run_mpi("desync.py", np, env={"TORCH_MPIGPU_DESYNC_CHECK": "1"}), np) >= 10
+    # every collective compared before it runs
+    assert passed_counts(run_mpi("desync.py", np, env={"TORCH_MPIGPU_DESYNC_CHECK": "1"}), np) >= 15
+
+
+@pytest.mark.parametrize("np", [2, 3, 4])
+def test_desync_detected_by_default(np):
+    # no setting: the young group's collectives compared one by one, then a late mismatch found
+    # by the digest within one interval (a short one here, and the default's at 2 ranks)
+    env = {} if np == 2 else {"TORCH_MPIGPU_DESYNC_CHECK_FIRST_OPS": "40",
+                              "TORCH_MPIGPU_DESYNC_CHECK_INTERVAL": "16"}
+    assert passed_counts(run_mpi("desync.py", np, env=env), np) >= 17
 
 
 # The node algorithm forced where nodes hold different counts (pretended on this host): every op

@@ -101,7 +101,11 @@ Config Config::fromEnv() {
   c.sharedSettings = mpigpu::sharedSettings();
   c.maxElementsPerCall = parseInt("TORCH_MPIGPU_MAX_ELEMENTS_PER_CALL", 1, INT_MAX);
   c.debug = parseFlag("TORCH_MPIGPU_DEBUG");
-  c.desyncCheck = parseFlag("TORCH_MPIGPU_DESYNC_CHECK");
+  c.desyncCheck = parseChoice<DesyncMode>(
+      "TORCH_MPIGPU_DESYNC_CHECK",
+      {{"0", DesyncMode::Off}, {"auto", DesyncMode::Sampled}, {"1", DesyncMode::Every}});
+  c.desyncFirstOps = parseInt("TORCH_MPIGPU_DESYNC_CHECK_FIRST_OPS", 0, kHuge);
+  c.desyncInterval = parseInt("TORCH_MPIGPU_DESYNC_CHECK_INTERVAL", 1, kHuge);
   c.timeoutSeconds = parseTimeoutSeconds("TORCH_MPIGPU_TIMEOUT");
   c.abortOnTimeout =
       parseChoice<bool>("TORCH_MPIGPU_TIMEOUT_ACTION", {{"abort", true}, {"report", false}});

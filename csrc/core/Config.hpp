@@ -13,6 +13,8 @@ enum class CudaAware : int8_t { Auto, DevicePointers, Staged };
 // Reductions on CUDA tensors when the other ops go as device pointers
 // (TORCH_MPIGPU_CUDA_REDUCE=auto|direct|staged); Auto: staged where the MPI reduces device
 // buffers on the host anyway (Open MPI), device pointers elsewhere.
+// TORCH_MPIGPU_DESYNC_CHECK=0|auto|1 (ops/Desync.hpp).
+enum class DesyncMode : int8_t { Off, Sampled, Every };
 enum class CudaReduce : int8_t { Auto, Direct, Staged };
 // Whether a library's word that it is CUDA-aware is checked (TORCH_MPIGPU_CUDA_PROBE=auto|off;
 // mpi/DirectProbe.hpp): Auto probes at the first group with a GPU, Off takes the word, Fail
@@ -35,8 +37,11 @@ enum class AnySourceRecv : int8_t { Auto, Post, Probe };
 struct Config {
   // Largest element count handed to one MPI call; bigger messages are split (MPI counts are int).
   int64_t maxElementsPerCall = 0;
-  bool debug = false;        // TORCH_MPIGPU_DEBUG=1: log the group's setup and every op queued
-  bool desyncCheck = false;  // TORCH_MPIGPU_DESYNC_CHECK=1: compare every collective across ranks
+  bool debug = false;  // TORCH_MPIGPU_DEBUG=1: log the group's setup and every op queued
+  // TORCH_MPIGPU_DESYNC_CHECK: which collectives are compared across ranks (ops/Desync.hpp)
+  DesyncMode desyncCheck = DesyncMode::Sampled;
+  int64_t desyncFirstOps = 0;  // Sampled: every collective up to this number
+  int64_t desyncInterval = 1;  // Sampled: then every collective whose number is a multiple
   // Overrides the process group timeout when > 0 (TORCH_MPIGPU_TIMEOUT, seconds).
   double timeoutSeconds = 0;
   // A collective still inside MPI after the timeout is reported; true: then end the job with

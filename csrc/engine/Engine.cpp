@@ -625,9 +625,13 @@ void Engine::failPending(Finished& f) {
     failed.MPI_ERROR = rc;
     p.then(failed);
   }
+  const MPI_Status& st = f.statuses[0];
+  const bool peerKnown = st.MPI_SOURCE >= 0 && st.MPI_SOURCE != MPI_ANY_SOURCE;
   MPIGPU_THROW_BACKEND(p.work->opName(), p.work->groupRank(), p.work->describe(),
                        ": MPI_Testall failed: ", text,
-                       " (a receive smaller than the message sent, or a peer that failed)");
+                       peerKnown ? " (peer: rank " + std::to_string(st.MPI_SOURCE) + ")" : "",
+                       " (a receive smaller than the message sent, or a peer that failed; a send "
+                       "and its receive must match in size and dtype)");
 }
 
 }  // namespace mpigpu

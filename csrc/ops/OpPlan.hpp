@@ -72,6 +72,7 @@ struct Plan {
   std::shared_ptr<paths::OpBuffers> bufs;
   std::function<void(paths::OpBuffers&)> body;  // on the engine, between stage-in and stage-out
   int root = -1;
+  int redop = -1;  // reductions: the c10d::ReduceOp kind (the desync check compares it)
 };
 
 // Reductions (ops/Reductions.cpp)

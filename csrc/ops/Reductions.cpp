@@ -15,6 +15,12 @@ using paths::OpBuffers;
 
 namespace {
 
+// A reduction's plan carries its reduce op, which every rank must share (ops/Desync.hpp).
+Plan reducing(Plan plan, const c10d::ReduceOp& reduceOp) {
+  plan.redop = static_cast<int>(reduceOp.op_);
+  return plan;
+}
+
 // An all_reduce's algorithms, chosen in one place: whose collectives the op uses (its buffers
 // are made for that), and where ours, which of ours each fused bucket takes by its own size.
 struct AllreduceChoice {
@@ -72,25 +78,21 @@ Plan allreduce(const Group& g, std::vector<at::Tensor>& tensors,
   if (std::all_of(buckets.begin(), buckets.end(),
                   [&](const Bucket& k) { return g.onDeviceSlots(k.algo); }))
     bufs->deferStartWait();
-  return {c10d::OpType::ALLREDUCE,
-          op,
-          tensors,
-          tensors,
-          opts.timeout,
-          opts.asyncOp,
-          bufs,
-          [gp = &g, op, buckets](OpBuffers& b) {
-            for (const auto& k : buckets) {
-              b.run(k.slot, [&](at::Tensor& t) {
-                if (k.algo == nullptr) {
-                  mpi::allreduceInPlace(gp->comm, op, t, k.red);
-                  return;
-                }
-                gp->withAlgorithm(b, op, t, k.red,
-                                  [&](algo::Context& c) { algo::allreduce(c, *k.algo, t); });
-              });
-            }
-          }};
+  return reducing(
+      Plan{c10d::OpType::ALLREDUCE, op, tensors, tensors, opts.timeout, opts.asyncOp, bufs,
+           [gp = &g, op, buckets](OpBuffers& b) {
+             for (const auto& k : buckets) {
+               b.run(k.slot, [&](at::Tensor& t) {
+                 if (k.algo == nullptr) {
+                   mpi::allreduceInPlace(gp->comm, op, t, k.red);
+                   return;
+                 }
+                 gp->withAlgorithm(b, op, t, k.red,
+                                   [&](algo::Context& c) { algo::allreduce(c, *k.algo, t); });
+               });
+             }
+           }},
+      opts.reduceOp);
 }
 
 Plan allreduceSparse(const Group& g, std::vector<at::Tensor>& tensors,
@@ -124,24 +126,20 @@ Plan reduce(const Group& g, std::vector<at::Tensor>& tensors, const c10d::Reduce
   // Only the root's tensor changes.
   const size_t slot = bufs->add(tensors[0], g.rank == root ? Access::ReadWrite : Access::Read,
                                 /*elementwise=*/true);
-  return {c10d::OpType::REDUCE,
-          op,
-          tensors,
-          tensors,
-          opts.timeout,
-          opts.asyncOp,
-          bufs,
-          [gp = &g, op, slot, red, root, ours](OpBuffers& b) {
-            b.run(slot, [&](at::Tensor& t) {
-              if (!ours) {
-                mpi::reduce(gp->comm, op, t, t, red, root);
-                return;
-              }
-              gp->withAlgorithm(b, op, t, red,
-                                [&](algo::Context& c) { algo::reduce(c, *ours, t, root); });
-            });
-          },
-          root};
+  return reducing(Plan{c10d::OpType::REDUCE, op, tensors, tensors, opts.timeout, opts.asyncOp, bufs,
+                       [gp = &g, op, slot, red, root, ours](OpBuffers& b) {
+                         b.run(slot, [&](at::Tensor& t) {
+                           if (!ours) {
+                             mpi::reduce(gp->comm, op, t, t, red, root);
+                             return;
+                           }
+                           gp->withAlgorithm(b, op, t, red, [&](algo::Context& c) {
+                             algo::reduce(c, *ours, t, root);
+                           });
+                         });
+                       },
+                       root},
+                  opts.reduceOp);
 }
 
 Plan reduceScatter(const Group& g, std::vector<at::Tensor>& outputs,
@@ -163,26 +161,22 @@ Plan reduceScatter(const Group& g, std::vector<at::Tensor>& outputs,
   if (g.onDeviceSlots(ours)) bufs->deferStartWait();
   const size_t in = bufs->add(inputs[0], Access::Read);
   const size_t out = bufs->add(outputs[0], Access::Write);
-  return {c10d::OpType::REDUCE_SCATTER,
-          op,
-          outputs,
-          inputs[0],
-          opts.timeout,
-          opts.asyncOp,
-          bufs,
-          [gp = &g, op, in, out, red, ours, even, counts](OpBuffers& b) {
-            if (!even) {
-              mpi::reduceScatterV(gp->comm, op, b.mpi(in), b.mpi(out), counts, red);
-              return;
-            }
-            if (!ours) {
-              mpi::reduceScatter(gp->comm, op, b.mpi(in), b.mpi(out), red);
-              return;
-            }
-            gp->withAlgorithm(b, op, b.mpi(in), red, [&](algo::Context& c) {
-              algo::reduceScatter(c, *ours, b.mpi(in), b.mpi(out));
-            });
-          }};
+  return reducing(
+      Plan{c10d::OpType::REDUCE_SCATTER, op, outputs, inputs[0], opts.timeout, opts.asyncOp, bufs,
+           [gp = &g, op, in, out, red, ours, even, counts](OpBuffers& b) {
+             if (!even) {
+               mpi::reduceScatterV(gp->comm, op, b.mpi(in), b.mpi(out), counts, red);
+               return;
+             }
+             if (!ours) {
+               mpi::reduceScatter(gp->comm, op, b.mpi(in), b.mpi(out), red);
+               return;
+             }
+             gp->withAlgorithm(b, op, b.mpi(in), red, [&](algo::Context& c) {
+               algo::reduceScatter(c, *ours, b.mpi(in), b.mpi(out));
+             });
+           }},
+      opts.reduceOp);
 }
 
 Plan reduceScatterTensors(const Group& g, std::vector<at::Tensor>& outputs,
@@ -202,24 +196,20 @@ Plan reduceScatterTensors(const Group& g, std::vector<at::Tensor>& outputs,
         {k.wide, k.narrow,
          mpi::resolveReduction(opts.reduceOp, outputs[k.first].scalar_type(), op, g.rank)});
   }
-  return {c10d::OpType::_REDUCE_SCATTER_BASE,
-          op,
-          outputs,
-          inputs,
-          opts.timeout,
-          opts.asyncOp,
-          bufs,
-          [gp = &g, op, buckets, ours](OpBuffers& b) {
-            for (const auto& k : buckets) {
-              if (!ours) {
-                mpi::reduceScatter(gp->comm, op, b.mpi(k.in), b.mpi(k.out), k.red);
-                continue;
-              }
-              gp->withAlgorithm(b, op, b.mpi(k.in), k.red, [&](algo::Context& c) {
-                algo::reduceScatter(c, *ours, b.mpi(k.in), b.mpi(k.out));
-              });
-            }
-          }};
+  return reducing(Plan{c10d::OpType::_REDUCE_SCATTER_BASE, op, outputs, inputs, opts.timeout,
+                       opts.asyncOp, bufs,
+                       [gp = &g, op, buckets, ours](OpBuffers& b) {
+                         for (const auto& k : buckets) {
+                           if (!ours) {
+                             mpi::reduceScatter(gp->comm, op, b.mpi(k.in), b.mpi(k.out), k.red);
+                             continue;
+                           }
+                           gp->withAlgorithm(b, op, b.mpi(k.in), k.red, [&](algo::Context& c) {
+                             algo::reduceScatter(c, *ours, b.mpi(k.in), b.mpi(k.out));
+                           });
+                         }
+                       }},
+                  opts.reduceOp);
 }
 
 }  // namespace mpigpu::ops

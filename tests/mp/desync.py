@@ -1,11 +1,57 @@
-"""Desync detection (TORCH_MPIGPU_DESYNC_CHECK=1): ranks issuing different collectives, dtypes, sizes or
-roots get a DistBackendError on every rank naming the ranks that differ, instead of a hang or
-corrupted memory; the group keeps working. 2-4 ranks."""
+"""Desync detection: ranks issuing different collectives, dtypes, sizes, roots or reduce ops get a
+DistBackendError on every rank naming the ranks that differ, instead of a hang or corrupted memory;
+the group keeps working. 2-4 ranks. Under the default (TORCH_MPIGPU_DESYNC_CHECK=auto) a mismatch
+in the group's first collectives is caught before it runs, and one after them (a reduce op that
+differs: no hang, silently wrong data without the check) within one check interval, naming the
+collective; with TORCH_MPIGPU_DESYNC_CHECK=1 every collective is compared before it runs."""
+
+import os
 
 import torch
 import torch.distributed as dist
 
 from common import Checker, run
+
+
+def late_mismatch(c, odd, last, rank, world):
+    """After the young phase: a reduce op that differs runs (it cannot hang), and a later check
+    within one interval raises on every rank, naming it."""
+    first = int(os.environ.get("TORCH_MPIGPU_DESYNC_CHECK_FIRST_OPS", "64"))
+    interval = int(os.environ.get("TORCH_MPIGPU_DESYNC_CHECK_INTERVAL", "64"))
+    t = torch.ones(2)
+    for _ in range(first):  # past the collectives compared one by one
+        dist.all_reduce(t)
+    dist.all_reduce(torch.ones(4), op=dist.ReduceOp.MAX if odd else dist.ReduceOp.SUM)
+
+    def until_checked():
+        for _ in range(interval + 1):
+            dist.all_reduce(torch.ones(2))
+
+    c.raises("late reduce-op mismatch found within one interval", dist.DistBackendError,
+             until_checked, must_contain=["did not issue the same collective #", f"rank {last}: ",
+                                          "MAX", "SUM", "<- differs from rank 0", f"[rank {rank}]"])
+    t = torch.ones(3)
+    dist.all_reduce(t)
+    c.close("late mismatch: group works after", t, torch.full((3,), float(world)))
+
+
+def p2p_mismatch(c, rank, last):
+    """A receive larger than the message raises on the receiver naming the peer and both sizes
+    (MPI calls it a success); one smaller than the message is MPI's truncation error, named."""
+    if rank == 0:
+        dist.send(torch.ones(2), dst=last)
+        dist.send(torch.ones(8), dst=last)
+    elif rank == last:
+        c.raises("a receive larger than the message", dist.DistBackendError,
+                 lambda: dist.recv(torch.zeros(4), src=0),
+                 must_contain=["from rank 0", "held 8 bytes", "expects 16", "4 elements of Float",
+                               f"[rank {last}]"])
+        c.raises("a receive smaller than the message", dist.DistBackendError,
+                 lambda: dist.recv(torch.zeros(4), src=0),
+                 must_contain=["smaller than the message", "peer: rank 0", f"[rank {last}]"])
+    t = torch.ones(3)  # the group still works afterwards
+    dist.all_reduce(t)
+    c.close("p2p mismatches: group works after", t, torch.full((3,), float(dist.get_world_size())))
 
 
 def main():
@@ -31,6 +77,12 @@ def main():
              ["BROADCAST", "ALLREDUCE"])
     mismatch("root", lambda: dist.broadcast(torch.ones(4), src=1 if odd else 0),
              ["root 1", "root 0"])
+    mismatch("reduce op", lambda: dist.all_reduce(torch.ones(4),
+                                                  op=dist.ReduceOp.MAX if odd else dist.ReduceOp.SUM),
+             ["MAX", "SUM"])
+    if os.environ.get("TORCH_MPIGPU_DESYNC_CHECK", "auto") == "auto":
+        late_mismatch(c, odd, last, rank, world)
+    p2p_mismatch(c, rank, last)
     # matching calls pass the check (uneven all_to_all splits are allowed to differ)
     t = torch.full((2,), float(rank))
     dist.all_reduce(t, async_op=True).wait()
