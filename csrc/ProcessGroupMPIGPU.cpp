@@ -281,6 +281,22 @@ void checkReceivedAll(const char* op, int rank, int64_t maxCount, const MPI_Stat
                        "size and dtype");
 }
 
+// What runs when a send or receive completes: the received bytes checked and staged out.
+Engine::Then completion(const char* op, int rank, int64_t maxCount, bool sending,
+                        std::shared_ptr<paths::OpBuffers> bufs, WorkMPIGPU* raw,
+                        std::shared_ptr<Watchdog::Scope> watch) {
+  // `watch` rides along: the pending entry owns `then`, so the op stays watched while pending
+  return [op, rank, maxCount, sending, bufs, raw, watch](const MPI_Status& status) {
+    if (status.MPI_ERROR == MPI_SUCCESS) {  // on an error: release only, copy nothing back
+      raw->setSourceRank(status.MPI_SOURCE);
+      if (!sending) checkReceivedAll(op, rank, maxCount, status, bufs->mpi(0), *bufs);
+      auto onCommStream = bufs->enter();
+      bufs->stageOut();
+    }
+    bufs->release();
+  };
+}
+
 }  // namespace
 
 void ProcessGroupMPIGPU::checkP2P(const char* op, const at::Tensor& tensor, int peer,
@@ -323,16 +339,7 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupMPIGPU::enqueueP2P(c10d::OpType type,
     WorkMPIGPU* raw = work.get();  // the pending entry owns `work`
     // Watched while the request is pending (the entry owns `then`), for the peer leaving.
     auto watch = peer == MPI_ANY_SOURCE ? nullptr : std::make_shared<Watchdog::Scope>(watched);
-    Engine::Then then = [bufs, raw, watch, op, sending, rank = rank_,
-                         maxCount = comm_.maxCount](const MPI_Status& status) {
-      if (status.MPI_ERROR == MPI_SUCCESS) {  // on an error: release only, copy nothing back
-        raw->setSourceRank(status.MPI_SOURCE);
-        if (!sending) checkReceivedAll(op, rank, maxCount, status, bufs->mpi(0), *bufs);
-        auto onCommStream = bufs->enter();
-        bufs->stageOut();
-      }
-      bufs->release();
-    };
+    Engine::Then then = completion(op, rank_, comm_.maxCount, sending, bufs, raw, watch);
     std::vector<MPI_Request> reqs;
     {
       auto onCommStream = bufs->enter();

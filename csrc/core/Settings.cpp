@@ -19,9 +19,8 @@ const SettingSpec kSettings[] = {
      "`report`: only report",
      Tier::User, ""},
     {"TORCH_MPIGPU_DEBUG", "0", "", ReadAt::GroupCreationPerRank,
-     "`1`: log each group's setup (MPI library, thread level, paths) and every op queued, through "
-     "c10 logging at INFO level (shown with `TORCH_CPP_LOG_LEVEL=INFO`; each line starts with the "
-     "group's name, rank and world rank)",
+     "`1`: log each group's setup and every op queued through c10 logging at INFO "
+     "(`TORCH_CPP_LOG_LEVEL=INFO`), each line prefixed with the group, rank and world rank",
      Tier::User, ""},
     {"TORCH_MPIGPU_DESYNC_CHECK", "auto", "", ReadAt::GroupCreation,
      "ranks that disagree on a collective (op, dtype, element count, root, reduce op) all get a "
@@ -46,11 +45,9 @@ const SettingSpec kSettings[] = {
      "must use the same value",
      Tier::User, ""},
     {"TORCH_MPIGPU_MPI_YIELD", "auto", "", ReadAt::Import,
-     "a rank waiting for others gives its core away: its MPI waits test and sleep (yielding for "
-     "2 ms, then sleeps growing to 0.5 ms) instead of spinning inside a blocking call, and Open "
-     "MPI's `mpi_yield_when_idle` is set (a user's own `OMPI_MCA_mpi_yield_when_idle` wins). "
-     "`auto`: when the host is oversubscribed (an unbound rank sees fewer cores than ranks on "
-     "its host; a rank bound by the launcher is not); `1` always; `0` never",
+     "a waiting rank gives its core away (its MPI waits test, yield, then sleep up to 0.5 ms; "
+     "Open MPI's `mpi_yield_when_idle` set unless the user set it). `auto`: when an unbound "
+     "rank sees fewer cores than ranks on its host; `1` always; `0` never",
      Tier::User, ""},
     {"TORCH_MPIGPU_ABORT_ON_EXCEPTION", "1", "", ReadAt::UncaughtException,
      "a rank leaving on an uncaught exception prints its traceback and ends the job "
@@ -70,8 +67,7 @@ const SettingSpec kSettings[] = {
     {"TORCH_MPIGPU_INLINE_BYTES", "1099511627776", "`1099511627776` (no limit)",
      ReadAt::GroupCreationPerRank,
      "blocking host ops up to this size run on the calling thread when the group is idle, and "
-     "host send/recv up to this size are posted there and tested by `wait()`; `0`: always on the "
-     "worker",
+     "host send/recv are posted there and tested by `wait()`; `0`: always on the worker",
      Tier::Tuning,
      "no limit: a blocking op's caller waits anyway, and running it there saves the hand-off to "
      "the worker at every size (performance.md, host overhead)"},
@@ -89,29 +85,25 @@ const SettingSpec kSettings[] = {
      "splitting)",
      Tier::Tuning, "MPI's `int` count limit"},
     {"TORCH_MPIGPU_CUDA_PROBE", "auto", "", ReadAt::GroupCreation,
-     "where the MPI library reports CUDA support and `CUDA_AWARE=auto`: `auto` checks it at the "
-     "first group with a GPU (send/recv and all-gather of device buffers, compared with the "
-     "expected bytes; wrong bytes stage CUDA tensors through host memory, with a warning); `off` "
-     "takes the library's word",
+     "where the library reports CUDA support and `CUDA_AWARE=auto`: `auto` checks it at the "
+     "first group with a GPU (device send/recv and all-gather; wrong bytes stage CUDA tensors, "
+     "with a warning); `off` takes the library's word",
      Tier::Tuning, "a library's claim is not proof (architecture.md, data paths)"},
     {"TORCH_MPIGPU_CUDA_REDUCE", "auto", "", ReadAt::GroupCreation,
-     "how reductions on CUDA tensors travel when the other ops go direct. MPI's own collectives: "
-     "`auto` staged on Open MPI (it reduces device buffers on the host anyway), direct "
-     "elsewhere. Our algorithms (the GPU reduces either way): `auto` device pointers for ops "
-     "from `TORCH_MPIGPU_CUDA_DIRECT_BYTES`, pinned staging below; `direct`; `staged`",
+     "CUDA reductions where other ops go direct. MPI's own collectives: `auto` staged on Open "
+     "MPI (it reduces device buffers on the host anyway), direct elsewhere. Ours: `auto` "
+     "device pointers from `CUDA_DIRECT_BYTES`, pinned staging below; `direct`; `staged`",
      Tier::Tuning, "Open MPI's coll/cuda copies device buffers to the host to reduce them"},
     {"TORCH_MPIGPU_CUDA_ORDER_EVENTS", "auto", "", ReadAt::GroupCreationPerRank,
-     "the stream events that order a CUDA op after the caller's current stream (at issue) and "
-     "`Work.wait()`'s stream after the op: `auto` records each only where its stream still has "
-     "work queued; `always` records both in every op (where an input comes from a blocking "
-     "stream made outside torch that only the legacy default stream's implicit wait ordered)",
+     "stream events ordering a CUDA op after the caller's stream and `Work.wait()`'s stream "
+     "after the op: `auto` records each only where its stream has work queued; `always` in "
+     "every op (for inputs from a blocking stream made outside torch)",
      Tier::Tuning,
      "an event is a device command: one queued for nothing costs a device round trip"},
     {"TORCH_MPIGPU_ANY_SOURCE_RECV", "auto", "", ReadAt::GroupCreation,
-     "receives from any source (`recv` with `src=None`): `post` hands MPI_Irecv(MPI_ANY_SOURCE) "
-     "to the library; `probe` matches each with MPI_Improbe and receives it with MPI_Imrecv "
-     "(later receives of its tag wait until it is matched, as MPI orders them); `auto` probes on "
-     "MPICH's ucx netmod, which loses such receives, and posts elsewhere",
+     "`recv(src=None)`: `post` hands MPI_Irecv(MPI_ANY_SOURCE) to the library; `probe` matches "
+     "each with MPI_Improbe and MPI_Imrecv; `auto`: probe on MPICH's ucx netmod (it loses such "
+     "receives), post elsewhere",
      Tier::Tuning, "MPICH's ucx netmod loses posted any-source receives (tests/mp/p2p_stress.py)"},
     {"TORCH_MPIGPU_NODE_BUFFER_BYTES", "1048576", "", ReadAt::GroupCreation,
      "node-aware algorithms: shared memory per rank and half (twice this per rank and group, made "
@@ -119,29 +111,26 @@ const SettingSpec kSettings[] = {
      "memory, the node algorithm off",
      Tier::Tuning, "pieces of 1 MiB keep the copy in and the reduction pipelined in cache"},
     {"TORCH_MPIGPU_NODE_DEVICE_BUFFER_BYTES", "33554432", "", ReadAt::GroupCreation,
-     "node algorithm in groups whose every member has a GPU (`TORCH_MPIGPU_ALGO=node` only): "
-     "device memory per rank and half, mapped into the node's peers by CUDA IPC (made at the "
-     "first such op); made again larger, doubling up to `NODE_DEVICE_BUFFER_MAX_BYTES`, at the "
-     "first op that would fit in one piece",
+     "node algorithm where every member has a GPU (`ALGO=node` only): device memory per rank "
+     "and half, mapped into the peers by CUDA IPC; doubled up to "
+     "`NODE_DEVICE_BUFFER_MAX_BYTES` at the first op that would fit in one piece",
      Tier::Tuning, "not measured: a starting size that the slots grow from"},
     {"TORCH_MPIGPU_NODE_DEVICE_BUFFER_MAX_BYTES", "268435456", "", ReadAt::GroupCreation,
      "the most the node algorithm's device slots grow to, per rank and half; bigger ops go in "
      "pieces of this size (each piece one or two barriers of the node's ranks)",
      Tier::Tuning, "not measured: a memory cap (256 MiB per rank and half)"},
     {"TORCH_MPIGPU_NODE_DEVICE_ORDER", "auto", "", ReadAt::GroupCreation,
-     "node algorithm in device slots: how the node's ranks wait for each other. `host`: each "
-     "rank waits for its GPU, then a barrier in host shared memory (no kernel waits for another "
-     "process: ranks sharing a GPU); `device`: a kernel on the op's stream marks its arrival in "
-     "the peers' flags and waits for theirs (no host round trip: ranks with GPUs of their own); "
-     "`auto`: `device` where every rank of the node has a GPU of its own, else `host`",
+     "node algorithm in device slots, how the node's ranks wait for each other: `host` (each "
+     "waits for its GPU, then a host barrier: ranks sharing a GPU), `device` (a kernel marks "
+     "and waits on peers' flags: a GPU per rank), `auto`: `device` where every rank has a GPU "
+     "of its own, else `host`",
      Tier::Tuning,
      "a kernel that spins on another process's flag pays a whole time slice on a shared GPU"},
     {"TORCH_MPIGPU_NODE_LEADER", "auto", "", ReadAt::GroupCreation,
-     "node algorithm: the leader form. `1`: the node's first rank reduces one-node all_reduce and "
-     "reduce_scatter for all (reading its peers' slots; they only copy in and out) and takes "
-     "all_gather's rows after its peers have placed theirs, so each peer's device work comes in "
-     "one turn per op; `0`: every rank reduces its share (one-shot or two-shot); `auto`: `1` "
-     "in device slots ordered from the host (ranks sharing a GPU), else `0`",
+     "node algorithm: `1` the node's first rank reduces one-node all_reduce and reduce_scatter "
+     "for all and gathers all_gather's rows (each peer's device work in one turn per op); `0` "
+     "every rank reduces its share; `auto`: `1` in device slots ordered from the host (ranks "
+     "sharing a GPU), else `0`",
      Tier::Tuning,
      "lent H200, ranks sharing its GPU: fewer time-slice switches per op (performance.md)"},
     {"TORCH_MPIGPU_NODE_ONE_SHOT_BYTES", "65536", "", ReadAt::GroupCreation,
@@ -151,10 +140,9 @@ const SettingSpec kSettings[] = {
      "one-shot's extra reads cost less than two-shot's second barrier below 64 KiB "
      "(2-core VM, 2-4 ranks)"},
     {"TORCH_MPIGPU_NODE_SINGLE_COPY_BYTES", "8192", "", ReadAt::GroupCreation,
-     "node algorithm on host tensors: all_gather of at least this many bytes per rank reads the "
-     "peers' buffers in place (Linux cross-memory attach, `process_vm_readv`: one "
-     "copy instead of two through the shared slots) where the kernel lets every rank of the "
-     "group do so (`info` says why not); `1099511627776`: never",
+     "node algorithm on host tensors: all_gather from this many bytes per rank reads the "
+     "peers' buffers in place (`process_vm_readv`: one copy instead of two) where the kernel "
+     "lets every rank do so (`info` says why not); `1099511627776`: never",
      Tier::Tuning,
      "below 8 KiB per rank a system call per peer costs more than the copy saved "
      "(2-core VM, performance.md)"},
@@ -165,17 +153,14 @@ const SettingSpec kSettings[] = {
      "two simulated hosts x 2 ranks: hierarchical ties MPI's own at 256 KiB, loses "
      "below (performance.md)"},
     {"TORCH_MPIGPU_NODE_SHARED_GPU_ALLREDUCE_BYTES", "1048576", "", ReadAt::GroupCreation,
-     "auto, CUDA tensors where the ranks of one node share a GPU: all_reduce from this size takes "
-     "the node algorithm's leader form, smaller ones MPI's own (reduce_scatter from "
-     "`ALGO_MIN_BYTES`, all_gather at any size)",
+     "auto, CUDA tensors where a node's ranks share a GPU: all_reduce from this size takes the "
+     "node algorithm's leader form, smaller ones MPI's own",
      Tier::Tuning,
      "lent H200, 2 ranks sharing it: the leader form crosses MPI's own between "
      "256 KiB and 1 MiB (performance.md)"},
     {"TORCH_MPIGPU_ALGO_MIN_BYTES", "2097152", "", ReadAt::GroupCreation,
      "auto, groups with a GPU: reductions below this use MPI's own collectives, from here the "
-     "ring, or the node algorithm's leader form for CUDA tensors where the ranks of one node "
-     "share a GPU (all_reduce there from `NODE_SHARED_GPU_ALLREDUCE_BYTES`, all_gather at any "
-     "size)",
+     "ring (or, where a node's ranks share a GPU, the node algorithm's leader form)",
      Tier::Tuning,
      "lent H100 and H200, 2 ranks: the ring on the GPU beats Open MPI's host "
      "reduction from 1-4 MiB (performance.md)"},
@@ -209,9 +194,8 @@ const SettingSpec kSettings[] = {
      "alone",
      Tier::Tuning, "Horovod's default fusion buffer (64 MiB)"},
     {"TORCH_MPIGPU_FUSE_BELOW_BYTES", "262144", "", ReadAt::GroupCreation,
-     "in a group without a GPU, tensors this big or bigger are not packed (the copy costs more "
-     "than the call saved); where a member has a GPU everything is packed (every rank must cut "
-     "the same buckets, a CPU rank beside a CUDA one too)",
+     "without a GPU in the group, tensors this big are not packed (the copy costs more than "
+     "the call saved); with one everything is packed (every rank must cut the same buckets)",
      Tier::Tuning,
      "2-core VM, 2 ranks: packing a 256 KiB tensor costs more than its call "
      "(benchmarks/fusion_bench.py)"},
