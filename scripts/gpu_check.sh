@@ -30,8 +30,8 @@ CALL_BUDGET_S="${CALL_BUDGET_S:-0}"
 # GPU_TESTS: what pytest runs at the end (files and -k, from tests/), TEST_RUNS times in a row
 # (each run's log kept; at the budget pytest gets SIGINT, so the log still ends with each failure's
 # message); BENCH=0 skips the NCCL reference and the benchmarks (a quick check of a change, or
-# #24's runs; on the H200 on 2026-11-28 one run of test_gpu.py at 4 workers outlasted 160 s, so
-# three runs need more than one call); SANITIZER=0 skips compute-sanitizer (memcheck,
+# #24's runs; one run of test_gpu.py at 4 workers can outlast 160 s, so three runs need more
+# than one call); SANITIZER=0 skips compute-sanitizer (memcheck,
 # racecheck, synccheck over a short CUDA soak at 2 ranks, SANITIZER_BUDGET_S each; memcheck and
 # racecheck again over the node algorithm's device slots, ordered from the host and on the
 # device, SANITIZER_NODE_BUDGET_S each);
@@ -49,16 +49,15 @@ SANITIZER_NODE_BUDGET_S="${SANITIZER_NODE_BUDGET_S:-40}"
 # What the all_reduce sweep compares (bench --backends); the default is the full comparison.
 # mpigpu[ALGO=node]: the node algorithm in CUDA IPC device slots (#22; auto takes it here for
 # all_reduce from NODE_SHARED_GPU_ALLREDUCE_BYTES, reduce_scatter from ALGO_MIN_BYTES, all_gather
-# at any size, from this sweep's 2026-12-04 run), ordered from the host (auto: the ranks share
+# at any size), ordered from the host (auto: the ranks share
 # the GPU), the node's first rank reducing for both (auto there). Then the same:
-#   - with every op's stream events recorded as before 2026-12-05 (CUDA_ORDER_EVENTS=always:
+#   - with every op's stream events recorded (CUDA_ORDER_EVENTS=always:
 #     auto leaves out those whose stream has no work left, the likely third switch of the
 #     leader form);
 #   - ordered by device flags (forced; each barrier waits for the other process's time slice
 #     here).
-# mpigpu[NODE_BUFFER_BYTES=0]: auto without the node algorithm, i.e. what auto took before
-# the leader form's lease (MPI's own, then the ring; benchmarks/results/2026-12-04_h200_gpu-check-node-leader/),
-# so "no size slower" shows in one run.
+# mpigpu[NODE_BUFFER_BYTES=0]: auto without the node algorithm (MPI's own, then the ring), so
+# "no size slower" shows in one run.
 ALLREDUCE_BACKENDS="${ALLREDUCE_BACKENDS:-mpigpu,mpigpu[NODE_BUFFER_BYTES=0],mpigpu[ALGO=node],mpigpu[ALGO=node;CUDA_ORDER_EVENTS=always],mpigpu[ALGO=node;NODE_DEVICE_ORDER=device],mpigpu[ALGO=mpi],mpigpu[ALGO=ring;CUDA_REDUCE=direct],mpigpu[ALGO=allgather;CUDA_REDUCE=direct],mpigpu[ALGO=rhd;CUDA_REDUCE=direct],MPI,gloo-host}"
 mkdir -p "$OUT" /tmp/ompi /tmp/nccl
 exec > >(tee "$OUT/gpu_check.log") 2>&1
@@ -191,7 +190,7 @@ sanitize() {
   # every rank under the sanitizer; its report (and 'ERROR SUMMARY: n errors') per tool.
   # Open MPI 4.1.4 page-locks its shared-memory segment with cuMemHostRegister at the first
   # device receive; on the lent H200 that call fails (CUDA_ERROR_INVALID_VALUE, also the warning
-  # at every start), and memcheck counts it as each rank's one error (2026-11-28 run). Switched
+  # at every start), and memcheck counts it as each rank's one error. Switched
   # off here, so the count is ours; it only speeds Open MPI's host staging.
   export OMPI_MCA_mpi_common_cuda_register_memory=0
   for tool in memcheck racecheck synccheck; do

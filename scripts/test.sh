@@ -42,8 +42,7 @@ trap 'for command in "${at_exit[@]}"; do eval "$command" || true; done' EXIT
 
 # scripts/setup_env.sh; the background setups (below) run it in a session of its own, whose
 # autogroup has nice 19: in the tests' autogroup a crowded rank's sched_yield (mpi/Wait.hpp)
-# handed its core to them, idle class or not, until the next tick (a 3-rank job 5.4 s quiet, 18 s
-# beside them; benchmarks/results/2026-12-04_cpu-2core_crowded-waits-background-load/)
+# would hand its core to them, idle class or not, until the next tick
 setup_env() {
   if [ -n "${SETUP_IN_BACKGROUND:-}" ]; then
     setsid -w sh -c 'echo 19 >/proc/self/autogroup 2>/dev/null; exec "$@"' sh "$ROOT/scripts/setup_env.sh"
@@ -148,9 +147,8 @@ builds="${MPIGPU_TEST_BUILDS:-cpu mpich slurm hosts ompi41 cuda}"
 # What the srun legs run: the launcher's variables at 1-4 ranks, the job ending on a failed rank,
 # exits, and the core ops and point-to-point at 3 ranks (odd, more than the cores): a launcher
 # changes how ranks start and find each other, not the ops, which the default launcher runs at
-# 1-4 above. Not DDP and FSDP2 (since 2026-12-04): torch's layers over those same ops, nothing a
-# launcher reaches (their 3-rank jobs took 12-20 s each under srun beside the MPICH leg); they run
-# under every MPI (Open MPI 5 and 4.1, MPICH) and across the two hosts.
+# 1-4 above. Not DDP and FSDP2: torch's layers over those same ops, nothing a launcher reaches;
+# they run under every MPI (Open MPI 5 and 4.1, MPICH) and across the two hosts.
 LAUNCHER_TESTS="(launcher or uncaught or clean or killed or stalled or signal or (leaving and exit-in-collective-3) \
 or ((p2p_async or (collectives and not algorithm and not split)) and [3])) \
 and not shared_mpi_thread"
@@ -171,15 +169,10 @@ if [[ " $builds " == *" cuda "* ]]; then
   fi
 fi
 # Where the background setups' CPU comes from: the legs after the CPU leg run in the order that
-# gives them the most idle time. Alone on the 2-core VM (2026-12-02) the CPU leg used 1.34 of its
-# 2 cores, the two-host leg by name 0.86 (ranks wait on the link and on timeouts) and the MPICH
-# leg 1.57; alone, the MPICH, CUDA and Open MPI 4.1 setups took 115, 172 and 105 s (CUDA's 4.1
-# minutes of CPU, Open MPI 4.1's 2.6). So the two-host legs come right after the CPU leg and the
-# MPICH and Slurm legs after them: the setups fit in the idle time of the first three. Before,
-# all three ran beside the CPU and MPICH legs (13-14 and 9.5 minutes in CI against 12:16 and 6:21
-# alone). Open MPI 4.1's setup before CUDA's: the second lane waits for it at its start, and the
-# CUDA leg comes last in the first lane (queued after CUDA's, on 2026-12-03 it was done at 32:32
-# and the second lane waited 221 s for it).
+# leaves them the most idle time. The two-host legs, whose ranks wait on the link and on timeouts,
+# come right after the CPU leg, the MPICH and Slurm legs after them: the setups fit in the idle
+# time of the first three. Open MPI 4.1's setup before CUDA's: the second lane waits for it at its
+# start, and the CUDA leg comes last in the first lane.
 if [[ " $builds " == *" ompi41 "* ]]; then
   if command -v apt-get >/dev/null; then
     later_setups="$later_setups ompi41"
@@ -212,7 +205,7 @@ if [[ " $builds " == *" hosts "* ]]; then
     MPIGPU_TEST_LAUNCHER=two-hosts-names run_suite "$CPU_VENV" \
       "two hosts, names resolve (mpirun)" test_multirank.py test_hang_prone.py \
       -k "(launcher or ((ddp or fsdp) and [4]) or (collectives and not algorithm and not split) or hang_prone \
-or node_across or communicator or split_groups) and not (shared_mpi_thread and not [3])" "$@"
+or node_across or communicator or split_groups or (desync and [4])) and not (shared_mpi_thread and not [3])" "$@"
     # IP only changes how ranks find the rendezvous (and mpirun its hosts): the launcher, exit and
     # dead-rank tests, and the launch check 5 times; the ops themselves ran by name above (and
     # the stalled rank's report at 2 x 2, by test_hang_prone, there too; the stuck-MPI_Abort
@@ -241,11 +234,10 @@ and not stuck" "$@"
 fi
 # Two lanes once every setup is done: the Slurm and Open MPI 4.1 legs run in the background beside
 # the MPICH and CUDA legs. Alone, the legs of that stretch left much of a core idle (ranks waiting
-# on timeouts and on each other); one after the other it took ~17 minutes. They share nothing:
-# their own venvs and launchers, the Slurm cluster and the simulated hosts only in the second
-# lane, the MPICH leg on this host with Hydra. Beside each other they slow down, MPICH's ranks
-# polling without yielding: on 2026-12-03 the first try (every later leg beside the MPICH leg)
-# ran the srun legs 2-3x slower than alone and saved ~1.5 minutes; this split balances the lanes.
+# on timeouts and on each other). They share nothing: their own venvs and launchers, the Slurm
+# cluster and the simulated hosts only in the second lane, the MPICH leg on this host with Hydra.
+# Beside each other they slow down (MPICH's ranks poll without yielding); this split balances
+# the lanes.
 # The second lane's output follows, whole; a failure in either lane fails the run.
 second_lane_legs() {
   if [[ " $builds " == *" slurm "* ]]; then
@@ -258,8 +250,8 @@ second_lane_legs() {
       # Open MPI under srun --mpi=pmix: a cluster of two nodes on the simulated hosts (a slurmd in
       # each; the test session starts it and stops the one above), from h0 at 2-4 ranks, block
       # placement (0-1 on h0 at 3 and 4 ranks): the launcher suite as above, and hierarchical at
-      # 2 x 2. Its one-node leg is gone (2026-12-03): the same launcher, nothing that one node
-      # has and two lack. (MPICH's pmi2 across them: not in CI, docs/testing.md says why.)
+      # 2 x 2. No one-node leg: the same launcher, nothing that one node has and two lack.
+      # (MPICH's pmi2 across them: not in CI, docs/testing.md says why.)
       if why=$("$ROOT/scripts/two_hosts.sh" check 2>&1); then
         setup_cpu
         MPIGPU_TEST_LAUNCHER=two-hosts-srun-pmix run_suite "$CPU_VENV" \
@@ -328,7 +320,7 @@ if [[ " $builds " == *" mpich "* ]]; then
   (
     # The second lane first waits for Open MPI 4.1's setup, the last in the background: it may
     # run apt-get, and so may `slurm_cluster.sh up` (apt's locks fail the one that comes
-    # second). The first lane need not wait (on 2026-12-03 both lanes waited 51 s for it).
+    # second). The first lane need not wait.
     if [[ " $builds " == *" ompi41 "* ]]; then
       setup_ompi41
     fi
@@ -348,7 +340,7 @@ if [[ " $builds " == *" mpich "* ]]; then
   # over MPI) each at 3 ranks, and the ring also at 2 (one peer on both sides): their other
   # rank counts change no MPI call's pattern, and the CPU leg runs them all. Not the
   # ecosystem libraries (Lightning, Accelerate: torch's API over the same collectives, run above).
-  # Nor what is ours alone (since 2026-12-04, the lanes being CPU-bound): the ops' jobs at one
+  # Nor what is ours alone (the lanes are CPU-bound): the ops' jobs at one
   # rank (no message; the launcher's still runs), auto's choices other than at 3 ranks on one node
   # and across nodes (tables of ours; MPI only says who shares a node), the communicator counts
   # but past MPICH's cap, and the node algorithm across hosts as placed (one host here: what

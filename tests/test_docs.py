@@ -170,3 +170,19 @@ def test_our_code_calls_torchs_current_collective_names():
              *(ROOT / "examples").glob("*.py")]
     calls = [f"{f.relative_to(ROOT)}: {m.group(0)}" for f in files for m in old.finditer(f.read_text())]
     assert not calls, calls
+
+
+def test_docs_state_the_present_and_stay_short():
+    # docs/ reads as a reference, not a diary: at most 80 KB in all and 20 KB a page, the README
+    # at most 12 KB, and no dates outside the links to result folders (their names carry them)
+    pages = sorted((ROOT / "docs").glob("*.md"))
+    sizes = {p.name: len(p.read_bytes()) for p in pages}
+    assert sum(sizes.values()) <= 80_000, sizes
+    assert max(sizes.values()) <= 20_000, sizes
+    dated = []
+    for page in [ROOT / "README.md", *pages]:
+        for number, line in enumerate(page.read_text().splitlines(), 1):
+            text = re.sub(r"\]\([^)]*\)", "]()", line)  # link targets may name dated folders
+            if re.search(r"\b20\d\d-\d\d-\d\d\b|\b20\d\d-\d\d\b", text):
+                dated.append(f"{page.relative_to(ROOT)}:{number}: {line.strip()[:100]}")
+    assert not dated, "dated sentences:\n" + "\n".join(dated)
