@@ -70,7 +70,12 @@ def main():
     args = ap.parse_args()
     dist.init_process_group("mpigpu")
     rank, world = dist.get_rank(), dist.get_world_size()
+    before = os.environ.get("TORCH_MPIGPU_DESYNC_CHECK")
     groups = {mode: group_with(mode) for mode in MODES}
+    if before is None:  # the run's own settings, as the manifest records them
+        os.environ.pop("TORCH_MPIGPU_DESYNC_CHECK")
+    else:
+        os.environ["TORCH_MPIGPU_DESYNC_CHECK"] = before
     first = int(os.environ.get("TORCH_MPIGPU_DESYNC_CHECK_FIRST_OPS", "64"))
     for g in groups.values():  # past the young phase
         for _ in range(first + 1):
