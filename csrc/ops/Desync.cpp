@@ -69,7 +69,10 @@ Fingerprint fingerprintOf(c10d::OpType type, const std::vector<at::Tensor>& inpu
       type == c10d::OpType::SCATTER || type == c10d::OpType::ALLGATHER || inputs.empty();
   const auto& described = byOutputs ? outputs : inputs;
   if (!described.empty()) fp.dtype = static_cast<int64_t>(described[0].scalar_type());
-  if (type != c10d::OpType::ALLTOALL && type != c10d::OpType::ALLTOALL_BASE) {
+  // all_to_all's splits may differ between ranks; a sparse all_reduce compares its sizes itself
+  // (every rank raises the same ValueError where they differ: ops/Sparse.cpp)
+  const bool sparse = !described.empty() && described[0].is_sparse();
+  if (type != c10d::OpType::ALLTOALL && type != c10d::OpType::ALLTOALL_BASE && !sparse) {
     fp.numel = 0;
     for (const auto& t : described) fp.numel += t.numel();
   }

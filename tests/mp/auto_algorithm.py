@@ -122,124 +122,169 @@ def stale_segment():
     return Path(f"/dev/shm/mpigpu-{os.getpid()}-0")
 
 
-def checks(c, rank, world, stale):
-    half_ring = int(torch_mpi_gpu.config.get("TORCH_MPIGPU_HOST_HALF_RING_BYTES"))
-    rs_ring = int(torch_mpi_gpu.config.get("TORCH_MPIGPU_HOST_RS_RING_BYTES"))
+class Ops:
+    """What the sections share: the checker, this rank, the group's size, the two host thresholds
+    most sections test at, and the ops they run: each checks its result against the float64
+    reference and says whether the ring (or the algorithm named) ran it."""
 
-    def ran(name, fn):
+    def __init__(self, c, rank, world):
+        self.c, self.rank, self.world = c, rank, world
+        self.half_ring = int(torch_mpi_gpu.config.get("TORCH_MPIGPU_HOST_HALF_RING_BYTES"))
+        self.rs_ring = int(torch_mpi_gpu.config.get("TORCH_MPIGPU_HOST_RS_RING_BYTES"))
+
+    def ran(self, name, fn):
         before = torch_mpi_gpu._C.algorithm_runs()[name]
         fn()
         return torch_mpi_gpu._C.algorithm_runs()[name] > before
 
-    def ring_ran(fn):
-        return ran("ring", fn)
+    def ring_ran(self, fn):
+        return self.ran("ring", fn)
 
-    def all_reduce(dtype, numel, seed):
+    def all_reduce(self, dtype, numel, seed):
+        c, rank, world = self.c, self.rank, self.world
         inputs = [make_input(seed, r, numel, dtype) for r in range(world)]
         t = inputs[rank].clone()
-        ring = ring_ran(lambda: dist.all_reduce(t))
+        ring = self.ring_ran(lambda: dist.all_reduce(t))
         want, bound = reduced("sum", inputs, dtype)
         c.close(f"all_reduce {dtype} {numel * t.element_size()} bytes", t, want, dtype, bound=bound)
         return ring
 
-    def reduce_scatter(dtype, n, seed):
+    def reduce_scatter(self, dtype, n, seed):
+        c, rank, world = self.c, self.rank, self.world
         inputs = [make_input(seed, r, world * n, dtype) for r in range(world)]
         out = torch.empty(n, dtype=dtype)
-        ring = ring_ran(lambda: dist.reduce_scatter_tensor(out, inputs[rank].clone()))
+        ring = self.ring_ran(lambda: dist.reduce_scatter_tensor(out, inputs[rank].clone()))
         want, bound = reduced("sum", inputs, dtype)
         part = slice(rank * n, (rank + 1) * n)
         c.close(f"reduce_scatter_tensor {dtype} {world * n * out.element_size()} bytes", out,
                 want[part], dtype, bound=bound[part])
         return ring
 
+
+def checks(c, rank, world, stale):
+    ops = Ops(c, rank, world)
     if torch.cuda.is_available():
         # a member has a GPU (every rank here): the device rule for host tensors too
-        algo_min = int(torch_mpi_gpu.config.get("TORCH_MPIGPU_ALGO_MIN_BYTES"))
         c.section("a member has a GPU: MPI's own below ALGO_MIN_BYTES, then the ring")
-        c.true("fp32 all_reduce below ALGO_MIN_BYTES: MPI's own",
-               not all_reduce(torch.float32, algo_min // 4 - 1, 5))
-        at = all_reduce(torch.float32, algo_min // 4, 6)
-        c.true("fp32 all_reduce at ALGO_MIN_BYTES: the ring", at, f"ring ran: {at}")
-        one_node = "1 node x" in dist.group.WORLD._get_backend(torch.device("cpu")).describe()
-        if world > 1 and one_node and int(torch_mpi_gpu.config.get("TORCH_MPIGPU_NODE_BUFFER_BYTES")) > 0:
-            shared_gpu(c, rank, world, ran, algo_min)  # (every rank on the one GPU)
+        a_member_has_a_gpu(ops)
         return c.finish()
 
     described = dist.group.WORLD._get_backend(torch.device("cpu")).describe()
     if "(not uniform)" in described and int(torch_mpi_gpu.config.get("TORCH_MPIGPU_NODE_BUFFER_BYTES")) > 0:
-        return uneven_nodes(c, rank, world, ran, all_reduce, reduce_scatter)
+        return uneven_nodes(c, rank, world, ops.ran, ops.all_reduce, ops.reduce_scatter)
     shape = re.search(r"nodes: (\d+) nodes? x (\d+) ranks?", described)
     shares_nodes = shape is None or int(shape[2]) > 1  # one rank per node: nothing to share
     if world > 1 and int(torch_mpi_gpu.config.get("TORCH_MPIGPU_NODE_BUFFER_BYTES")) > 0 and shares_nodes:
         c.section("ranks sharing a node: the node algorithm for reductions, all_gather and broadcast")
-        c.true("the group's description: nodes x ranks per node = world",
-               shape is not None and int(shape[1]) * int(shape[2]) == world, described)
-        for i, (dtype, numel) in enumerate([(torch.float32, 1), (torch.float32, rs_ring),
-                                            (torch.bfloat16, half_ring), (torch.float16, 3)]):
-            node = ran("node", lambda: all_reduce(dtype, numel, 60 + i))
-            c.true(f"{dtype} all_reduce of {numel} elements: node", node)
-            node = ran("node", lambda: reduce_scatter(dtype, numel, 70 + i))
-            c.true(f"{dtype} reduce_scatter of {numel} x {world} elements: node", node)
-        for i, (dtype, numel) in enumerate([(torch.float32, 1), (torch.int64, 5000)]):
-            inputs = [make_input(80 + i, r, numel, dtype) for r in range(world)]
-            out = torch.empty(world * numel, dtype=dtype)
-            node = ran("node", lambda: dist.all_gather_into_tensor(out, inputs[rank]))
-            c.true(f"{dtype} all_gather of {numel} elements: node", node)
-            c.close(f"{dtype} all_gather result", out, torch.cat(inputs))
-            root = world - 1
-            b = inputs[rank].clone() if rank == root else torch.zeros_like(inputs[0])
-            node = ran("node", lambda: dist.broadcast(b, src=root))
-            c.true(f"{dtype} broadcast of {numel} elements: node", node)
-            c.close(f"{dtype} broadcast result", b, inputs[root])
-        if stale:
-            c.true("the stale segment of the same name is left untouched",
-                   stale.exists() and stale.read_bytes() == STALE)
+        ranks_sharing_a_node(ops, shape, described, stale)
         return c.finish()
 
     c.section("fp16/bf16 all_reduce: the ring from HOST_HALF_RING_BYTES")
+    half_all_reduce(ops)
+    across = int(torch_mpi_gpu.config.get("TORCH_MPIGPU_HOST_ACROSS_RING_BYTES"))
+    if shape is not None and int(shape[1]) > 1:
+        c.section("fp32 all_reduce across nodes: the ring from HOST_ACROSS_RING_BYTES")
+        fp32_all_reduce_across_nodes(ops, across)
+    else:
+        c.section("fp32 all_reduce inside one node: MPI's own at any size")
+        fp32_all_reduce_inside_one_node(ops, across)
+    c.section("reduce_scatter: the ring from HOST_RS_RING_BYTES (fp16/bf16 from HOST_HALF_RING)")
+    reduce_scatter_ring(ops)
+    c.section("reduce: MPI's own")
+    reduce_mpi_own(ops)
+    return c.finish()
+
+
+def a_member_has_a_gpu(ops):
+    c, world = ops.c, ops.world
+    algo_min = int(torch_mpi_gpu.config.get("TORCH_MPIGPU_ALGO_MIN_BYTES"))
+    c.true("fp32 all_reduce below ALGO_MIN_BYTES: MPI's own",
+           not ops.all_reduce(torch.float32, algo_min // 4 - 1, 5))
+    at = ops.all_reduce(torch.float32, algo_min // 4, 6)
+    c.true("fp32 all_reduce at ALGO_MIN_BYTES: the ring", at, f"ring ran: {at}")
+    one_node = "1 node x" in dist.group.WORLD._get_backend(torch.device("cpu")).describe()
+    if world > 1 and one_node and int(torch_mpi_gpu.config.get("TORCH_MPIGPU_NODE_BUFFER_BYTES")) > 0:
+        shared_gpu(c, ops.rank, world, ops.ran, algo_min)  # (every rank on the one GPU)
+
+
+def ranks_sharing_a_node(ops, shape, described, stale):
+    """The node algorithm for all_reduce and reduce_scatter of any size and dtype, all_gather and
+    broadcast; a stale segment of the same name left alone."""
+    c, rank, world, ran = ops.c, ops.rank, ops.world, ops.ran
+    c.true("the group's description: nodes x ranks per node = world",
+           shape is not None and int(shape[1]) * int(shape[2]) == world, described)
+    for i, (dtype, numel) in enumerate([(torch.float32, 1), (torch.float32, ops.rs_ring),
+                                        (torch.bfloat16, ops.half_ring), (torch.float16, 3)]):
+        node = ran("node", lambda: ops.all_reduce(dtype, numel, 60 + i))
+        c.true(f"{dtype} all_reduce of {numel} elements: node", node)
+        node = ran("node", lambda: ops.reduce_scatter(dtype, numel, 70 + i))
+        c.true(f"{dtype} reduce_scatter of {numel} x {world} elements: node", node)
+    for i, (dtype, numel) in enumerate([(torch.float32, 1), (torch.int64, 5000)]):
+        inputs = [make_input(80 + i, r, numel, dtype) for r in range(world)]
+        out = torch.empty(world * numel, dtype=dtype)
+        node = ran("node", lambda: dist.all_gather_into_tensor(out, inputs[rank]))
+        c.true(f"{dtype} all_gather of {numel} elements: node", node)
+        c.close(f"{dtype} all_gather result", out, torch.cat(inputs))
+        root = world - 1
+        b = inputs[rank].clone() if rank == root else torch.zeros_like(inputs[0])
+        node = ran("node", lambda: dist.broadcast(b, src=root))
+        c.true(f"{dtype} broadcast of {numel} elements: node", node)
+        c.close(f"{dtype} broadcast result", b, inputs[root])
+    if stale:
+        c.true("the stale segment of the same name is left untouched",
+               stale.exists() and stale.read_bytes() == STALE)
+
+
+def half_all_reduce(ops):
+    c, world, half_ring = ops.c, ops.world, ops.half_ring
     for i, dtype in enumerate((torch.float16, torch.bfloat16)):
-        below = all_reduce(dtype, half_ring // 2 - 1, 10 + i)
-        at = all_reduce(dtype, half_ring // 2, 20 + i)
+        below = ops.all_reduce(dtype, half_ring // 2 - 1, 10 + i)
+        at = ops.all_reduce(dtype, half_ring // 2, 20 + i)
         c.true(f"{dtype} all_reduce below {half_ring} bytes: MPI's own", not below)
         c.true(f"{dtype} all_reduce at {half_ring} bytes: the ring", at == (world > 1),
                f"ring ran: {at}")
 
-    across = int(torch_mpi_gpu.config.get("TORCH_MPIGPU_HOST_ACROSS_RING_BYTES"))
-    if shape is not None and int(shape[1]) > 1:
-        c.section("fp32 all_reduce across nodes: the ring from HOST_ACROSS_RING_BYTES")
-        below = all_reduce(torch.float32, across // 4 - 1, 31)
-        at = all_reduce(torch.float32, across // 4, 32)
-        c.true(f"fp32 all_reduce below {across} bytes: MPI's own", not below)
-        c.true(f"fp32 all_reduce at {across} bytes: the ring", at, f"ring ran: {at}")
-    else:
-        c.section("fp32 all_reduce inside one node: MPI's own at any size")
-        c.true("fp32 all_reduce of 4 x HOST_RS_RING_BYTES: MPI's own",
-               not all_reduce(torch.float32, rs_ring, 30))
-        c.true("fp32 all_reduce of HOST_ACROSS_RING_BYTES: MPI's own",
-               not all_reduce(torch.float32, across // 4, 31))
 
-    c.section("reduce_scatter: the ring from HOST_RS_RING_BYTES (fp16/bf16 from HOST_HALF_RING)")
+def fp32_all_reduce_across_nodes(ops, across):
+    c = ops.c
+    below = ops.all_reduce(torch.float32, across // 4 - 1, 31)
+    at = ops.all_reduce(torch.float32, across // 4, 32)
+    c.true(f"fp32 all_reduce below {across} bytes: MPI's own", not below)
+    c.true(f"fp32 all_reduce at {across} bytes: the ring", at, f"ring ran: {at}")
+
+
+def fp32_all_reduce_inside_one_node(ops, across):
+    c = ops.c
+    c.true("fp32 all_reduce of 4 x HOST_RS_RING_BYTES: MPI's own",
+           not ops.all_reduce(torch.float32, ops.rs_ring, 30))
+    c.true("fp32 all_reduce of HOST_ACROSS_RING_BYTES: MPI's own",
+           not ops.all_reduce(torch.float32, across // 4, 31))
+
+
+def reduce_scatter_ring(ops):
+    c, world, rs_ring, half_ring = ops.c, ops.world, ops.rs_ring, ops.half_ring
     per_rank = 4 * world  # fp32 input bytes per output element
-    below = reduce_scatter(torch.float32, (rs_ring - 1) // per_rank, 40)
-    at = reduce_scatter(torch.float32, -(-rs_ring // per_rank), 41)
+    below = ops.reduce_scatter(torch.float32, (rs_ring - 1) // per_rank, 40)
+    at = ops.reduce_scatter(torch.float32, -(-rs_ring // per_rank), 41)
     c.true(f"fp32 reduce_scatter below {rs_ring} bytes: MPI's own", not below)
     c.true(f"fp32 reduce_scatter from {rs_ring} bytes: the ring", at == (world > 1),
            f"ring ran: {at}")
-    half = reduce_scatter(torch.bfloat16, -(-half_ring // (2 * world)), 42)
+    half = ops.reduce_scatter(torch.bfloat16, -(-half_ring // (2 * world)), 42)
     c.true(f"bf16 reduce_scatter from {half_ring} bytes: the ring", half == (world > 1),
            f"ring ran: {half}")
 
-    c.section("reduce: MPI's own")
+
+def reduce_mpi_own(ops):
+    c, rank, world, half_ring = ops.c, ops.rank, ops.world, ops.half_ring
     inputs = [make_input(50, r, half_ring, torch.bfloat16) for r in range(world)]
     t = inputs[rank].clone()
-    ring = ring_ran(lambda: dist.reduce(t, dst=0))
+    ring = ops.ring_ran(lambda: dist.reduce(t, dst=0))
     c.true(f"bf16 reduce of {2 * half_ring} bytes: MPI's own", not ring)
     if rank == 0:
         want, bound = reduced("sum", inputs, torch.bfloat16)
         c.close("bf16 reduce result", t, want, torch.bfloat16, bound=bound)
     else:
         c.close("bf16 reduce leaves non-roots alone", t, inputs[rank])
-    return c.finish()
 
 
 if __name__ == "__main__":

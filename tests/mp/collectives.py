@@ -49,81 +49,165 @@ def reduce_op(op, factor):
     return RED_OPS[op]
 
 
+# the sizes of every op x dtype (the reductions' and the data movement's sections)
+SIZES = [0, 1, 7, 1000]
+
+
+class Job:
+    """What the sections share: the checker, this rank, the group's size, the test device, and
+    the seed every case draws its inputs from (one after another, the same on every rank)."""
+
+    def __init__(self, c, rank, world, device):
+        self.c, self.rank, self.world, self.device = c, rank, world, device
+        self.seed = 1
+
+    def next_seed(self):
+        self.seed += 1
+        return self.seed
+
+
 def main():
     dist.init_process_group("mpigpu")
     rank, world = dist.get_rank(), dist.get_world_size()
     device = use_test_device()
     c = Checker(f"collectives(np={world}, device={device}, max_elements={os.environ.get('TORCH_MPIGPU_MAX_ELEMENTS_PER_CALL', 'default')})",
                 defer_device_reads=True)
-    sizes = [0, 1, 7, 1000]
-    seed = 1
-    ops = list(RED_OPS) + ["premul_sum"]
+    job = Job(c, rank, world, device)
     if ONLY_RANK0_CROWDED:  # (the job got this far: it agreed on its arrivals)
         c.section("ranks that differ in crowding")
-        c.true("only rank 0 waits as crowded", torch_mpi_gpu._C.oversubscribed() == (rank == 0),
-               f"oversubscribed() is {torch_mpi_gpu._C.oversubscribed()} on rank {rank}")
+        crowding(job)
 
     c.section("reductions: every op x dtype x size")
-    # all_reduce / reduce / reduce_scatter_tensor / reduce_scatter, every op x dtype x size
-    for op in ops:
+    reductions(job)
+
+    c.section("premul_sum with a tensor factor, 2-D tensors")
+    premul_sum_tensor_factor(job)
+
+    c.section("complex tensors")
+    complex_tensors(job)
+
+    c.section("sparse COO all_reduce")
+    sparse_all_reduce(c, rank, world, job.next_seed(), device)
+
+    c.section("all_gather and reduce_scatter with blocks of different sizes")
+    uneven_blocks(c, rank, world, job.next_seed())
+
+    c.section("many tensors in one call, coalescing manager")
+    many_tensors_in_one_call(job)
+
+    c.section("data movement: every op x dtype x size")
+    data_movement(job)
+
+    c.section("non-contiguous tensors, every op")
+    noncontiguous_every_op(c, rank, world, job.next_seed())
+
+    c.section("coalesced all_gather_into_tensor / reduce_scatter_tensor")
+    coalesced_gather_scatter(job)
+
+    if NEW_SPELLINGS:
+        c.section(NEW_SPELLINGS)
+        new_spellings(c, rank, world, job.next_seed())
+
+    c.section("collectives in subgroups")
+    subgroup_collectives(c, rank, world, job.next_seed())
+
+    c.section("objects and barrier")
+    objects_and_barrier(job)
+    if os.environ.get("MPIGPU_EXPECT_NODES"):
+        # the group's shape as the launcher (or TORCH_MPIGPU_TEST_PRETEND_NODES) laid the ranks out
+        c.section("the group's nodes")
+        the_groups_nodes(job)
+    if HOST_PIECES:
+        c.section("one rank's pieces, cut by every rank")
+        one_ranks_pieces(job)
+    if OUR_ALGO and not os.environ.get("MPIGPU_EXPECT_RAN"):  # else common.py checks that one
+        c.section("the forced algorithm ran")
+        runs = torch_mpi_gpu._C.algorithm_runs()
+        c.true(f"TORCH_MPIGPU_ALGO={OUR_ALGO} ran", runs.get(OUR_ALGO, 0) > 0, str(runs))
+    return c.finish()
+
+
+def crowding(job):
+    c, rank = job.c, job.rank
+    c.true("only rank 0 waits as crowded", torch_mpi_gpu._C.oversubscribed() == (rank == 0),
+           f"oversubscribed() is {torch_mpi_gpu._C.oversubscribed()} on rank {rank}")
+
+
+def reductions(job):
+    """all_reduce / reduce / reduce_scatter_tensor / reduce_scatter, every op x dtype x size."""
+    for op in list(RED_OPS) + ["premul_sum"]:
         for dtype in ALL_DTYPES:
             if not valid(op, dtype):
                 continue
             kind = "prod" if op == "product" else "any"
             factor = 0.5 if op == "premul_sum" else None
-            for n in sizes:
-                seed += 1
-                inputs = [make_input(seed, r, n, dtype, kind) for r in range(world)]
-                expected = reference_reduce(op, inputs, dtype, factor)
-                bound = reduction_bound(op, inputs, dtype, factor)
-                case = f"all_reduce {op} {dtype} n={n}"
-                t = inputs[rank].clone()
-                dist.all_reduce(t, op=reduce_op(op, factor))
-                c.close(case, t, expected, dtype, bound=bound)
-                if OUR_ALGO and n > 0 and world > 1:
-                    # our algorithms promise the same bits on every rank (DDP relies on it)
-                    rows = torch.empty(world, t.numel() * t.element_size(), dtype=torch.uint8)
-                    dist.all_gather_into_tensor(rows, t.view(torch.uint8).reshape(-1))
-                    c.close(case + " bitwise identical on every rank", rows, rows[0].expand_as(rows))
+            for n in SIZES:
+                seed = job.next_seed()
+                all_reduce_and_reduce(job, seed, op, dtype, n, kind, factor)
+                reduce_scatters(job, seed, op, dtype, n, kind, factor)
 
-                # async + non-contiguous (every other element of a 2n buffer)
-                base = torch.zeros(2 * n, dtype=dtype)
-                view = base[::2]
-                view.copy_(inputs[rank])
-                w = dist.all_reduce(view, op=reduce_op(op, factor), async_op=True)
-                w.wait()
-                c.close(case + " non-contiguous async", view, expected, dtype, bound=bound)
-                c.close(case + " non-contiguous keeps gaps", base[1::2], torch.zeros_like(base[1::2]))
 
-                root = (seed % world)
-                t = inputs[rank].clone()
-                dist.reduce(t, dst=root, op=reduce_op(op, factor))
-                if rank == root:
-                    c.close(f"reduce {op} {dtype} n={n} root={root}", t, expected, dtype,
-                            bound=bound)
-                else:
-                    c.close(f"reduce {op} {dtype} n={n} non-root unchanged", t, inputs[rank])
+def all_reduce_and_reduce(job, seed, op, dtype, n, kind, factor):
+    """One case of the reductions: all_reduce (then async on every other element of a buffer)
+    and reduce, against the reference of every rank's input."""
+    c, rank, world = job.c, job.rank, job.world
+    inputs = [make_input(seed, r, n, dtype, kind) for r in range(world)]
+    expected = reference_reduce(op, inputs, dtype, factor)
+    bound = reduction_bound(op, inputs, dtype, factor)
+    case = f"all_reduce {op} {dtype} n={n}"
+    t = inputs[rank].clone()
+    dist.all_reduce(t, op=reduce_op(op, factor))
+    c.close(case, t, expected, dtype, bound=bound)
+    if OUR_ALGO and n > 0 and world > 1:
+        # our algorithms promise the same bits on every rank (DDP relies on it)
+        rows = torch.empty(world, t.numel() * t.element_size(), dtype=torch.uint8)
+        dist.all_gather_into_tensor(rows, t.view(torch.uint8).reshape(-1))
+        c.close(case + " bitwise identical on every rank", rows, rows[0].expand_as(rows))
 
-                # reduce_scatter_tensor: input has world * n elements
-                big = [make_input(seed + 10_000, r, world * n, dtype, kind) for r in range(world)]
-                full = reference_reduce(op, big, dtype, factor)
-                full_bound = reduction_bound(op, big, dtype, factor)
-                mine = slice(rank * n, (rank + 1) * n)
-                out = torch.empty(n, dtype=dtype)
-                dist.reduce_scatter_tensor(out, big[rank].clone(), op=reduce_op(op, factor))
-                c.close(f"reduce_scatter_tensor {op} {dtype} n={n}", out, full[mine], dtype,
-                        bound=full_bound[mine] if full_bound is not None else None)
-                out = torch.empty(n, dtype=dtype)
-                dist.reduce_scatter(out, list(big[rank].clone().chunk(world)) if n else
-                                    [torch.empty(0, dtype=dtype) for _ in range(world)],
-                                    op=reduce_op(op, factor))
-                c.close(f"reduce_scatter {op} {dtype} n={n}", out, full[mine], dtype,
-                        bound=full_bound[mine] if full_bound is not None else None)
+    # async + non-contiguous (every other element of a 2n buffer)
+    base = torch.zeros(2 * n, dtype=dtype)
+    view = base[::2]
+    view.copy_(inputs[rank])
+    w = dist.all_reduce(view, op=reduce_op(op, factor), async_op=True)
+    w.wait()
+    c.close(case + " non-contiguous async", view, expected, dtype, bound=bound)
+    c.close(case + " non-contiguous keeps gaps", base[1::2], torch.zeros_like(base[1::2]))
 
-    c.section("premul_sum with a tensor factor, 2-D tensors")
-    # PREMUL_SUM with a tensor factor, and on 2-D tensors
+    root = (seed % world)
+    t = inputs[rank].clone()
+    dist.reduce(t, dst=root, op=reduce_op(op, factor))
+    if rank == root:
+        c.close(f"reduce {op} {dtype} n={n} root={root}", t, expected, dtype,
+                bound=bound)
+    else:
+        c.close(f"reduce {op} {dtype} n={n} non-root unchanged", t, inputs[rank])
+
+
+def reduce_scatters(job, seed, op, dtype, n, kind, factor):
+    """One case of the reductions: reduce_scatter_tensor and reduce_scatter of inputs of
+    world * n elements."""
+    c, rank, world = job.c, job.rank, job.world
+    big = [make_input(seed + 10_000, r, world * n, dtype, kind) for r in range(world)]
+    full = reference_reduce(op, big, dtype, factor)
+    full_bound = reduction_bound(op, big, dtype, factor)
+    mine = slice(rank * n, (rank + 1) * n)
+    out = torch.empty(n, dtype=dtype)
+    dist.reduce_scatter_tensor(out, big[rank].clone(), op=reduce_op(op, factor))
+    c.close(f"reduce_scatter_tensor {op} {dtype} n={n}", out, full[mine], dtype,
+            bound=full_bound[mine] if full_bound is not None else None)
+    out = torch.empty(n, dtype=dtype)
+    dist.reduce_scatter(out, list(big[rank].clone().chunk(world)) if n else
+                        [torch.empty(0, dtype=dtype) for _ in range(world)],
+                        op=reduce_op(op, factor))
+    c.close(f"reduce_scatter {op} {dtype} n={n}", out, full[mine], dtype,
+            bound=full_bound[mine] if full_bound is not None else None)
+
+
+def premul_sum_tensor_factor(job):
+    """PREMUL_SUM with a tensor factor, and on 2-D tensors."""
+    c, rank, world = job.c, job.rank, job.world
     for dtype in FLOAT_DTYPES:
-        seed += 1
+        seed = job.next_seed()
         inputs = [make_input(seed, r, 12, dtype).reshape(3, 4) for r in range(world)]
         factor = torch.tensor([0.25], dtype=dtype)
         t = inputs[rank].clone()
@@ -132,10 +216,12 @@ def main():
                 reference_reduce("premul_sum", inputs, dtype, 0.25), dtype,
                 bound=reduction_bound("premul_sum", inputs, dtype, 0.25))
 
-    c.section("complex tensors")
-    # complex tensors (torch passes SUM/AVG as view_as_real)
+
+def complex_tensors(job):
+    """Complex all_reduce (torch passes SUM/AVG as view_as_real) and broadcast."""
+    c, rank, world = job.c, job.rank, job.world
     for dtype in (torch.complex64, torch.complex128):
-        seed += 1
+        seed = job.next_seed()
         inputs = [torch.complex(make_input(seed, r, 5, torch.float64),
                                 make_input(seed + 1, r, 5, torch.float64)).to(dtype)
                   for r in range(world)]
@@ -149,17 +235,12 @@ def main():
         dist.broadcast(t, src=0)
         c.close(f"broadcast {dtype}", torch.view_as_real(t), torch.view_as_real(inputs[0]))
 
-    c.section("sparse COO all_reduce")
-    seed += 1
-    sparse_all_reduce(c, rank, world, seed, device)
 
-    c.section("all_gather and reduce_scatter with blocks of different sizes")
-    seed += 1
-    uneven_blocks(c, rank, world, seed)
-
-    c.section("many tensors in one call, coalescing manager")
-    # many tensors in one call, mixed dtypes (grouped by dtype, one MPI call per dtype)
-    seed += 1
+def many_tensors_in_one_call(job):
+    """Many tensors in one call, mixed dtypes (grouped by dtype, one MPI call per dtype), and the
+    coalescing manager's all_reduces in one call."""
+    c, rank, world = job.c, job.rank, job.world
+    seed = job.next_seed()
     mixed = [make_input(seed, 0, 3, torch.float32), make_input(seed, 0, 4, torch.int64),
              make_input(seed, 1, 5, torch.float32), make_input(seed, 2, 0, torch.float64)]
     per_rank = [[make_input(seed + i, r, m.numel(), m.dtype) for i, m in enumerate(mixed)]
@@ -194,85 +275,23 @@ def main():
         want, bound = summed(i, torch.float32)
         c.close(f"coalescing manager all_reduce {j}", parts[j], want, torch.float32, bound=bound)
 
-    c.section("data movement: every op x dtype x size")
+
+def movement_input(seed, r, m, dtype):
+    """Input r of m elements of the data movement's cases (complex ones drawn as float pairs)."""
+    if not dtype.is_complex:
+        return make_input(seed, r, m, dtype)
+    return torch.view_as_complex(make_input(seed, r, 2 * m, torch.float32).reshape(m, 2))
+
+
+def data_movement(job):
+    """Every data movement op x dtype x size (+ complex via torch); where the node algorithm is
+    forced, that it moved the data."""
     node_runs_before = torch_mpi_gpu._C.algorithm_runs().get("node", 0)
-    # data movement, every dtype x size (+ complex via torch)
     for dtype in ALL_DTYPES + [torch.complex64]:
-        for n in sizes:
-            seed += 1
-            mk = (lambda r, m=n: make_input(seed, r, m, dtype)) if not dtype.is_complex else \
-                (lambda r, m=n: torch.view_as_complex(make_input(seed, r, 2 * m, torch.float32).reshape(m, 2)))
-            inputs = [mk(r) for r in range(world)]
-            root = seed % world
-            tag = f"{dtype} n={n}"
-
-            t = inputs[rank].clone() if rank == root else torch.zeros_like(inputs[rank])
-            dist.broadcast(t, src=root)
-            c.close(f"broadcast {tag} root={root}", t, inputs[root])
-
-            outs = [torch.empty_like(inputs[0]) for _ in range(world)]
-            dist.all_gather(outs, inputs[rank])
-            for r in range(world):
-                c.close(f"all_gather {tag} from {r}", outs[r], inputs[r])
-
-            out = torch.empty(world * n, dtype=dtype)
-            dist.all_gather_into_tensor(out, inputs[rank])
-            c.close(f"all_gather_into_tensor {tag}", out, torch.cat(inputs))
-            out2 = torch.empty(world, n, dtype=dtype)
-            dist.all_gather_into_tensor(out2, inputs[rank])  # 2-D output (stacked)
-            c.close(f"all_gather_into_tensor stacked {tag}", out2, torch.stack(inputs))
-
-            gl = [torch.empty_like(inputs[0]) for _ in range(world)] if rank == root else None
-            dist.gather(inputs[rank], gather_list=gl, dst=root)
-            if rank == root:
-                for r in range(world):
-                    c.close(f"gather {tag} from {r}", gl[r], inputs[r])
-
-            sl = [mk(100 + r) for r in range(world)]
-            out = torch.empty_like(inputs[0])
-            dist.scatter(out, scatter_list=sl if rank == root else None, src=root)
-            c.close(f"scatter {tag}", out, sl[rank])
-
-            # all_to_all (lists, uneven sizes) and all_to_all_single (even and uneven splits)
-            def block(src, dst, m):
-                return make_input(seed + 7, src * 31 + dst, m, dtype) if not dtype.is_complex else \
-                    torch.view_as_complex(make_input(seed + 7, src * 31 + dst, 2 * m, torch.float32).reshape(m, 2))
-            send_sizes = lambda src, dst: (src + 2 * dst + n) % 4  # noqa: E731
-            ins = [block(rank, d, send_sizes(rank, d)) for d in range(world)]
-            outs = [torch.empty(send_sizes(s, rank), dtype=dtype) for s in range(world)]
-            dist.all_to_all(outs, ins)
-            for s in range(world):
-                c.close(f"all_to_all {tag} from {s}", outs[s], block(s, rank, send_sizes(s, rank)))
-
-            rows = 2
-            even_in = torch.cat([block(rank, d, n * rows) for d in range(world)]).reshape(-1, rows) \
-                if n else torch.empty(0, rows, dtype=dtype)
-            even_out = torch.empty_like(even_in)
-            dist.all_to_all_single(even_out, even_in)
-            c.close(f"all_to_all_single even {tag}", even_out.flatten(),
-                    torch.cat([block(s, rank, n * rows) for s in range(world)]) if n else
-                    torch.empty(0, dtype=dtype))
-
-            in_splits = [send_sizes(rank, d) for d in range(world)]
-            out_splits = [send_sizes(s, rank) for s in range(world)]
-            un_in = torch.cat([block(rank, d, in_splits[d] * rows) for d in range(world)]).reshape(-1, rows)
-            un_out = torch.empty(sum(out_splits), rows, dtype=dtype)
-            dist.all_to_all_single(un_out, un_in, out_splits, in_splits)
-            c.close(f"all_to_all_single uneven {tag}", un_out.flatten(),
-                    torch.cat([block(s, rank, out_splits[s] * rows) for s in range(world)]))
-
-            # one tensor as input and output, and views of one buffer as both lists: the standard
-            # forbids aliased buffers (Open MPI at 3 and 4 ranks returned overwritten blocks)
-            same = even_in.clone()
-            dist.all_to_all_single(same, same)
-            c.close(f"all_to_all_single in place {tag}", same.flatten(),
-                    torch.cat([block(s, rank, n * rows) for s in range(world)]) if n else
-                    torch.empty(0, dtype=dtype))
-            views = list(torch.cat([block(rank, d, n) for d in range(world)]).split(n)) if n else \
-                [torch.empty(0, dtype=dtype) for _ in range(world)]
-            dist.all_to_all(views, views)
-            for s in range(world):
-                c.close(f"all_to_all in place {tag} from {s}", views[s], block(s, rank, n))
+        for n in SIZES:
+            seed = job.next_seed()
+            broadcast_gather_scatter(job, seed, dtype, n)
+            all_to_alls(job, seed, dtype, n)
 
     described = dist.group.WORLD._get_backend(torch.device("cpu")).describe()
     if OUR_ALGO == "node" and "shared memory" in described and "unavailable" not in described:
@@ -280,17 +299,98 @@ def main():
         # nodes' counts; none of the others
         moved = torch_mpi_gpu._C.algorithm_runs().get("node", 0) - node_runs_before
         dtypes = len(ALL_DTYPES) + 1
-        cases = dtypes * len(sizes)
+        cases = dtypes * len(SIZES)
         want = 4 * cases
-        c.true("the node algorithm moved the data", moved == want,
-               f"{moved} node runs for {cases} cases (want {want}): {described}")
-    c.section("non-contiguous tensors, every op")
-    seed += 1
-    noncontiguous_every_op(c, rank, world, seed)
+        job.c.true("the node algorithm moved the data", moved == want,
+                   f"{moved} node runs for {cases} cases (want {want}): {described}")
 
-    c.section("coalesced all_gather_into_tensor / reduce_scatter_tensor")
-    # coalesced all_gather_into_tensor / reduce_scatter_tensor (FSDP's calls)
-    seed += 1
+
+def broadcast_gather_scatter(job, seed, dtype, n):
+    """One case of the data movement: broadcast, all_gather (list and tensor), gather, scatter."""
+    c, rank, world = job.c, job.rank, job.world
+    inputs = [movement_input(seed, r, n, dtype) for r in range(world)]
+    root = seed % world
+    tag = f"{dtype} n={n}"
+
+    t = inputs[rank].clone() if rank == root else torch.zeros_like(inputs[rank])
+    dist.broadcast(t, src=root)
+    c.close(f"broadcast {tag} root={root}", t, inputs[root])
+
+    outs = [torch.empty_like(inputs[0]) for _ in range(world)]
+    dist.all_gather(outs, inputs[rank])
+    for r in range(world):
+        c.close(f"all_gather {tag} from {r}", outs[r], inputs[r])
+
+    out = torch.empty(world * n, dtype=dtype)
+    dist.all_gather_into_tensor(out, inputs[rank])
+    c.close(f"all_gather_into_tensor {tag}", out, torch.cat(inputs))
+    out2 = torch.empty(world, n, dtype=dtype)
+    dist.all_gather_into_tensor(out2, inputs[rank])  # 2-D output (stacked)
+    c.close(f"all_gather_into_tensor stacked {tag}", out2, torch.stack(inputs))
+
+    gl = [torch.empty_like(inputs[0]) for _ in range(world)] if rank == root else None
+    dist.gather(inputs[rank], gather_list=gl, dst=root)
+    if rank == root:
+        for r in range(world):
+            c.close(f"gather {tag} from {r}", gl[r], inputs[r])
+
+    sl = [movement_input(seed, 100 + r, n, dtype) for r in range(world)]
+    out = torch.empty_like(inputs[0])
+    dist.scatter(out, scatter_list=sl if rank == root else None, src=root)
+    c.close(f"scatter {tag}", out, sl[rank])
+
+
+def all_to_alls(job, seed, dtype, n):
+    """One case of the data movement: all_to_all (lists, uneven sizes) and all_to_all_single
+    (even and uneven splits), then each with its input and output aliased."""
+    c, rank, world = job.c, job.rank, job.world
+    tag = f"{dtype} n={n}"
+
+    def block(src, dst, m):
+        return movement_input(seed + 7, src * 31 + dst, m, dtype)
+    send_sizes = lambda src, dst: (src + 2 * dst + n) % 4  # noqa: E731
+    ins = [block(rank, d, send_sizes(rank, d)) for d in range(world)]
+    outs = [torch.empty(send_sizes(s, rank), dtype=dtype) for s in range(world)]
+    dist.all_to_all(outs, ins)
+    for s in range(world):
+        c.close(f"all_to_all {tag} from {s}", outs[s], block(s, rank, send_sizes(s, rank)))
+
+    rows = 2
+    even_in = torch.cat([block(rank, d, n * rows) for d in range(world)]).reshape(-1, rows) \
+        if n else torch.empty(0, rows, dtype=dtype)
+    even_out = torch.empty_like(even_in)
+    dist.all_to_all_single(even_out, even_in)
+    c.close(f"all_to_all_single even {tag}", even_out.flatten(),
+            torch.cat([block(s, rank, n * rows) for s in range(world)]) if n else
+            torch.empty(0, dtype=dtype))
+
+    in_splits = [send_sizes(rank, d) for d in range(world)]
+    out_splits = [send_sizes(s, rank) for s in range(world)]
+    un_in = torch.cat([block(rank, d, in_splits[d] * rows) for d in range(world)]).reshape(-1, rows)
+    un_out = torch.empty(sum(out_splits), rows, dtype=dtype)
+    dist.all_to_all_single(un_out, un_in, out_splits, in_splits)
+    c.close(f"all_to_all_single uneven {tag}", un_out.flatten(),
+            torch.cat([block(s, rank, out_splits[s] * rows) for s in range(world)]))
+
+    # one tensor as input and output, and views of one buffer as both lists: the standard
+    # forbids aliased buffers (Open MPI at 3 and 4 ranks returned overwritten blocks)
+    same = even_in.clone()
+    dist.all_to_all_single(same, same)
+    c.close(f"all_to_all_single in place {tag}", same.flatten(),
+            torch.cat([block(s, rank, n * rows) for s in range(world)]) if n else
+            torch.empty(0, dtype=dtype))
+    views = list(torch.cat([block(rank, d, n) for d in range(world)]).split(n)) if n else \
+        [torch.empty(0, dtype=dtype) for _ in range(world)]
+    dist.all_to_all(views, views)
+    for s in range(world):
+        c.close(f"all_to_all in place {tag} from {s}", views[s], block(s, rank, n))
+
+
+def coalesced_gather_scatter(job):
+    """Coalesced all_gather_into_tensor / reduce_scatter_tensor (FSDP's calls), the output inside
+    the input, then the buffers inside one another."""
+    c, rank, world = job.c, job.rank, job.world
+    seed = job.next_seed()
     ins = [make_input(seed, rank, 6, torch.float32), make_input(seed, rank, 3, torch.bfloat16)]
     outs = [torch.empty(world * 6), torch.empty(world * 3, dtype=torch.bfloat16)]
     with dist._coalescing_manager(async_ops=False):
@@ -315,6 +415,14 @@ def main():
         c.close(f"reduce_scatter_tensor {op}, output inside the input", inside[mine],
                 reference_reduce(op, big, torch.float32)[mine], torch.float32,
                 bound=reduction_bound(op, big, torch.float32)[mine])
+    buffers_inside_one_another(job, seed)
+
+
+def buffers_inside_one_another(job, seed):
+    """all_gather_into_tensor's input inside its output, reduce_scatter_tensor's output inside its
+    input at another rank's block, and a rank's own tensor inside the list of gather, scatter and
+    all_gather."""
+    c, rank, world = job.c, job.rank, job.world
     # the input inside the output, at the rank's own row (in place) and at another rank's (the
     # node path's single copy read peers' rows into the output over that input until it copied
     # it first), 1 MiB per rank: above the single copy threshold, and long enough to read that a
@@ -351,16 +459,9 @@ def main():
     dist.scatter(mine_out, scattered if rank == 0 else None, src=0)
     c.close("scatter, the root's output in its list", mine_out, rows[rank][:1000])
 
-    if NEW_SPELLINGS:
-        c.section(NEW_SPELLINGS)
-        seed += 1
-        new_spellings(c, rank, world, seed)
 
-    c.section("collectives in subgroups")
-    seed += 1
-    subgroup_collectives(c, rank, world, seed)
-
-    c.section("objects and barrier")
+def objects_and_barrier(job):
+    c, rank, world = job.c, job.rank, job.world
     objs = [None] * world
     dist.all_gather_object(objs, {"rank": rank, "payload": "x" * rank})
     c.true("all_gather_object", objs == [{"rank": r, "payload": "x" * r} for r in range(world)], str(objs))
@@ -368,57 +469,60 @@ def main():
     dist.broadcast_object_list(lst, src=0)
     c.true("broadcast_object_list", lst == ["from 0", 3], str(lst))
     dist.barrier()
-    if os.environ.get("MPIGPU_EXPECT_NODES"):
-        # the group's shape as the launcher (or TORCH_MPIGPU_TEST_PRETEND_NODES) laid the ranks out
-        c.section("the group's nodes")
-        described = dist.group.WORLD._get_backend(torch.device("cpu")).describe()
-        want = "nodes: " + os.environ["MPIGPU_EXPECT_NODES"]
-        c.true("the description names them", want in described, f"want {want!r} in {described}")
-        waits = torch_mpi_gpu._C.node_waits()  # the benchmark's columns: barriers, and their time
-        c.true("host barriers were waited at, and timed", waits["host"] + waits["device"] > 0 and
-               (waits["host"] > 0) == (waits["barrier_us"] > 0), str(waits))
-        if os.environ.get("TORCH_MPIGPU_TEST_DEVICE_SLOTS") == "1":
-            want = os.environ.get("MPIGPU_EXPECT_SLOTS", "device slots 4096 bytes per rank and half")
-            c.true("the ops ran in device slots (made, not unavailable)",
-                   want in described and "made at the first node op" not in described,
-                   f"want {want!r} in {described}")
-        if os.environ.get("MPIGPU_EXPECT_ORDER"):  # how the device slots' ranks wait
-            c.true("the device slots' ordering", os.environ["MPIGPU_EXPECT_ORDER"] in described,
-                   described)
-        if os.environ.get("MPIGPU_EXPECT_LEADER"):  # who reduces on one node (NODE_LEADER)
-            leader = os.environ["MPIGPU_EXPECT_LEADER"] != "0"
-            c.true("the leader form" if leader else "no leader form",
-                   ("the leader form" in described) == leader, described)
-        if os.environ.get("MPIGPU_EXPECT_SINGLE_COPY"):
-            c.true("single copy as the group agreed", os.environ["MPIGPU_EXPECT_SINGLE_COPY"] in described,
-                   described)
-        if os.environ.get("MPIGPU_EXPECT_SINGLE_COPY_READS"):  # some / none
-            reads = torch_mpi_gpu._C.node_waits()["single_copy_reads"]
-            some = os.environ["MPIGPU_EXPECT_SINGLE_COPY_READS"] == "some"
-            c.true("all_gather read the peers in place" if some else "all_gather copied through the slots", (reads > 0) == some,
-                   f"{reads} single-copy reads: {described}")
-    if HOST_PIECES:
-        c.section("one rank's pieces, cut by every rank")
-        described = dist.group.WORLD._get_backend(torch.device("cpu")).describe()
-        want = f"cuts broadcast into MPI calls of {HOST_PIECES} bytes and all_reduce/reduce by MPI's own into {HOST_PIECES} bytes"
-        c.true("the description says so on every rank", want in described, described)
-        if os.environ.get("TORCH_MPIGPU_ALGO") == "mpi":  # MPI's own: one call per piece
-            for what, dtype, n in (("all_reduce", torch.float32, 100), ("reduce", torch.int8, 7),
-                                   ("broadcast", torch.float64, 100), ("broadcast", torch.int16, 13)):
-                t = torch.ones(n, dtype=dtype)
-                before = torch_mpi_gpu_calls()
-                {"all_reduce": lambda: dist.all_reduce(t), "reduce": lambda: dist.reduce(t, dst=world - 1),
-                 "broadcast": lambda: dist.broadcast(t, src=world - 1)}[what]()
-                calls = torch_mpi_gpu_calls() - before
-                c.true(f"{what} {dtype} n={n}: MPI calls, one per piece",
-                       calls == chunks(n, t.element_size()), f"{calls} calls, want {chunks(n, t.element_size())}")
-                c.true(f"{what} {dtype} n={n}: right", bool((t == (world if what != "broadcast" and
-                       (what == "all_reduce" or rank == world - 1) else 1)).all()), str(t))
-    if OUR_ALGO and not os.environ.get("MPIGPU_EXPECT_RAN"):  # else common.py checks that one
-        c.section("the forced algorithm ran")
-        runs = torch_mpi_gpu._C.algorithm_runs()
-        c.true(f"TORCH_MPIGPU_ALGO={OUR_ALGO} ran", runs.get(OUR_ALGO, 0) > 0, str(runs))
-    return c.finish()
+
+
+def the_groups_nodes(job):
+    """The group's description names the nodes (MPIGPU_EXPECT_NODES), and what the MPIGPU_EXPECT_*
+    variables given name: the device slots, their ordering, the leader form, single copy."""
+    c = job.c
+    described = dist.group.WORLD._get_backend(torch.device("cpu")).describe()
+    want = "nodes: " + os.environ["MPIGPU_EXPECT_NODES"]
+    c.true("the description names them", want in described, f"want {want!r} in {described}")
+    waits = torch_mpi_gpu._C.node_waits()  # the benchmark's columns: barriers, and their time
+    c.true("host barriers were waited at, and timed", waits["host"] + waits["device"] > 0 and
+           (waits["host"] > 0) == (waits["barrier_us"] > 0), str(waits))
+    if os.environ.get("TORCH_MPIGPU_TEST_DEVICE_SLOTS") == "1":
+        want = os.environ.get("MPIGPU_EXPECT_SLOTS", "device slots 4096 bytes per rank and half")
+        c.true("the ops ran in device slots (made, not unavailable)",
+               want in described and "made at the first node op" not in described,
+               f"want {want!r} in {described}")
+    if os.environ.get("MPIGPU_EXPECT_ORDER"):  # how the device slots' ranks wait
+        c.true("the device slots' ordering", os.environ["MPIGPU_EXPECT_ORDER"] in described,
+               described)
+    if os.environ.get("MPIGPU_EXPECT_LEADER"):  # who reduces on one node (NODE_LEADER)
+        leader = os.environ["MPIGPU_EXPECT_LEADER"] != "0"
+        c.true("the leader form" if leader else "no leader form",
+               ("the leader form" in described) == leader, described)
+    if os.environ.get("MPIGPU_EXPECT_SINGLE_COPY"):
+        c.true("single copy as the group agreed", os.environ["MPIGPU_EXPECT_SINGLE_COPY"] in described,
+               described)
+    if os.environ.get("MPIGPU_EXPECT_SINGLE_COPY_READS"):  # some / none
+        reads = torch_mpi_gpu._C.node_waits()["single_copy_reads"]
+        some = os.environ["MPIGPU_EXPECT_SINGLE_COPY_READS"] == "some"
+        c.true("all_gather read the peers in place" if some else "all_gather copied through the slots", (reads > 0) == some,
+               f"{reads} single-copy reads: {described}")
+
+
+def one_ranks_pieces(job):
+    """Rank 0's pieces (HOST_PIECES) in every rank's description; under MPI's own, one MPI call
+    per piece."""
+    c, rank, world = job.c, job.rank, job.world
+    described = dist.group.WORLD._get_backend(torch.device("cpu")).describe()
+    want = f"cuts broadcast into MPI calls of {HOST_PIECES} bytes and all_reduce/reduce by MPI's own into {HOST_PIECES} bytes"
+    c.true("the description says so on every rank", want in described, described)
+    if os.environ.get("TORCH_MPIGPU_ALGO") == "mpi":  # MPI's own: one call per piece
+        for what, dtype, n in (("all_reduce", torch.float32, 100), ("reduce", torch.int8, 7),
+                               ("broadcast", torch.float64, 100), ("broadcast", torch.int16, 13)):
+            t = torch.ones(n, dtype=dtype)
+            before = torch_mpi_gpu_calls()
+            {"all_reduce": lambda: dist.all_reduce(t), "reduce": lambda: dist.reduce(t, dst=world - 1),
+             "broadcast": lambda: dist.broadcast(t, src=world - 1)}[what]()
+            calls = torch_mpi_gpu_calls() - before
+            c.true(f"{what} {dtype} n={n}: MPI calls, one per piece",
+                   calls == chunks(n, t.element_size()), f"{calls} calls, want {chunks(n, t.element_size())}")
+            c.true(f"{what} {dtype} n={n}: right", bool((t == (world if what != "broadcast" and
+                   (what == "all_reduce" or rank == world - 1) else 1)).all()), str(t))
+
 
 
 def uneven_blocks(c, rank, world, seed):

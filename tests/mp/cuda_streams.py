@@ -37,17 +37,53 @@ def on(stream):
         yield
 
 
+class Job:
+    """What the sections share: the checker, this rank, the group's size, the device, the sum of
+    every rank's rank + 1, and the producer's and a consumer's streams."""
+
+    def __init__(self, c, rank, world, dev):
+        self.c, self.rank, self.world, self.dev = c, rank, world, dev
+        self.total = float(world * (world + 1) // 2)
+        self.producer, self.consumer = torch.cuda.Stream(), torch.cuda.Stream()
+
+
 def main():
     dist.init_process_group("mpigpu")
     rank, world = dist.get_rank(), dist.get_world_size()
     dev = use_test_device()
     path = torch_mpi_gpu._C.cuda_path()[0]
     c = Checker(f"cuda_streams(np={world}, path={path})")
-    total = float(world * (world + 1) // 2)
-    producer, consumer = torch.cuda.Stream(), torch.cuda.Stream()
+    job = Job(c, rank, world, dev)
 
-    # 1. The producer is still running when the collective is issued on its stream.
     c.section("collectives issued while the producer runs")
+    while_the_producer_runs(job)
+    if world > 1:
+        c.section("send/recv from a busy stream")
+        send_recv_from_a_busy_stream(job)
+
+    c.section("Work.wait() orders another stream")
+    work_wait_orders_another_stream(job)
+
+    c.section("the future orders another stream")
+    future_orders_another_stream(job)
+
+    c.section("8 async ops in flight from a busy stream")
+    async_ops_in_flight(job)
+
+    c.section("an ordering event only where the stream has work left")
+    x = ordering_event_where_work_is_left(job)
+    ordering_events_always(job, x)
+
+    c.section("an op inside a CUDA graph capture is refused")
+    refused_inside_a_graph_capture(job)
+
+    return c.finish()
+
+
+def while_the_producer_runs(job):
+    """1. The producer is still running when the collective is issued on its stream; the same for
+    a broadcast from a busy root and an all_gather."""
+    c, rank, world, dev, producer = job.c, job.rank, job.world, job.dev, job.producer
     for async_op in (False, True):
         t = torch.zeros(N, device=dev)
         with on(producer):
@@ -58,9 +94,8 @@ def main():
             seen = t.clone()  # on the producer stream, after the op
         torch.cuda.synchronize()
         c.close(f"all_reduce after a running producer (async={async_op})", seen,
-                torch.full((N,), total))
+                torch.full((N,), job.total))
 
-    # Same for a broadcast from a busy root, an all_gather and send/recv.
     t = torch.zeros(N, device=dev)
     with on(producer):
         if rank == 0:
@@ -80,49 +115,56 @@ def main():
     c.close("all_gather after a running producer", seen,
             torch.arange(world, dtype=torch.float32).repeat_interleave(N // 4).reshape(world, -1))
 
-    if world > 1:
-        c.section("send/recv from a busy stream")
-        buf = torch.zeros(N, device=dev)
-        with on(producer):
-            if rank == 0:
-                busy_then_fill(buf, 7.0)
-                dist.send(buf, 1)
-            elif rank == 1:
-                dist.recv(buf, 0)
-            seen = buf.clone()
-        torch.cuda.synchronize()
-        if rank in (0, 1):
-            c.close("send from a busy stream / recv", seen, torch.full((N,), 7.0))
-        else:  # not part of the exchange: its buffer must stay untouched
-            c.close("a rank outside the send/recv keeps its buffer", seen, torch.zeros(N))
 
-    # 2. Results consumed on another stream, ordered by Work.wait().
-    c.section("Work.wait() orders another stream")
-    t = torch.full((N,), rank + 1.0, device=dev)
+def send_recv_from_a_busy_stream(job):
+    c, rank, dev = job.c, job.rank, job.dev
+    buf = torch.zeros(N, device=dev)
+    with on(job.producer):
+        if rank == 0:
+            busy_then_fill(buf, 7.0)
+            dist.send(buf, 1)
+        elif rank == 1:
+            dist.recv(buf, 0)
+        seen = buf.clone()
+    torch.cuda.synchronize()
+    if rank in (0, 1):
+        c.close("send from a busy stream / recv", seen, torch.full((N,), 7.0))
+    else:  # not part of the exchange: its buffer must stay untouched
+        c.close("a rank outside the send/recv keeps its buffer", seen, torch.zeros(N))
+
+
+def work_wait_orders_another_stream(job):
+    """2. Results consumed on another stream, ordered by Work.wait()."""
+    consumer = job.consumer
+    t = torch.full((N,), job.rank + 1.0, device=job.dev)
     torch.cuda.current_stream().synchronize()
     w = dist.all_reduce(t, async_op=True)
     with torch.cuda.stream(consumer):  # ordered by the Work or future alone
         w.wait()
         doubled = t * 2
     consumer.synchronize()
-    c.close("async all_reduce consumed on another stream", doubled, torch.full((N,), 2 * total))
+    job.c.close("async all_reduce consumed on another stream", doubled, torch.full((N,), 2 * job.total))
 
-    # 3. The future is CUDA-aware: then() callbacks and wait() on another stream see the result.
-    c.section("the future orders another stream")
-    t = torch.zeros(N, device=dev)
-    with on(producer):
-        busy_then_fill(t, rank + 1.0)
+
+def future_orders_another_stream(job):
+    """3. The future is CUDA-aware: then() callbacks and wait() on another stream see the result."""
+    consumer = job.consumer
+    t = torch.zeros(N, device=job.dev)
+    with on(job.producer):
+        busy_then_fill(t, job.rank + 1.0)
         fut = dist.all_reduce(t, async_op=True).get_future()
     chained = fut.then(lambda f: f.value()[0] * 3)
     with torch.cuda.stream(consumer):  # ordered by the Work or future alone
         tripled = chained.wait() + 0
     consumer.synchronize()
-    c.close("future.then consumed on another stream", tripled, torch.full((N,), 3 * total))
+    job.c.close("future.then consumed on another stream", tripled, torch.full((N,), 3 * job.total))
 
-    # 4. Many async ops in flight from a busy stream, waited in reverse order.
-    c.section("8 async ops in flight from a busy stream")
-    ts = [torch.zeros(N // 16, device=dev) for _ in range(8)]
-    with on(producer):
+
+def async_ops_in_flight(job):
+    """4. Many async ops in flight from a busy stream, waited in reverse order."""
+    rank, world = job.rank, job.world
+    ts = [torch.zeros(N // 16, device=job.dev) for _ in range(8)]
+    with on(job.producer):
         torch.cuda._sleep(SLEEP_CYCLES)
         for i, x in enumerate(ts):
             x.fill_(float(rank + i))
@@ -133,13 +175,16 @@ def main():
     torch.cuda.synchronize()
     exp = torch.stack([torch.full((N // 16,), float(sum(r + i for r in range(world))))
                        for i in range(8)])
-    c.close("8 async all_reduces in flight", seen, exp)
+    job.c.close("8 async all_reduces in flight", seen, exp)
 
-    # 5. An ordering event only where the stream has work left: each is a command on the device,
-    # and on a GPU the ranks share one queued while a peer's work runs costs a switch between
-    # their time slices (the node leader's next op, issued while its peers copy out).
-    c.section("an ordering event only where the stream has work left")
-    x = torch.full((N // 16,), rank + 1.0, device=dev)
+
+def ordering_event_where_work_is_left(job):
+    """5. An ordering event only where the stream has work left: each is a command on the device,
+    and on a GPU the ranks share one queued while a peer's work runs costs a switch between their
+    time slices (the node leader's next op, issued while its peers copy out). Returns the tensor
+    it reduced."""
+    c, rank = job.c, job.rank
+    x = torch.full((N // 16,), rank + 1.0, device=job.dev)
     torch.cuda.synchronize()
     idle = torch_mpi_gpu._C.node_waits()
     dist.all_reduce(x)  # the current stream has finished everything: no event at the start
@@ -156,8 +201,13 @@ def main():
            after["stream_events"] > busy["stream_events"],
            f"recorded {busy['stream_events']} -> {after['stream_events']}")
     c.close("the op after a busy producer sees the producer's values", x,
-            torch.full((N // 16,), total))
-    # TORCH_MPIGPU_CUDA_ORDER_EVENTS=always (read at group creation): both events in every op
+            torch.full((N // 16,), job.total))
+    return x
+
+
+def ordering_events_always(job, x):
+    """TORCH_MPIGPU_CUDA_ORDER_EVENTS=always (read at group creation): both events in every op."""
+    c, rank, world, total = job.c, job.rank, job.world, job.total
     os.environ["TORCH_MPIGPU_CUDA_ORDER_EVENTS"] = "always"
     always = dist.new_group(list(range(world)))
     del os.environ["TORCH_MPIGPU_CUDA_ORDER_EVENTS"]
@@ -179,7 +229,7 @@ def main():
         libcuda = ctypes.CDLL("libcuda.so.1")
         handle = ctypes.c_void_p()
         c.true("a blocking stream made with the driver", libcuda.cuStreamCreate(ctypes.byref(handle), 0) == 0)
-        y = torch.zeros(N // 16, device=dev)
+        y = torch.zeros(N // 16, device=job.dev)
         torch.cuda.synchronize()
         with torch.cuda.stream(torch.cuda.ExternalStream(handle.value)):
             busy_then_fill(y, rank + 1.0)
@@ -189,10 +239,12 @@ def main():
         c.close("CUDA_ORDER_EVENTS=always: after a blocking stream made outside torch", y,
                 torch.full((N // 16,), total))
 
-    # 6. Inside a CUDA graph capture: refused before anything is queued (MPI runs from the host,
-    # so a graph could never replay the op); the capture stays intact and the group works after.
-    c.section("an op inside a CUDA graph capture is refused")
-    x = torch.full((N // 16,), rank + 1.0, device=dev)
+
+def refused_inside_a_graph_capture(job):
+    """6. Inside a CUDA graph capture: refused before anything is queued (MPI runs from the host,
+    so a graph could never replay the op); the capture stays intact and the group works after."""
+    c, rank, world = job.c, job.rank, job.world
+    x = torch.full((N // 16,), rank + 1.0, device=job.dev)
     torch.cuda.synchronize()
     graph = torch.cuda.CUDAGraph()
 
@@ -215,9 +267,7 @@ def main():
     dist.all_reduce(x)
     torch.cuda.synchronize()
     c.close("the capture replays its compute and the group works after", x,
-            torch.full((N // 16,), 2 * total))
-
-    return c.finish()
+            torch.full((N // 16,), 2 * job.total))
 
 
 if __name__ == "__main__":

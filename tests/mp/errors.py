@@ -14,15 +14,48 @@ from common import Checker, run
     "a coalescing block that raised does not hold the group", "the group works after the errors")
 
 
+class Job:
+    """What the sections share: the checker, the default group, this rank, the group's size, the
+    rank's prefix in the messages, and a float and an int32 tensor of ones."""
+
+    def __init__(self, c, pg, rank, world):
+        self.c, self.pg, self.rank, self.world = c, pg, rank, world
+        self.who = f"[rank {rank}]"
+        self.f, self.i = torch.ones(4), torch.ones(4, dtype=torch.int32)
+
+
 def main():
     dist.init_process_group("mpigpu")
     rank, world = dist.get_rank(), dist.get_world_size()
     c = Checker(f"errors(np={world})")
-    pg = dist.distributed_c10d._get_default_group()
-    who = f"[rank {rank}]"
-    f, i = torch.ones(4), torch.ones(4, dtype=torch.int32)
+    job = Job(c, dist.distributed_c10d._get_default_group(), rank, world)
 
     c.section(OP_DTYPE)
+    op_dtype_refused(job)
+    c.section(SIZES_ROOTS_LISTS)
+    sizes_roots_lists_refused(job)
+    c.section(TENSOR_KINDS)
+    tensor_kinds_refused(job)
+    c.section(P2P_PEERS_TAGS)
+    p2p_peers_tags_refused(job)
+    c.section(SIZES_ROOTS_LISTS)
+    gather_list_on_non_root_refused(job)
+
+    c.section(BACKEND_CHECKS)
+    backend_checks(job)
+    c.section(AFTER_DESTROY)
+    use_after_destroy_refused(job)
+
+    c.section(COALESCING_BLOCK)
+    coalescing_block_that_raised(job)
+
+    c.section(WORKS_AFTER)
+    works_after(job)
+    return c.finish()
+
+
+def op_dtype_refused(job):
+    c, pg, world, who, f, i = job.c, job.pg, job.world, job.who, job.f, job.i
     c.raises("BXOR on float", TypeError, lambda: dist.all_reduce(f.clone(), op=dist.ReduceOp.BXOR),
              ("mpigpu allreduce", who, "BXOR", "Float"))
     c.raises("AVG on int", TypeError, lambda: dist.all_reduce(i.clone(), op=dist.ReduceOp.AVG),
@@ -38,7 +71,10 @@ def main():
                                                 torch.ones(2 * world, dtype=torch.bfloat16),
                                                 op=dist.ReduceOp.BOR),
              ("reduce_scatter_tensor", who, "BOR"))
-    c.section(SIZES_ROOTS_LISTS)
+
+
+def sizes_roots_lists_refused(job):
+    c, pg, rank, world, who, f = job.c, job.pg, job.rank, job.world, job.who, job.f
     bo = dist.BroadcastOptions()
     bo.rootRank = world + 3
     c.raises("broadcast root out of range", ValueError, lambda: pg.broadcast([f.clone()], bo),
@@ -71,26 +107,36 @@ def main():
     c.raises("all_to_all_single uneven without splits", ValueError,
              lambda: dist.all_to_all_single(torch.empty(world + 1), torch.ones(world + 1)),
              ("all_to_all_single", who, "divide evenly")) if world > 1 else None
-    c.section(TENSOR_KINDS)
+
+
+def tensor_kinds_refused(job):
     # all_reduce takes sparse COO tensors (collectives.py tests it; torch's dispatcher refuses
     # them to the other ops before mpigpu sees them), but not mixed with dense ones
-    c.raises("sparse tensor in a dense all_reduce list", TypeError,
-             lambda: pg.allreduce([torch.eye(3).to_sparse(), torch.ones(3)]).wait(),
-             ("allreduce", who, "mixes sparse COO"))
-    c.section(P2P_PEERS_TAGS)
+    job.c.raises("sparse tensor in a dense all_reduce list", TypeError,
+                 lambda: job.pg.allreduce([torch.eye(3).to_sparse(), torch.ones(3)]).wait(),
+                 ("allreduce", job.who, "mixes sparse COO"))
+
+
+def p2p_peers_tags_refused(job):
+    c, pg, rank, world, who, f = job.c, job.pg, job.rank, job.world, job.who, job.f
     c.raises("send to self", ValueError, lambda: pg.send([f], rank, 0), ("send", who, "yourself"))
     c.raises("send to out-of-range peer", ValueError, lambda: pg.send([f], world + 1, 0),
              ("send", who, "out of range"))
     c.raises("negative tag", ValueError, lambda: pg.recv([f], (rank + 1) % world, -3) if world > 1
              else pg.recv([f], 1, -3), ("recv", who))
-    c.section(SIZES_ROOTS_LISTS)
+
+
+def gather_list_on_non_root_refused(job):
+    c, pg, rank, world, who, f = job.c, job.pg, job.rank, job.world, job.who, job.f
     c.raises("gather list on non-root", ValueError,
              lambda: pg.gather([[torch.empty(4) for _ in range(world)]], [f], _gather_opts((rank + 1) % world))
              if world > 1 else pg.gather([[torch.empty(4)]], [f], _gather_opts(5)),
              ("gather", who))
 
-    c.section(BACKEND_CHECKS)
-    be = pg._get_backend(torch.device("cpu"))  # our backend itself: no torch-side checks in front
+
+def backend_checks(job):
+    c, who, f = job.c, job.who, job.f
+    be = job.pg._get_backend(torch.device("cpu"))  # our backend itself: no torch-side checks in front
     c.raises("meta tensor", TypeError, lambda: be.allreduce([torch.empty(3, device="meta")]),
              ("allreduce", who, "meta"))
     q = torch.quantize_per_tensor(torch.ones(3), 0.1, 0, torch.quint8)
@@ -102,18 +148,22 @@ def main():
     c.raises("empty tensor list", ValueError, lambda: be.allreduce([]), ("allreduce", who))
     c.raises("non-zero rootTensor", ValueError,
              lambda: be.broadcast([f.clone()], _bcast_opts(0, 1)), ("broadcast", who, "rootTensor"))
-    c.section(AFTER_DESTROY)
+
+
+def use_after_destroy_refused(job):
     # use after destroy: the backend object of a destroyed group refuses, it does not crash
-    g = dist.new_group(list(range(world)))
+    g = dist.new_group(list(range(job.world)))
     gb = g._get_backend(torch.device("cpu"))
     dist.destroy_process_group(g)
-    c.raises("use after destroy_process_group", ValueError, lambda: gb.allreduce([f.clone()]),
-             ("allreduce", who, "destroyed"))
+    job.c.raises("use after destroy_process_group", ValueError, lambda: gb.allreduce([job.f.clone()]),
+                 ("allreduce", job.who, "destroyed"))
 
-    c.section(COALESCING_BLOCK)
-    # torch ends a coalescing block only when its body returns: an op that raises in it, or the
-    # caller's own error, leaves our side of the block open (every later batch_isend_irecv
-    # failed with "coalescing already started" before)
+
+def coalescing_block_that_raised(job):
+    """torch ends a coalescing block only when its body returns: an op that raises in it, or the
+    caller's own error, leaves our side of the block open (every later batch_isend_irecv failed
+    with "coalescing already started" before)."""
+    c, pg, rank, world, who = job.c, job.pg, job.rank, job.world, job.who
     manager = dist.distributed_c10d._coalescing_manager
     cpu = torch.device("cpu")
 
@@ -147,11 +197,12 @@ def main():
         c.close("a batch after it", ring_batch(5), torch.full((4,), before + 1.0))
         c.close("a block after that", coalesced_sum(1.0), torch.full((4,), float(world)))
 
-    c.section(WORKS_AFTER)
+
+def works_after(job):
+    rank, world = job.rank, job.world
     t = torch.full((3,), float(rank))
     dist.all_reduce(t)
-    c.close("works after errors", t, torch.full((3,), float(sum(range(world)))))
-    return c.finish()
+    job.c.close("works after errors", t, torch.full((3,), float(sum(range(world)))))
 
 
 def _gather_opts(root):

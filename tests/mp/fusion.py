@@ -41,6 +41,23 @@ def main():
     pg = dist.distributed_c10d._get_default_group()
 
     c.section(HUNDRED_TENSORS)
+    hundred_tensors(c, rank, world)
+    c.section(MIXED_DTYPES)
+    mixed_dtypes(c, rank, world, pg)
+    c.section(COALESCING_MANAGER)
+    coalescing_manager(c, rank, world)
+    c.section(COALESCED_GATHER_SCATTER)
+    coalesced_gather_scatter(c, rank, world)
+    c.section(FUSION_BYTES)
+    fusion_bytes(c, rank, world)
+    c.section(FUSE_BELOW_BYTES)
+    fuse_below_bytes(c, world)
+    c.section(BATCH_ISEND_IRECV)
+    batch_isend_irecv_ring(c, rank, world)
+    return c.finish()
+
+
+def hundred_tensors(c, rank, world):
     # 100 fp32 tensors of odd sizes in one allreduce: one MPI call
     sizes = [1 + (i * 37) % 300 for i in range(100)]
     per_rank = [[make_input(10 + i, r, n, torch.float32) for i, n in enumerate(sizes)]
@@ -52,7 +69,8 @@ def main():
         want, bound = reduced("sum", [per_rank[r][i] for r in range(world)], torch.float32)
         c.close(f"fused allreduce tensor {i}", mine[i], want, torch.float32, bound=bound)
 
-    c.section(MIXED_DTYPES)
+
+def mixed_dtypes(c, rank, world, pg):
     # mixed dtypes: grouped, one call per dtype (3 here)
     dts = [torch.float32, torch.int64, torch.bfloat16] * 10
     per_rank = [[make_input(200 + i, r, 5 + i, dt) for i, dt in enumerate(dts)] for r in range(world)]
@@ -64,7 +82,8 @@ def main():
         c.close(f"mixed-dtype fused allreduce tensor {i} {dts[i]}", mine[i], want, dts[i],
                 bound=bound)
 
-    c.section(COALESCING_MANAGER)
+
+def coalescing_manager(c, rank, world):
     # the coalescing manager (what torch's _coalescing_manager / DTensor use): one call
     parts = [make_input(300 + i, rank, 64, torch.float32) for i in range(50)]
     def coalesced():
@@ -78,7 +97,8 @@ def main():
                           torch.float32)
     c.close("coalescing manager result", parts[49], want, torch.float32, bound=bound)
 
-    c.section(COALESCED_GATHER_SCATTER)
+
+def coalesced_gather_scatter(c, rank, world):
     # coalesced all_gather_into_tensor / reduce_scatter_tensor (FSDP's calls): one call each
     ins = [make_input(400 + i, rank, 3 + i, torch.float32) for i in range(10)]
     outs = [torch.empty(world * (3 + i)) for i in range(10)]
@@ -108,7 +128,8 @@ def main():
         c.close(f"coalesced reduce_scatter_tensor avg {i}", outs[i], full[mine_part],
                 torch.float32, bound=bound[mine_part])
 
-    c.section(FUSION_BYTES)
+
+def fusion_bytes(c, rank, world):
     # TORCH_MPIGPU_FUSION_BYTES caps a bucket (read when a group is created)
     os.environ["TORCH_MPIGPU_FUSION_BYTES"] = "4096"
     small = dist.new_group(list(range(world)))
@@ -123,7 +144,8 @@ def main():
     c.true("FUSION_BYTES=0: one call per tensor", n == 10, f"{n} calls")
     del os.environ["TORCH_MPIGPU_FUSION_BYTES"]
 
-    c.section(FUSE_BELOW_BYTES)
+
+def fuse_below_bytes(c, world):
     # in a group without a GPU, tensors of FUSE_BELOW_BYTES or more are reduced in place and the
     # smaller ones packed; where a member has a GPU everything is packed, on every rank alike
     # (a CUDA rank and a CPU rank must cut the same buckets: MPIGPU_TEST_DEVICE=mixed)
@@ -141,7 +163,8 @@ def main():
                     torch.full_like(ts[i], v * world))
         os.environ.pop("TORCH_MPIGPU_FUSE_BELOW_BYTES", None)
 
-    c.section(BATCH_ISEND_IRECV)
+
+def batch_isend_irecv_ring(c, rank, world):
     # batch_isend_irecv: a ring, all posted together, completed together
     if world > 1:
         send = torch.full((1000,), float(rank))
@@ -151,7 +174,6 @@ def main():
         for w in dist.batch_isend_irecv(ops):
             w.wait()
         c.close("batch_isend_irecv ring", recv, torch.full((1000,), float((rank - 1) % world)))
-    return c.finish()
 
 
 if __name__ == "__main__":
