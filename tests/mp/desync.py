@@ -37,18 +37,15 @@ def late_mismatch(c, odd, last, rank, world):
 
 def p2p_mismatch(c, rank, last):
     """A receive larger than the message raises on the receiver naming the peer and both sizes
-    (MPI calls it a success); one smaller than the message is MPI's truncation error, named."""
+    (MPI calls it a success). One smaller than the message is MPI's truncation error, which
+    Open MPI returns and MPICH makes fatal (MPI_Testall): not run here."""
     if rank == 0:
         dist.send(torch.ones(2), dst=last)
-        dist.send(torch.ones(8), dst=last)
     elif rank == last:
         c.raises("a receive larger than the message", dist.DistBackendError,
                  lambda: dist.recv(torch.zeros(4), src=0),
                  must_contain=["from rank 0", "held 8 bytes", "expects 16", "4 elements of Float",
                                f"[rank {last}]"])
-        c.raises("a receive smaller than the message", dist.DistBackendError,
-                 lambda: dist.recv(torch.zeros(4), src=0),
-                 must_contain=["smaller than the message", "peer: rank 0", f"[rank {last}]"])
     t = torch.ones(3)  # the group still works afterwards
     dist.all_reduce(t)
     c.close("p2p mismatches: group works after", t, torch.full((3,), float(dist.get_world_size())))
