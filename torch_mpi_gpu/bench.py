@@ -26,6 +26,8 @@ import time
 import torch
 import torch.distributed as dist
 
+from .manifest import cpu_model
+
 OPS = ["allreduce", "allgather", "reduce_scatter", "broadcast", "alltoall", "sendrecv"]
 BACKENDS = ["mpigpu", "gloo", "gloo-host", "nccl", "mpi"]
 DTYPES = {"float32": torch.float32, "float16": torch.float16, "bfloat16": torch.bfloat16,
@@ -51,15 +53,6 @@ def bus_factor(op, n):
     if op in ("allgather", "reduce_scatter", "alltoall"):
         return (n - 1) / n
     return 1.0
-
-
-def cpu_model():
-    """The CPU's model name (from /proc/cpuinfo where there is one)."""
-    try:
-        with open("/proc/cpuinfo") as f:
-            return next(line.split(":", 1)[1].strip() for line in f if line.startswith("model name"))
-    except (OSError, StopIteration):
-        return platform.processor() or platform.machine()
 
 
 def machine_header(device, world):
