@@ -92,8 +92,8 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupMPIGPU::enqueue(ops::Plan plan) {
                        seq,        rank_,
                        bytes,      effectiveTimeout(optTimeout),
                        false,      config_.abortOnTimeout};
-  Engine::Task task = [this, engine = engine.get(), watched, fp, bufs = std::move(bufs),
-                       body = std::move(body)]() mutable {
+  auto task = [this, engine = engine.get(), watched, fp, bufs = std::move(bufs),
+               body = std::move(body)]() mutable {
     const bool onCaller = !engine->onWorkerThread();
     watched.onCaller = onCaller;
     const char* name = watched.name;
@@ -115,7 +115,7 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupMPIGPU::enqueue(ops::Plan plan) {
   if (!asyncOp && host && small && !coalescing &&
       engine->tryInline(work, task, Engine::Inline::Collective))
     return work;
-  engine->submit(work, std::move(task));
+  engine->submit(work, Engine::Task(std::move(task)));
   return work;
 }
 
@@ -365,7 +365,7 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupMPIGPU::enqueueP2P(c10d::OpType type,
     work->setProgressDriver(std::weak_ptr<ProgressDriver>(engine));
     if (engine->tryInline(work, post, Engine::Inline::Post)) return work;
   }
-  engine->submit(work, std::move(post));
+  engine->submit(work, Engine::Task(std::move(post)));
   return work;
 }
 

@@ -175,7 +175,8 @@ bool Engine::endInline() {
   return !queue_.empty();  // a thread queued an op meanwhile and the worker skipped it: wake it
 }
 
-bool Engine::tryInline(const c10::intrusive_ptr<WorkMPIGPU>& work, const Task& task, Inline kind) {
+bool Engine::tryInline(const c10::intrusive_ptr<WorkMPIGPU>& work, c10::function_ref<bool()> task,
+                       Inline kind) {
   const bool post = kind == Inline::Post;
   // Posting while the worker may be testing requests needs MPI_THREAD_MULTIPLE.
   if (post && serialized_) return false;

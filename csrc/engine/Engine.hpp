@@ -22,6 +22,8 @@
 
 #include <mpi.h>
 
+#include <c10/util/FunctionRef.h>
+
 #include <condition_variable>
 #include <atomic>
 #include <chrono>
@@ -66,7 +68,9 @@ class Engine : public ProgressDriver {
   //     queued or running ahead of it (pending requests are fine); never with
   //     MPI_THREAD_SERIALIZED, since the worker may be testing requests meanwhile.
   enum class Inline { Collective, Post };
-  bool tryInline(const c10::intrusive_ptr<WorkMPIGPU>& work, const Task& task, Inline kind);
+  // (`task` is borrowed, not copied: an op that runs inline allocates no std::function.)
+  bool tryInline(const c10::intrusive_ptr<WorkMPIGPU>& work, c10::function_ref<bool()> task,
+                 Inline kind);
   // Tests the pending requests once from the calling thread, unless another thread is at it;
   // completes what finished. Lets Work::wait() see a reply without waiting for the worker.
   void assistProgress() override;

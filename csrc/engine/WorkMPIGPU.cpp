@@ -47,15 +47,21 @@ WorkMPIGPU::WorkMPIGPU(int rank, c10d::OpType type, const char* opName, uint64_t
                        const char* profilingTitle,
                        const std::optional<std::vector<at::Tensor>>& inputs,
                        std::vector<std::shared_ptr<paths::OpBuffers>> buffers)
-    : Work(rank, type, profilingTitle, inputs),
+    // torch's Work opens a profiler event when given a title; with no profiler (or other
+    // RecordFunction callback) active it would only allocate one to find that out.
+    : Work(rank, type, at::hasCallbacks() ? profilingTitle : nullptr,
+           at::hasCallbacks() ? inputs : std::nullopt),
       opName_(opName),
       seq_(seq),
+      awaited_(c10d::isP2POp(type) ? std::make_shared<std::atomic<bool>>(false) : nullptr),
       outputs_(std::move(outputs)),
       timeout_(timeout),
       buffers_(std::move(buffers)),
-      future_(c10::make_intrusive<c10::ivalue::Future>(c10::ListType::ofTensors(),
-                                                       devicesOf(buffers_))),
       created_(std::chrono::steady_clock::now()) {}
+
+c10::intrusive_ptr<c10::ivalue::Future> WorkMPIGPU::makeFuture() const {
+  return c10::make_intrusive<c10::ivalue::Future>(c10::ListType::ofTensors(), devicesOf(buffers_));
+}
 
 std::string WorkMPIGPU::describe() const {
   std::ostringstream s;
@@ -73,7 +79,7 @@ std::string WorkMPIGPU::describe() const {
 }
 
 bool WorkMPIGPU::wait(std::chrono::milliseconds timeout) {
-  awaited_->store(true, std::memory_order_relaxed);
+  if (awaited_) awaited_->store(true, std::memory_order_relaxed);
   const auto limit = timeout == kNoTimeout ? timeout_ : timeout;
   if (auto driver = driver_.lock(); driver && !isCompleted()) {
     // A reply usually lands within microseconds: test for it here rather than pay a thread
@@ -112,12 +118,15 @@ void WorkMPIGPU::synchronize() {
 }
 
 c10::intrusive_ptr<c10::ivalue::Future> WorkMPIGPU::getFuture() {
-  awaited_->store(true, std::memory_order_relaxed);
+  if (awaited_) awaited_->store(true, std::memory_order_relaxed);
   std::lock_guard<std::mutex> lock(futureMutex_);
-  futureRequested_ = true;
-  if (futureDeferred_) {  // the op finished before anyone asked: complete the future now
+  if (!future_) future_ = makeFuture();
+  if (futureDeferred_) {  // the op settled before anyone asked: settle the future now
     futureDeferred_ = false;
-    completeFuture();
+    if (auto error = exception())
+      future_->setError(error);
+    else
+      completeFuture();
   }
   return future_;
 }
@@ -158,9 +167,9 @@ void WorkMPIGPU::markCompleted() {
   finish();
   {
     std::lock_guard<std::mutex> lock(futureMutex_);
-    if (!futureRequested_) {
-      // Nobody can have attached a callback: leave building the future's value (a list of
-      // every output) to getFuture(), if anyone ever asks.
+    if (!future_) {
+      // Nobody asked for the future, so nobody can have attached a callback: leave building it
+      // and its value (a list of every output) to getFuture(), if anyone ever asks.
       futureDeferred_ = true;
       return runDoneCallbacks();
     }
@@ -192,8 +201,8 @@ void WorkMPIGPU::markFailed(std::exception_ptr error) {
   finish(error);
   {
     std::lock_guard<std::mutex> lock(futureMutex_);
-    if (!futureRequested_) {
-      future_->setError(error);
+    if (!future_) {
+      futureDeferred_ = true;  // getFuture() sets the error on the future it makes
       return runDoneCallbacks();
     }
   }

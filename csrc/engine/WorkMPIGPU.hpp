@@ -85,6 +85,7 @@ class WorkMPIGPU : public c10d::Work {
   const std::weak_ptr<ProgressDriver>& progressDriver() const { return driver_; }
   // Set once someone waits for the op (wait() or its future): the watchdog judges a pending
   // send or receive only then (one posted and never waited for may go unmatched harmlessly).
+  // Point-to-point ops only (null for collectives).
   std::shared_ptr<const std::atomic<bool>> awaited() const { return awaited_; }
 
  private:
@@ -94,7 +95,7 @@ class WorkMPIGPU : public c10d::Work {
 
   const char* opName_;
   const uint64_t seq_;
-  const std::shared_ptr<std::atomic<bool>> awaited_ = std::make_shared<std::atomic<bool>>(false);
+  const std::shared_ptr<std::atomic<bool>> awaited_;
   std::string group_;
   int worldRank_ = -1;
   // Completed or failed once: abort() may fail an op whose MPI call returns later.
@@ -102,14 +103,14 @@ class WorkMPIGPU : public c10d::Work {
   std::vector<at::Tensor> outputs_;
   const std::chrono::milliseconds timeout_;
   const std::vector<std::shared_ptr<paths::OpBuffers>> buffers_;
-  c10::intrusive_ptr<c10::ivalue::Future> future_;
-  int sourceRank_ = -1;
-  // Until someone asks for the future nobody can have attached a callback to it, so completing
-  // it can wait for getFuture() (most ops never get asked) instead of the completer pool.
-  // futureMutex_ makes "not requested yet, so complete it here" atomic against getFuture().
+  // Made by the first getFuture() (most ops are never asked for one): until then nobody can have
+  // attached a callback, so settling it waits for that request instead of the completer pool.
+  // futureMutex_ makes "not requested yet, so leave it to getFuture()" atomic against it.
+  c10::intrusive_ptr<c10::ivalue::Future> makeFuture() const;
   std::mutex futureMutex_;
-  bool futureRequested_ = false;
-  bool futureDeferred_ = false;  // completed before getFuture(): its value is built on request
+  c10::intrusive_ptr<c10::ivalue::Future> future_;  // guarded by futureMutex_
+  bool futureDeferred_ = false;  // settled before getFuture(): the future is settled on request
+  int sourceRank_ = -1;
   std::chrono::steady_clock::time_point created_, started_, finished_;
   std::vector<std::function<void(WorkMPIGPU&)>> doneCallbacks_;  // guarded by mutex_
   std::weak_ptr<ProgressDriver> driver_;  // empty: wait() just sleeps until completion

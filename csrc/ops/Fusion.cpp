@@ -7,6 +7,7 @@ namespace mpigpu {
 
 std::vector<std::vector<size_t>> fusionBuckets(const std::vector<at::Tensor>& ts, int64_t limit,
                                                int64_t alone) {
+  if (ts.size() == 1) return {{0}};  // the common case, without the bookkeeping below
   std::vector<at::ScalarType> order;
   std::map<at::ScalarType, std::vector<size_t>> byDtype;
   for (size_t i = 0; i < ts.size(); ++i) {

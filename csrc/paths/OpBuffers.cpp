@@ -156,6 +156,16 @@ namespace {
 
 int64_t nbytes(const at::Tensor& t) { return t.numel() * static_cast<int64_t>(t.element_size()); }
 
+// A contiguous tensor as the 1-D buffer MPI and the algorithms see. Most are 1-D already (DDP
+// buckets, flat parameters) and are used as they are; a view through the dispatcher's autograd
+// layer costs about a microsecond, a large part of a small op, and the buffer never meets
+// autograd, so other shapes are viewed below it.
+at::Tensor flatAlias(const at::Tensor& t) {
+  if (t.dim() == 1) return t;
+  at::AutoDispatchBelowADInplaceOrView belowAutograd;
+  return t.view({-1});
+}
+
 // An empty tensor's data pointer may be null, and memcpy from or to null is undefined even for
 // 0 bytes (UBSan reports it).
 void copyBytes(void* dst, const void* src, int64_t bytes) {
@@ -236,7 +246,7 @@ class HostOpBuffers final : public OpBuffers {
   void onAdd(Slot& s) override {
     const bool onHost = s.users[0].is_cpu();
     if (onHost && s.singleContiguous()) {
-      s.mpi = s.users[0].view({-1});  // MPI uses the caller's memory itself
+      s.mpi = flatAlias(s.users[0]);  // MPI uses the caller's memory itself
       s.aliased = true;
       return;
     }
