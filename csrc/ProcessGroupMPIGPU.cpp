@@ -36,8 +36,14 @@ std::pair<c10::intrusive_ptr<WorkMPIGPU>, bool> ProcessGroupMPIGPU::newWork(
     bool asyncOp, int peer) {
   const bool p2p = c10d::isP2POp(type);
   const char* title = profilingTitle(type);
+  const bool profiling = profilerActive();
   recordParamComms({&groupName_, &getGroupDesc(), rank_, size_, &globalRanks_, op, seq, p2p,
-                    asyncOp, &inputs, &outputs});
+                    asyncOp, &inputs, &outputs, profiling});
+  // (the title and inputs go to torch's Work only for a profiler's event: no copy otherwise)
+  auto work = c10::make_intrusive<WorkMPIGPU>(
+      rank_, type, op, seq, std::move(outputs), timeout, profiling ? title : nullptr,
+      profiling ? std::optional<std::vector<at::Tensor>>(inputs) : std::nullopt,
+      std::vector<std::shared_ptr<OpBuffers>>{bufs});
   fr::Recorder::Op recorded{flightRecorderId_,
                             &getGroupDesc(),
                             p2p ? collectives_->load() : seq,
@@ -48,19 +54,19 @@ std::pair<c10::intrusive_ptr<WorkMPIGPU>, bool> ProcessGroupMPIGPU::newWork(
                             peer,
                             type == c10d::OpType::SEND,
                             timeout};
-  const uint64_t flightRecord = fr::Recorder::get().record(recorded, inputs, outputs);
-  auto work = c10::make_intrusive<WorkMPIGPU>(rank_, type, op, seq, std::move(outputs), timeout,
-                                              title, std::optional<std::vector<at::Tensor>>(inputs),
-                                              std::vector<std::shared_ptr<OpBuffers>>{bufs});
+  work->setFlightRecord(
+      fr::Recorder::get().record(recorded, inputs, work->outputs(), work->createdAt()));
   work->setContext(groupName_, globalRanks_[rank_]);
-  work->setFlightRecord(flightRecord);
   if (config_.debug) {
     LOG(INFO) << logPrefix() << op << ": " << (p2p ? "p2p op #" : "collective #") << seq
               << " queued (" << bufs->pathName() << " path)";
   }
+  // Coalescing blocks are rare: the lock only inside one (a block opens and closes on the
+  // issuing thread, before and after its ops).
+  if (!coalescing_.load(std::memory_order_acquire)) return {work, false};
   std::lock_guard<std::mutex> lock(coalesceMutex_);
   if (coalescing_) coalesced_.push_back(work);
-  return {work, coalescing_};
+  return {work, coalescing_.load()};
 }
 
 c10::intrusive_ptr<c10d::Work> ProcessGroupMPIGPU::enqueue(ops::Plan plan) {
@@ -113,8 +119,9 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupMPIGPU::enqueue(ops::Plan plan) {
   // the engine is idle, run it here. The hand-off to the worker and the two thread wake-ups cost
   // more than a small MPI call itself.
   if (!asyncOp && host && small && !coalescing &&
-      engine->tryInline(work, task, Engine::Inline::Collective))
+      engine->tryInline(work, task, Engine::Inline::Collective)) {
     return work;
+  }
   engine->submit(work, Engine::Task(std::move(task)));
   return work;
 }

@@ -221,7 +221,7 @@ class ProcessGroupMPIGPU : public c10d::Backend {
   // op would be recorded into it. So the ops torch issues in a block or at its end close it when
   // they raise (BlockCloser), and startCoalescing replaces a block still open, as NCCL does.
   std::mutex coalesceMutex_;
-  bool coalescing_ = false;
+  std::atomic<bool> coalescing_{false};  // written under coalesceMutex_; read without it by newWork
   std::vector<c10::intrusive_ptr<WorkMPIGPU>> coalesced_;
   class BlockCloser {
    public:

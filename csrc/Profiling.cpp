@@ -54,8 +54,12 @@ std::pair<int, int> rankStartAndStride(const std::vector<int>& ranks) {
 
 }  // namespace
 
+bool profilerActive() {
+  return at::getStepCallbacksUnlessEmpty(at::RecordScope::USER_SCOPE).has_value();
+}
+
 void recordParamComms(const CommsParams& p) {
-  if (!at::hasCallbacks()) return;  // no profiler: build nothing
+  if (!p.profiling) return;  // no profiler: build nothing
   const auto pgName = std::make_tuple(*p.group, *p.desc);
   const auto [start, stride] = rankStartAndStride(*p.worldRanks);
   const at::Tensor* first = nullptr;

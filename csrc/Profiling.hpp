@@ -15,6 +15,11 @@ namespace mpigpu {
 // Static strings: the Work keeps the pointer.
 const char* profilingTitle(c10d::OpType type);
 
+// Whether a profiler (or another RecordFunction callback) is active: torch's own per-thread
+// check, a few nanoseconds. (at::hasCallbacks() takes a process-wide lock each call: four of
+// those were a tenth of a small op's own cost.)
+bool profilerActive();
+
 struct CommsParams {
   const std::string* group = nullptr;  // torch's group name and description (not copied: this
   const std::string* desc = nullptr;   // runs for every op, profiler or not)
@@ -26,9 +31,9 @@ struct CommsParams {
   bool asyncOp = true;
   const std::vector<at::Tensor>* inputs = nullptr;
   const std::vector<at::Tensor>* outputs = nullptr;
+  bool profiling = false;  // profilerActive(), read once per op by the caller
 };
-// Records a record_param_comms event; costs nothing unless a profiler (or another
-// RecordFunction callback) is active.
+// Records a record_param_comms event when `p.profiling`.
 void recordParamComms(const CommsParams& p);
 
 }  // namespace mpigpu

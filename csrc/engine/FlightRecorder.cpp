@@ -158,12 +158,24 @@ uint64_t Recorder::threadKey() {
   return key;
 }
 
+namespace {
+// Wall-clock nanoseconds of a steady_clock reading: the two clocks' offset, taken once.
+c10::time_t wallNs(Recorder::When at) {
+  static const int64_t offset =
+      c10::getTime() - std::chrono::duration_cast<std::chrono::nanoseconds>(
+                           std::chrono::steady_clock::now().time_since_epoch())
+                           .count();
+  return offset +
+         std::chrono::duration_cast<std::chrono::nanoseconds>(at.time_since_epoch()).count();
+}
+}  // namespace
+
 uint64_t Recorder::record(const Op& op, const std::vector<at::Tensor>& inputs,
-                          const std::vector<at::Tensor>& outputs) {
+                          const std::vector<at::Tensor>& outputs, When created) {
   if (!enabled()) return kNone;
   Entry e;
   e.op = op;
-  e.created = c10::getTime();
+  e.created = wallNs(created);
   describeTensors(inputs, e.sizes, e.inputDims, e.inputTypes);
   const bool inPlace =
       inputs.size() == outputs.size() &&
@@ -207,20 +219,20 @@ Recorder::Entry* Recorder::find(uint64_t id) {
   return e.id == id ? &e : nullptr;
 }
 
-void Recorder::started(uint64_t id) {
+void Recorder::started(uint64_t id, When at) {
   if (id == kNone) return;
   std::lock_guard<std::mutex> lock(mutex_);
   if (Entry* e = find(id)) {
-    e->started = c10::getTime();
+    e->started = wallNs(at);
     if (!e->op.p2p) groups_.at(e->op.groupId).started = static_cast<int64_t>(e->op.collectiveSeq);
   }
 }
 
-void Recorder::finished(uint64_t id, float durationMs) {
+void Recorder::finished(uint64_t id, When at, float durationMs) {
   if (id == kNone) return;
   std::lock_guard<std::mutex> lock(mutex_);
   if (Entry* e = find(id)) {
-    e->completed = c10::getTime();
+    e->completed = wallNs(at);
     if (!e->started) e->started = e->completed;
     e->durationMs = durationMs;
     if (!e->op.p2p) groups_.at(e->op.groupId).completed = static_cast<int64_t>(e->op.collectiveSeq);

@@ -54,10 +54,13 @@ class Recorder {
   // Records an op as scheduled; returns its id, or kNone when the recorder is off. A few
   // hundred nanoseconds without stacks (TORCH_MPIGPU_FR_STACKS=1 adds the Python stack, a few
   // microseconds).
+  // The times are the Work's own clock readings (steady_clock), kept as the dump's wall-clock
+  // nanoseconds: reading the clock again here costs tens of nanoseconds each, per op.
+  using When = std::chrono::steady_clock::time_point;
   uint64_t record(const Op& op, const std::vector<at::Tensor>& inputs,
-                  const std::vector<at::Tensor>& outputs);
-  void started(uint64_t id);
-  void finished(uint64_t id, float durationMs);
+                  const std::vector<at::Tensor>& outputs, When created);
+  void started(uint64_t id, When at);
+  void finished(uint64_t id, When at, float durationMs);
 
   // This process's record in torch's format, pickled; `onlyActive` leaves out completed ops.
   std::string dump(bool stackTraces, bool onlyActive);

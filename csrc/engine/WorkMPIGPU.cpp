@@ -47,10 +47,7 @@ WorkMPIGPU::WorkMPIGPU(int rank, c10d::OpType type, const char* opName, uint64_t
                        const char* profilingTitle,
                        const std::optional<std::vector<at::Tensor>>& inputs,
                        std::vector<std::shared_ptr<paths::OpBuffers>> buffers)
-    // torch's Work opens a profiler event when given a title; with no profiler (or other
-    // RecordFunction callback) active it would only allocate one to find that out.
-    : Work(rank, type, at::hasCallbacks() ? profilingTitle : nullptr,
-           at::hasCallbacks() ? inputs : std::nullopt),
+    : Work(rank, type, profilingTitle, inputs),
       opName_(opName),
       seq_(seq),
       awaited_(c10d::isP2POp(type) ? std::make_shared<std::atomic<bool>>(false) : nullptr),
@@ -96,7 +93,8 @@ bool WorkMPIGPU::wait(std::chrono::milliseconds timeout) {
     }
   }
   std::unique_lock<std::mutex> lock(mutex_);
-  if (!cv_.wait_for(lock, limit, [&] { return completed_; })) {
+  // (completed_ first: an inline op has finished by now, and wait_for reads the clock)
+  if (!completed_ && !cv_.wait_for(lock, limit, [&] { return completed_; })) {
     MPIGPU_THROW_BACKEND(opName_, rank_, describe(), " did not complete within ", limit.count(),
                          " ms. Another rank is probably not calling this op (or "
                          "calls ops in a different order); the op keeps running, and the MPI "
@@ -152,18 +150,15 @@ float WorkMPIGPU::ranMsLocked() const {
 
 void WorkMPIGPU::markStarted() {
   started_ = std::chrono::steady_clock::now();
-  fr::Recorder::get().started(flightRecord_);
+  fr::Recorder::get().started(flightRecord_, started_);
 }
 
 void WorkMPIGPU::markCompleted() {
   if (settled_.exchange(true)) return;  // already failed by abort()
-  float ranMs;
-  {
-    std::lock_guard<std::mutex> lock(mutex_);
-    finished_ = std::chrono::steady_clock::now();
-    ranMs = ranMsLocked();
-  }
-  fr::Recorder::get().finished(flightRecord_, ranMs);
+  // Written once, here, before finish() publishes completed_ under mutex_: getDuration() reads
+  // it only after seeing completed_ under the same lock.
+  finished_ = std::chrono::steady_clock::now();
+  fr::Recorder::get().finished(flightRecord_, finished_, ranMsLocked());
   finish();
   {
     std::lock_guard<std::mutex> lock(futureMutex_);
@@ -191,13 +186,8 @@ void WorkMPIGPU::completeFuture() {
 
 void WorkMPIGPU::markFailed(std::exception_ptr error) {
   if (settled_.exchange(true)) return;
-  float ranMs;
-  {
-    std::lock_guard<std::mutex> lock(mutex_);
-    finished_ = std::chrono::steady_clock::now();
-    ranMs = ranMsLocked();
-  }
-  fr::Recorder::get().finished(flightRecord_, ranMs);
+  finished_ = std::chrono::steady_clock::now();  // (as in markCompleted)
+  fr::Recorder::get().finished(flightRecord_, finished_, ranMsLocked());
   finish(error);
   {
     std::lock_guard<std::mutex> lock(futureMutex_);
@@ -215,6 +205,7 @@ void WorkMPIGPU::onDone(std::function<void(WorkMPIGPU&)> fn) {
     std::lock_guard<std::mutex> lock(mutex_);
     if (!completed_) {
       doneCallbacks_.push_back(std::move(fn));
+      hasDoneCallbacks_.store(true, std::memory_order_release);
       return;
     }
   }
@@ -222,6 +213,8 @@ void WorkMPIGPU::onDone(std::function<void(WorkMPIGPU&)> fn) {
 }
 
 void WorkMPIGPU::runDoneCallbacks() {
+  // After finish() no callback can be added (onDone sees completed_): none so far, none ever.
+  if (!hasDoneCallbacks_.load(std::memory_order_acquire)) return;
   std::vector<std::function<void(WorkMPIGPU&)>> callbacks;
   {
     std::lock_guard<std::mutex> lock(mutex_);

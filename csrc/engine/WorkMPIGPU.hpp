@@ -33,6 +33,8 @@ class ProgressDriver {
 
 class WorkMPIGPU : public c10d::Work {
  public:
+  // `profilingTitle` and `inputs` open torch's profiler event for the op: pass them only while a
+  // profiler is active (profilerActive()); otherwise torch's Work would allocate one to find out.
   WorkMPIGPU(int rank, c10d::OpType type, const char* opName, uint64_t seq,
              std::vector<at::Tensor> outputs, std::chrono::milliseconds timeout,
              const char* profilingTitle, const std::optional<std::vector<at::Tensor>>& inputs,
@@ -50,6 +52,8 @@ class WorkMPIGPU : public c10d::Work {
   // Orders the current stream after a completed op (no-op for host tensors).
   void synchronize() override;
   std::vector<at::Tensor> result() override { return outputs_; }
+  const std::vector<at::Tensor>& outputs() const { return outputs_; }
+  std::chrono::steady_clock::time_point createdAt() const { return created_; }
   c10::intrusive_ptr<c10::ivalue::Future> getFuture() override;
   int sourceRank() const override;
   uint64_t getSequencenumber() const override { return seq_; }
@@ -90,8 +94,9 @@ class WorkMPIGPU : public c10d::Work {
 
  private:
   void runDoneCallbacks();
-  float ranMsLocked() const;  // with mutex_ held: from the start (or creation) to the finish
-  void completeFuture();      // with futureMutex_ held
+  // From the start (or creation) to the finish: with mutex_ held, or by the thread settling it.
+  float ranMsLocked() const;
+  void completeFuture();  // with futureMutex_ held
 
   const char* opName_;
   const uint64_t seq_;
@@ -113,6 +118,7 @@ class WorkMPIGPU : public c10d::Work {
   int sourceRank_ = -1;
   std::chrono::steady_clock::time_point created_, started_, finished_;
   std::vector<std::function<void(WorkMPIGPU&)>> doneCallbacks_;  // guarded by mutex_
+  std::atomic<bool> hasDoneCallbacks_{false};                    // set with the first
   std::weak_ptr<ProgressDriver> driver_;  // empty: wait() just sleeps until completion
   uint64_t flightRecord_ = ~uint64_t{0};  // none
 };

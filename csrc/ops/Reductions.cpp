@@ -31,7 +31,12 @@ struct AllreduceChoice {
 AllreduceChoice chooseAllreduce(const Group& g, const std::vector<at::Tensor>& tensors,
                                 const std::vector<std::vector<size_t>>& buckets) {
   AllreduceChoice choice;
-  choice.ours = g.choose(algo::OpKind::Allreduce, tensors) != nullptr;
+  const algo::Algorithm* whole = g.choose(algo::OpKind::Allreduce, tensors);
+  choice.ours = whole != nullptr;
+  if (buckets.size() == 1 && buckets[0].size() == tensors.size()) {  // one bucket: the same facts
+    choice.perBucket.push_back(whole);
+    return choice;
+  }
   for (const auto& idx : buckets) {
     choice.perBucket.push_back(
         choice.ours ? &algo::chooseOurs(g.policy, g.config,
