@@ -327,6 +327,7 @@ def main(argv=None):
     ap.add_argument("-b", "--begin", default="8", help="smallest size in bytes (K/M/G suffixes)")
     ap.add_argument("-e", "--end", default="64M", help="largest size in bytes")
     ap.add_argument("-f", "--factor", type=int, default=4, help="size multiplier between points")
+    ap.add_argument("--sizes", help="these sizes instead of -b/-e/-f, comma-separated (8,4K,64K,1M)")
     ap.add_argument("--ops", default=",".join(OPS))
     ap.add_argument("--backends", default="mpigpu,gloo,nccl,mpi,torch",
                     help="comma-separated; mpigpu[ALGO=ring;CUDA_REDUCE=staged] is an mpigpu group "
@@ -377,6 +378,8 @@ def main(argv=None):
     while s <= parse_size(args.end):
         sizes.append(s)
         s *= args.factor
+    if args.sizes:
+        sizes = [parse_size(x.strip()) for x in args.sizes.split(",") if x.strip()]
     if rank == 0:
         print("# " + " | ".join(f"{k}: {v}" for k, v in head.items()), flush=True)
         for name, b in backends.items():
