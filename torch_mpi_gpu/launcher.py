@@ -398,6 +398,8 @@ def install_env_rendezvous_hook():
         # neither rank= nor world_size= given: MPI may say them even without a launcher
         unranked = query.get("rank", "-1") == "-1" and query.get("world_size", "-1") == "-1"
         forget_our_env()
+        if launched(unlaunched=unranked) and config.get("TORCH_MPIGPU_AUTO_ENV") != "0":
+            select_cuda_device()  # before MPI starts (rendezvous.wanted() may start it)
         if launched(unlaunched=unranked) and rendezvous.wanted():
             # no TCP store asked for: meet over MPI (rank= and world_size= are checked there)
             return rendezvous.handler(urlunparse(parts._replace(scheme=rendezvous.SCHEME)),

@@ -27,7 +27,8 @@ def wanted(environ=None):
     """Whether the default env:// rendezvous should meet over MPI here: a launcher we know
     started this process (or, with `unlaunched`, none did and nobody set RANK/WORLD_SIZE), and the
     user chose no TCP store (MASTER_ADDR, MASTER_PORT, TORCH_MPIGPU_MASTER_PORT,
-    TORCH_MPIGPU_RENDEZVOUS=tcp)."""
+    TORCH_MPIGPU_RENDEZVOUS=tcp), and MPI grants MPI_THREAD_MULTIPLE. May start MPI: select the
+    CUDA device first."""
     environ = os.environ if environ is None else environ
     choice = config.get("TORCH_MPIGPU_RENDEZVOUS")
     if choice not in ("auto", "tcp"):
@@ -36,7 +37,11 @@ def wanted(environ=None):
         return False
     if config.get("TORCH_MPIGPU_MASTER_PORT"):
         return False
-    return "MASTER_ADDR" not in environ and "MASTER_PORT" not in environ
+    if "MASTER_ADDR" in environ or "MASTER_PORT" in environ:
+        return False
+    # Below MPI_THREAD_MULTIPLE the store's server could not answer while rank 0's one MPI thread
+    # is inside a collective (csrc/store/Channel.cpp): the TCP store then. (MPI starts here.)
+    return _C.mpi_info()["thread_level"] == "MPI_THREAD_MULTIPLE"
 
 
 def _fill_env(found, rank, size, comm):

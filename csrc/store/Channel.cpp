@@ -37,7 +37,20 @@ void runOnMpiThread(const char* op, const std::function<void()>& fn) {
 }  // namespace
 
 std::shared_ptr<Channel> Channel::open(MPI_Comm source, const char* op) {
-  const int worldRank = mpi::ensureInitialized().worldRank;
+  const auto& env = mpi::ensureInitialized();
+  const int worldRank = env.worldRank;
+  if (mpi::needsSerializedAccess()) {
+    // The server must answer while this process's one MPI thread blocks in a collective (rank 0
+    // in a barrier that rank 1 reaches only after a store call): that needs a second thread
+    // inside MPI.
+    C10_THROW_ERROR(DistStoreError,
+                    opMessage(op, worldRank, "the mpi:// rendezvous needs MPI_THREAD_MULTIPLE, "
+                              "and MPI granted ", mpi::threadLevelName(env.threadLevel),
+                              ": its store's server on rank 0 must answer while rank 0's one "
+                              "MPI thread is inside a collective. Use init_method='env://' or "
+                              "'tcp://...' (a TCP store), or initialise MPI with "
+                              "MPI_THREAD_MULTIPLE"));
+  }
   MPI_Comm dup = MPI_COMM_NULL;
   int rank = 0, size = 1;
   runOnMpiThread(op, [&] {
