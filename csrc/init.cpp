@@ -227,6 +227,8 @@ void bindStore(py::module_& m) {
       py::arg("comm") = py::none(), py::arg("timeout_seconds") = 1800.0,
       "Collective over comm (None: MPI_COMM_WORLD, else its Fortran handle): a c10d Store whose "
       "server is comm's rank 0, on a duplicate of comm. Returns (store, rank, size).");
+  m.def("mpi_store_calls", &mpigpu::store::callsMade,
+        "Requests this process has sent to MPI stores (benchmarks count them).");
 }
 
 // The process's end: stop engines, finalise or abort MPI.

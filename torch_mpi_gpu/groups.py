@@ -58,7 +58,9 @@ def init_process_group(comm=None, backend="mpigpu", **kwargs):
         raise RuntimeError(f"mpigpu {op}(comm=...): this process already has a default process "
                            "group; call dist.destroy_process_group() first")
     select_cuda_device()
-    if config.get("TORCH_MPIGPU_RENDEZVOUS") == "tcp":
+    # (below MPI_THREAD_MULTIPLE the MPI store cannot serve: rendezvous.wanted() says why)
+    if (config.get("TORCH_MPIGPU_RENDEZVOUS") == "tcp"
+            or _C.mpi_info()["thread_level"] != "MPI_THREAD_MULTIPLE"):
         # a free port on each communicator's rank 0: ensembles sharing a host each get a store
         host, port, rank, size, _, _ = store_address(reserve_port(), handle)
         url_host = f"[{host}]" if ":" in host else host

@@ -3,11 +3,9 @@
 #include <c10/util/Exception.h>
 #include <c10/util/Logging.h>
 
-#include <atomic>
 #include <thread>
 
 #include "core/Errors.hpp"
-#include "engine/Engine.hpp"
 #include "mpi/Check.hpp"
 #include "mpi/Env.hpp"
 #include "store/StoreServer.hpp"
@@ -22,18 +20,6 @@ constexpr auto kByeWait = std::chrono::seconds(300);
 
 std::mutex g_channelsMutex;
 std::vector<std::shared_ptr<Channel>> g_channels;  // open channels, closed at exit
-// Set at exit once the engines have stopped: below MPI_THREAD_MULTIPLE the store's threads then
-// call MPI themselves, one at a time under g_directMutex.
-std::atomic<bool> g_direct{false};
-std::mutex g_directMutex;
-
-void runOnMpiThread(const char* op, const std::function<void()>& fn) {
-  if (!mpi::needsSerializedAccess()) {
-    fn();
-    return;
-  }
-  Engine::create("mpigpu-shared")->runAndWait(op, "", -1, fn);
-}
 }  // namespace
 
 std::shared_ptr<Channel> Channel::open(MPI_Comm source, const char* op) {
@@ -53,12 +39,10 @@ std::shared_ptr<Channel> Channel::open(MPI_Comm source, const char* op) {
   }
   MPI_Comm dup = MPI_COMM_NULL;
   int rank = 0, size = 1;
-  runOnMpiThread(op, [&] {
-    MPIGPU_MPI_CHECK(MPI_Comm_dup(source, &dup), op, worldRank);
-    MPIGPU_MPI_CHECK(MPI_Comm_set_errhandler(dup, MPI_ERRORS_RETURN), op, worldRank);
-    MPI_Comm_rank(dup, &rank);
-    MPI_Comm_size(dup, &size);
-  });
+  MPIGPU_MPI_CHECK(MPI_Comm_dup(source, &dup), op, worldRank);
+  MPIGPU_MPI_CHECK(MPI_Comm_set_errhandler(dup, MPI_ERRORS_RETURN), op, worldRank);
+  MPI_Comm_rank(dup, &rank);
+  MPI_Comm_size(dup, &size);
   auto channel = std::make_shared<Channel>(dup, rank, size);
   std::lock_guard<std::mutex> lock(g_channelsMutex);
   g_channels.push_back(channel);
@@ -66,7 +50,6 @@ std::shared_ptr<Channel> Channel::open(MPI_Comm source, const char* op) {
 }
 
 void Channel::closeAll() {
-  g_direct = true;
   std::vector<std::shared_ptr<Channel>> channels;
   {
     std::lock_guard<std::mutex> lock(g_channelsMutex);
@@ -75,8 +58,7 @@ void Channel::closeAll() {
   for (const auto& c : channels) c->close();
 }
 
-Channel::Channel(MPI_Comm comm, int rank, int size)
-    : comm_(comm), rank_(rank), size_(size), serialized_(mpi::needsSerializedAccess()) {
+Channel::Channel(MPI_Comm comm, int rank, int size) : comm_(comm), rank_(rank), size_(size) {
   freeTags_.reserve(kReplyTags);
   for (int t = kFirstReplyTag + kReplyTags - 1; t >= kFirstReplyTag; --t) freeTags_.push_back(t);
   if (rank_ == 0) server_ = std::make_unique<StoreServer>(*this);
@@ -93,41 +75,7 @@ bool Channel::closed() const {
   return closed_;
 }
 
-void Channel::mpi(const char* what, const std::function<void()>& fn) {
-  if (!serialized_) {
-    fn();
-    return;
-  }
-  if (g_direct) {
-    TORCH_CHECK(!Engine::anyStuckInMpi(),
-                opMessage(what, rank_, "an aborted process group left an op inside MPI, which "
-                                       "only one thread at a time may enter here (less than "
-                                       "MPI_THREAD_MULTIPLE): the MPI store is unavailable"));
-    std::lock_guard<std::mutex> lock(g_directMutex);
-    fn();
-    return;
-  }
-  std::shared_ptr<Engine> engine;
-  {
-    std::lock_guard<std::mutex> lock(mutex_);
-    if (!engine_ || engine_->stopped()) engine_ = Engine::create("mpigpu-shared");
-    engine = engine_;
-  }
-  if (engine->onWorkerThread()) {
-    fn();
-    return;
-  }
-  if (engine->stopped()) {
-    C10_THROW_ERROR(DistStoreError,
-                    opMessage(what, rank_,
-                              "the shared MPI thread was stopped (a process group was aborted "
-                              "or destroyed while it was busy), so the MPI store cannot reach "
-                              "MPI (less than MPI_THREAD_MULTIPLE). Initialise MPI with "
-                              "MPI_THREAD_MULTIPLE, or use a TCP store (MASTER_ADDR/"
-                              "MASTER_PORT or init_method=tcp://...)"));
-  }
-  engine->runAndWait(what, "mpigpu-store", rank_, fn);
-}
+void Channel::mpi(const char*, const std::function<void()>& fn) { fn(); }
 
 int Channel::acquireTag() {
   std::lock_guard<std::mutex> lock(mutex_);

@@ -1,7 +1,6 @@
 // Where the MPI store's messages travel: a duplicate of the communicator the group meets on (so
 // they never match the program's messages or mpigpu's collectives), its rank 0 running the
-// store's server (StoreServer). Every MPI call of the store goes through Channel::mpi, which keeps
-// to the thread level MPI granted.
+// store's server (StoreServer).
 #pragma once
 
 #include <mpi.h>
@@ -12,10 +11,6 @@
 #include <mutex>
 #include <string>
 #include <vector>
-
-namespace mpigpu {
-class Engine;
-}
 
 namespace mpigpu::store {
 
@@ -41,11 +36,9 @@ class Channel {
   int size() const { return size_; }
   bool closed() const;
 
-  // Runs `fn` (MPI calls that never block) where this process may call MPI now: on the calling
-  // thread with MPI_THREAD_MULTIPLE; below it on the shared MPI thread (Engine::runAndWait), and
-  // waits until it ran there (`fn` refers to the caller's stack; the thread may be inside a
-  // blocking collective meanwhile); after the engines stopped at exit, on the calling thread, one
-  // thread at a time. Throws when the shared MPI thread was stopped or aborted.
+  // Runs `fn` (MPI calls that never block). Every MPI call of the store goes through here: the
+  // one place to route them should the store ever run below MPI_THREAD_MULTIPLE, which open()
+  // refuses (see there).
   void mpi(const char* what, const std::function<void()>& fn);
 
   // A reply tag no other request of this process is using; -1 when all are in use.
@@ -57,11 +50,9 @@ class Channel {
 
   MPI_Comm comm_;
   const int rank_, size_;
-  const bool serialized_;
-  mutable std::mutex mutex_;  // freeTags_, closed_, engine_
+  mutable std::mutex mutex_;  // freeTags_, closed_
   std::vector<int> freeTags_;
   bool closed_ = false;
-  std::shared_ptr<Engine> engine_;
   std::unique_ptr<StoreServer> server_;
 };
 

@@ -4,6 +4,7 @@
 
 #include <c10/util/Exception.h>
 
+#include <atomic>
 #include <mutex>
 #include <thread>
 
@@ -41,6 +42,8 @@ void abandon(Channel& channel, std::vector<MPI_Request>& sends, std::vector<uint
   kept->push_back(std::move(cancel));
 }
 
+std::atomic<uint64_t> g_calls{0};
+
 bool waits(Op op) { return op == Op::Get || op == Op::Wait || op == Op::MultiGet; }
 
 std::string quoted(const std::vector<std::string>& keys) {
@@ -53,6 +56,8 @@ std::string quoted(const std::vector<std::string>& keys) {
 
 MpiStore::MpiStore(std::shared_ptr<Channel> channel, std::chrono::milliseconds timeout)
     : c10d::Store(timeout), channel_(std::move(channel)) {}
+
+uint64_t callsMade() { return g_calls.load(std::memory_order_relaxed); }
 
 c10::intrusive_ptr<MpiStore> makeMpiStore(MPI_Comm comm, std::chrono::milliseconds timeout,
                                           const char* op) {
@@ -112,6 +117,7 @@ std::vector<uint8_t> MpiStore::call(Op op, const std::function<void(Writer&)>& f
   if (channel_->closed()) {
     C10_THROW_ERROR(DistStoreError, error(op, keys, "the MPI store was closed at exit"));
   }
+  g_calls.fetch_add(1, std::memory_order_relaxed);
   const int tag = channel_->acquireTag();
   if (tag < 0) {
     C10_THROW_ERROR(DistStoreError,

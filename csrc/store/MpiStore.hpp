@@ -63,6 +63,9 @@ class MpiStore : public c10d::Store {
   std::shared_ptr<Channel> channel_;
 };
 
+// Requests this process sent to MPI stores (each one message to the server and one back).
+uint64_t callsMade();
+
 // Collective over `comm`: a store whose server is `comm`'s rank 0, on a duplicate of `comm`.
 c10::intrusive_ptr<MpiStore> makeMpiStore(MPI_Comm comm, std::chrono::milliseconds timeout,
                                           const char* op);

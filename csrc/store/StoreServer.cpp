@@ -65,8 +65,7 @@ void StoreServer::loop() {
     try {
       channel_.mpi("store server", [&] { served = serveOnce(); });
     } catch (const std::exception& e) {
-      // The shared MPI thread stopped (an aborted group) or MPI failed: the clients' calls end
-      // at their timeouts, naming their keys; say once why here.
+      // MPI failed: the clients' calls end at their timeouts, naming their keys; say once why.
       if (!warned) LOG(WARNING) << opMessage("store server", channel_.rank(), e.what());
       warned = true;
     }
