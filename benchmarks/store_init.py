@@ -1,6 +1,6 @@
 """How long `dist.init_process_group("mpigpu")` takes when the group meets over the MPI store
-(the default under an MPI launcher) and over torch's TCPStore (TORCH_MPIGPU_RENDEZVOUS=tcp: an
-address and port agreed through MPI, rank 0 listening), at each rank count, launched alternately
+(the default under an MPI launcher) and over torch's TCPStore (TORCH_MPIGPU_MASTER_PORT set: an
+address agreed through MPI, rank 0 listening), at each rank count, launched alternately
 so the machine's noise falls on both alike.
 
     python benchmarks/store_init.py [--ranks 2 4 8 16] [--rounds 5] [--out [DIR]]
@@ -15,6 +15,7 @@ table (median over rounds); --out writes it, its JSON and a MANIFEST.json into a
 import argparse
 import json
 import os
+import socket
 import statistics
 import subprocess
 import sys
@@ -29,7 +30,6 @@ def child(store):
     import torch
     import torch.distributed as dist
 
-    import torch_mpi_gpu
     from torch_mpi_gpu import _C
 
     _C.mpi_info()  # MPI started, outside the timing (both stores need it)
@@ -62,7 +62,9 @@ def launch(ranks, store):
     cmd = [sys.executable, "-m", "torch_mpi_gpu.mpirun", "-np", str(ranks), "-x",
            "OMP_NUM_THREADS=1"]
     if store == "tcp":
-        cmd += ["-x", "TORCH_MPIGPU_RENDEZVOUS=tcp"]
+        with socket.socket() as s:  # a port free now, for rank 0's store
+            s.bind(("", 0))
+            cmd += ["-x", f"TORCH_MPIGPU_MASTER_PORT={s.getsockname()[1]}"]
     cmd += [__file__, CHILD, store]
     env = {k: v for k, v in os.environ.items() if not k.startswith("MASTER_")}
     out = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=900)

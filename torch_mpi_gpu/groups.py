@@ -5,7 +5,8 @@ splitting MPI_COMM_WORLD, the PyTorch part of a coupled simulation.
     torch_mpi_gpu.init_process_group(comm=comm)                 # this rank's own default group
 
 The communicator's ranks are torch's ranks, the rendezvous meets over it (a store served by its
-rank 0 over MPI; TORCH_MPIGPU_RENDEZVOUS=tcp: a TCP store whose address is agreed inside it), and mpigpu's traffic runs on duplicates of it, never on it. Several disjoint
+rank 0 over MPI; with TORCH_MPIGPU_MASTER_PORT set, a TCP store whose address is agreed inside
+it), and mpigpu's traffic runs on duplicates of it, never on it. Several disjoint
 communicators in one job each get an independent default group."""
 
 import torch.distributed as dist
@@ -59,7 +60,7 @@ def init_process_group(comm=None, backend="mpigpu", **kwargs):
                            "group; call dist.destroy_process_group() first")
     select_cuda_device()
     # (below MPI_THREAD_MULTIPLE the MPI store cannot serve: rendezvous.wanted() says why)
-    if (config.get("TORCH_MPIGPU_RENDEZVOUS") == "tcp"
+    if (config.get("TORCH_MPIGPU_MASTER_PORT")
             or _C.mpi_info()["thread_level"] != "MPI_THREAD_MULTIPLE"):
         # a free port on each communicator's rank 0: ensembles sharing a host each get a store
         host, port, rank, size, _, _ = store_address(reserve_port(), handle)

@@ -4,7 +4,7 @@ an MPI launcher with no environment variables set by the user.
 By default the group meets over MPI (rendezvous.py: a store served over MPI, no TCP port); this
 module detects the launcher, fills RANK/WORLD_SIZE/LOCAL_RANK from MPI, and keeps torch's env://
 TCP store for the paths that still ask for one (MASTER_ADDR or MASTER_PORT set,
-TORCH_MPIGPU_MASTER_PORT, TORCH_MPIGPU_RENDEZVOUS=tcp). There rank and size come from MPI itself
+TORCH_MPIGPU_MASTER_PORT). There rank and size come from MPI itself
 and the store address is agreed through MPI (rank 0 picks a free port, held until the store
 listens, and broadcasts it; 127.0.0.1 when every rank is on one host). Across hosts, rank 0
 publishes the names and addresses of its host and every rank tries to resolve and connect to

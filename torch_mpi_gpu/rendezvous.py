@@ -6,8 +6,8 @@ process listens on a TCP port and nobody picks an address or a port.
     torch_mpi_gpu.init_process_group(comm=c)               # mpi://?comm=<Fortran handle>
 
 Under an MPI launcher the default `env://` takes this path when neither MASTER_ADDR nor
-MASTER_PORT is set (TORCH_MPIGPU_RENDEZVOUS=tcp, a MASTER_* variable, tcp:// or store= keep
-torch's TCP store). Rank and world size are the communicator's: a rank or world size given
+MASTER_PORT is set (a MASTER_* variable, TORCH_MPIGPU_MASTER_PORT, tcp:// or store= keep torch's
+TCP store). Rank and world size are the communicator's: a rank or world size given
 otherwise must equal them."""
 
 import os
@@ -26,14 +26,10 @@ DEFAULT_TIMEOUT = timedelta(minutes=30)
 def wanted(environ=None):
     """Whether the default env:// rendezvous should meet over MPI here: a launcher we know
     started this process (or, with `unlaunched`, none did and nobody set RANK/WORLD_SIZE), and the
-    user chose no TCP store (MASTER_ADDR, MASTER_PORT, TORCH_MPIGPU_MASTER_PORT,
-    TORCH_MPIGPU_RENDEZVOUS=tcp), and MPI grants MPI_THREAD_MULTIPLE. May start MPI: select the
+    user chose no TCP store (MASTER_ADDR, MASTER_PORT, TORCH_MPIGPU_MASTER_PORT), and MPI grants MPI_THREAD_MULTIPLE. May start MPI: select the
     CUDA device first."""
     environ = os.environ if environ is None else environ
-    choice = config.get("TORCH_MPIGPU_RENDEZVOUS")
-    if choice not in ("auto", "tcp"):
-        raise ValueError(f"TORCH_MPIGPU_RENDEZVOUS={choice} must be auto or tcp")
-    if choice == "tcp" or config.get("TORCH_MPIGPU_AUTO_ENV") == "0":
+    if config.get("TORCH_MPIGPU_AUTO_ENV") == "0":
         return False
     if config.get("TORCH_MPIGPU_MASTER_PORT"):
         return False

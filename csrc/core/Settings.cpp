@@ -57,16 +57,11 @@ const SettingSpec kSettings[] = {
      "make `cuda:(local rank mod devices)` current before MPI starts; `0`: leave it", Tier::User,
      ""},
     {"TORCH_MPIGPU_AUTO_ENV", "1", "", ReadAt::Rendezvous,
-     "under an MPI launcher, fill `RANK`, `WORLD_SIZE`, `LOCAL_RANK`, `LOCAL_WORLD_SIZE` when "
-     "unset (and `MASTER_ADDR`, `MASTER_PORT` where the rendezvous is TCP); `0`: off",
-     Tier::User, ""},
-    {"TORCH_MPIGPU_RENDEZVOUS", "auto", "", ReadAt::Rendezvous,
-     "`auto`: under an MPI launcher with no `MASTER_ADDR`/`MASTER_PORT` set, the default "
-     "`env://` meets over MPI (a store served over MPI, no TCP port); `tcp`: a TCP store at an "
-     "address mpigpu agrees, as `env://` with those variables set",
+     "under an MPI launcher, meet over MPI (no `MASTER_ADDR`/`MASTER_PORT` set) and fill `RANK`, "
+     "`WORLD_SIZE`, `LOCAL_RANK` when unset; `0`: off",
      Tier::User, ""},
     {"TORCH_MPIGPU_MASTER_PORT", "", "a free port", ReadAt::Rendezvous,
-     "port of the TCP store when mpigpu picks the address (setting it chooses a TCP store)",
+     "set: a TCP store instead of meeting over MPI, on this port at an address mpigpu agrees",
      Tier::User, ""},
 
     // --- tuning ---

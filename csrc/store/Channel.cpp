@@ -30,8 +30,10 @@ std::shared_ptr<Channel> Channel::open(MPI_Comm source, const char* op) {
     // in a barrier that rank 1 reaches only after a store call): that needs a second thread
     // inside MPI.
     C10_THROW_ERROR(DistStoreError,
-                    opMessage(op, worldRank, "the mpi:// rendezvous needs MPI_THREAD_MULTIPLE, "
-                              "and MPI granted ", mpi::threadLevelName(env.threadLevel),
+                    opMessage(op, worldRank,
+                              "the mpi:// rendezvous needs MPI_THREAD_MULTIPLE, "
+                              "and MPI granted ",
+                              mpi::threadLevelName(env.threadLevel),
                               ": its store's server on rank 0 must answer while rank 0's one "
                               "MPI thread is inside a collective. Use init_method='env://' or "
                               "'tcp://...' (a TCP store), or initialise MPI with "
@@ -61,7 +63,7 @@ void Channel::closeAll() {
 Channel::Channel(MPI_Comm comm, int rank, int size) : comm_(comm), rank_(rank), size_(size) {
   freeTags_.reserve(kReplyTags);
   for (int t = kFirstReplyTag + kReplyTags - 1; t >= kFirstReplyTag; --t) freeTags_.push_back(t);
-  if (rank_ == 0) server_ = std::make_unique<StoreServer>(*this);
+  if (rank_ == 0) server_ = std::make_unique<StoreServer>(comm_, size_);
 }
 
 // The duplicate communicator stays until MPI_Finalize: freeing it is collective, and the job may

@@ -12,9 +12,10 @@
 #include <string>
 #include <vector>
 
+#include "store/Wire.hpp"
+
 namespace mpigpu::store {
 
-using Clock = std::chrono::steady_clock;
 class StoreServer;
 
 class Channel {

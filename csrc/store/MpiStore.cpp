@@ -81,13 +81,14 @@ bool MpiStore::poll(int tag, std::vector<MPI_Request>& sends, std::vector<uint8_
   channel_->mpi("store call", [&] {
     for (auto& s : sends) {
       int done = 0;
-      if (s != MPI_REQUEST_NULL) MPIGPU_MPI_CHECK(MPI_Test(&s, &done, MPI_STATUS_IGNORE), "store call", me);
+      if (s != MPI_REQUEST_NULL)
+        MPIGPU_MPI_CHECK(MPI_Test(&s, &done, MPI_STATUS_IGNORE), "store call", me);
     }
     int flag = 0;
     MPI_Message message;
     MPI_Status status;
-    MPIGPU_MPI_CHECK(MPI_Improbe(0, tag, channel_->comm(), &flag, &message, &status),
-                     "store call", me);
+    MPIGPU_MPI_CHECK(MPI_Improbe(0, tag, channel_->comm(), &flag, &message, &status), "store call",
+                     me);
     if (!flag) return;
     int count = 0;
     MPI_Get_count(&status, MPI_BYTE, &count);
@@ -120,20 +121,47 @@ std::vector<uint8_t> MpiStore::call(Op op, const std::function<void(Writer&)>& f
   g_calls.fetch_add(1, std::memory_order_relaxed);
   const int tag = channel_->acquireTag();
   if (tag < 0) {
-    C10_THROW_ERROR(DistStoreError,
-                    error(op, keys, c10::str("more than ", kReplyTags, " store calls are in "
-                                             "flight in this process; wait for some to end")));
+    C10_THROW_ERROR(DistStoreError, error(op, keys,
+                                          c10::str("more than ", kReplyTags,
+                                                   " store calls are in flight "
+                                                   "in this process; wait for some to end")));
   }
   Writer request;
   request.u8(static_cast<uint8_t>(op)).i64(tag);
   fill(request);
   std::vector<MPI_Request> sends{MPI_REQUEST_NULL};
-  std::vector<uint8_t> cancel, reply;
   channel_->mpi("store call", [&] {
     MPIGPU_MPI_CHECK(MPI_Isend(request.bytes().data(), static_cast<int>(request.bytes().size()),
                                MPI_BYTE, 0, kRequestTag, channel_->comm(), &sends[0]),
                      "store call", channel_->rank());
   });
+  const auto reply = awaitReply(op, tag, keys, timeout, sends, request.bytes());
+  // The server received every send of this call (it answered after them): they complete now.
+  channel_->mpi("store call", [&] {
+    MPI_Waitall(static_cast<int>(sends.size()), sends.data(), MPI_STATUSES_IGNORE);
+  });
+  channel_->releaseTag(tag);
+  Reader in(reply);
+  const auto status = static_cast<Status>(in.u8());
+  if (status == Status::Cancelled) {
+    C10_THROW_ERROR(DistStoreError,
+                    error(op, keys,
+                          c10::str("not set within the store's timeout of ", timeout.count(),
+                                   " ms. A rank that sets it has not "
+                                   "reached that point, or has died (the launcher "
+                                   "usually ends the job then). Raise the timeout "
+                                   "(init_process_group(timeout=...)) if ranks start "
+                                   "far apart")));
+  }
+  if (status == Status::Failed) C10_THROW_ERROR(DistStoreError, error(op, keys, in.str()));
+  return std::vector<uint8_t>(reply.begin() + 1, reply.end());
+}
+
+std::vector<uint8_t> MpiStore::awaitReply(Op op, int tag, const std::vector<std::string>& keys,
+                                          std::chrono::milliseconds timeout,
+                                          std::vector<MPI_Request>& sends,
+                                          std::vector<uint8_t>& request) {
+  std::vector<uint8_t> cancel, reply;
   const auto start = Clock::now();
   auto deadline = timeout.count() > 0 ? start + timeout : Clock::time_point::max();
   auto pause = kFirstPause;
@@ -142,12 +170,13 @@ std::vector<uint8_t> MpiStore::call(Op op, const std::function<void(Writer&)>& f
     if (now >= deadline) {
       if (!waits(op) || !cancel.empty()) {
         // Never answered: the tag stays taken, since a late reply could still come on it.
-        abandon(*channel_, sends, request.bytes(), cancel);
-        C10_THROW_ERROR(DistStoreError,
-                        error(op, keys, c10::str("the store's server (rank 0 of the group's "
-                                                 "communicator) did not answer within ",
-                                                 timeout.count(), " ms: it has died or is stuck "
-                                                 "(its output says which)")));
+        abandon(*channel_, sends, request, cancel);
+        C10_THROW_ERROR(DistStoreError, error(op, keys,
+                                              c10::str("the store's server (rank 0 of the group's "
+                                                       "communicator) did not answer within ",
+                                                       timeout.count(),
+                                                       " ms: it has died or is stuck "
+                                                       "(its output says which)")));
       }
       sendCancel(tag, sends, cancel);
       deadline = now + kCancelWait;
@@ -158,24 +187,7 @@ std::vector<uint8_t> MpiStore::call(Op op, const std::function<void(Writer&)>& f
       pause = std::min(pause * 2, kMaxPause);
     }
   }
-  // The server received every send of this call (it answered after them): they complete now.
-  channel_->mpi("store call", [&] {
-    MPI_Waitall(static_cast<int>(sends.size()), sends.data(), MPI_STATUSES_IGNORE);
-  });
-  channel_->releaseTag(tag);
-  Reader in(reply);
-  const auto status = static_cast<Status>(in.u8());
-  if (status == Status::Cancelled) {
-    C10_THROW_ERROR(DistStoreError,
-                    error(op, keys, c10::str("not set within the store's timeout of ",
-                                             timeout.count(), " ms. A rank that sets it has not "
-                                             "reached that point, or has died (the launcher "
-                                             "usually ends the job then). Raise the timeout "
-                                             "(init_process_group(timeout=...)) if ranks start "
-                                             "far apart")));
-  }
-  if (status == Status::Failed) C10_THROW_ERROR(DistStoreError, error(op, keys, in.str()));
-  return std::vector<uint8_t>(reply.begin() + 1, reply.end());
+  return reply;
 }
 
 void MpiStore::set(const std::string& key, const std::vector<uint8_t>& value) {
@@ -185,8 +197,8 @@ void MpiStore::set(const std::string& key, const std::vector<uint8_t>& value) {
 std::vector<uint8_t> MpiStore::compareSet(const std::string& key,
                                           const std::vector<uint8_t>& expected,
                                           const std::vector<uint8_t>& desired) {
-  const auto r = call(Op::CompareSet, [&](Writer& w) { w.str(key).blob(expected).blob(desired); },
-                      {key});
+  const auto r =
+      call(Op::CompareSet, [&](Writer& w) { w.str(key).blob(expected).blob(desired); }, {key});
   return Reader(r).blob();
 }
 
@@ -237,13 +249,17 @@ std::vector<std::vector<uint8_t>> MpiStore::multiGet(const std::vector<std::stri
 
 void MpiStore::multiSet(const std::vector<std::string>& keys,
                         const std::vector<std::vector<uint8_t>>& values) {
-  TORCH_CHECK_VALUE(keys.size() == values.size(),
-                    error(Op::MultiSet, keys, c10::str(keys.size(), " keys but ", values.size(),
-                                                       " values; give one value per key")));
-  call(Op::MultiSet, [&](Writer& w) {
-    w.strs(keys);
-    for (const auto& v : values) w.blob(v);
-  }, keys);
+  TORCH_CHECK_VALUE(
+      keys.size() == values.size(),
+      error(Op::MultiSet, keys,
+            c10::str(keys.size(), " keys but ", values.size(), " values; give one value per key")));
+  call(
+      Op::MultiSet,
+      [&](Writer& w) {
+        w.strs(keys);
+        for (const auto& v : values) w.blob(v);
+      },
+      keys);
 }
 
 std::vector<std::string> MpiStore::listKeys() {

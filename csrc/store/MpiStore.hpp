@@ -54,6 +54,11 @@ class MpiStore : public c10d::Store {
                             const std::vector<std::string>& keys) {
     return call(op, fill, keys, timeout_);
   }
+  // Checks for the reply until it comes; at the timeout cancels a waiting call (the server then
+  // answers Cancelled), and raises where the server never answers.
+  std::vector<uint8_t> awaitReply(Op op, int tag, const std::vector<std::string>& keys,
+                                  std::chrono::milliseconds timeout,
+                                  std::vector<MPI_Request>& sends, std::vector<uint8_t>& request);
   // One check for the reply on `tag` (completing `sends` as they finish); true once it is in
   // `reply`.
   bool poll(int tag, std::vector<MPI_Request>& sends, std::vector<uint8_t>& reply);

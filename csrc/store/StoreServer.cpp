@@ -38,8 +38,8 @@ constexpr int kRequestsPerPass = 256;
 constexpr auto kSendDrain = std::chrono::seconds(2);
 }  // namespace
 
-StoreServer::StoreServer(Channel& channel)
-    : channel_(channel), thread_([this] { loop(); }) {}
+StoreServer::StoreServer(MPI_Comm comm, int size)
+    : comm_(comm), size_(size), thread_([this] { loop(); }) {}
 
 StoreServer::~StoreServer() {
   if (thread_.joinable()) stopAndJoin(Clock::now());
@@ -63,10 +63,10 @@ void StoreServer::loop() {
   while (true) {
     bool served = false;
     try {
-      channel_.mpi("store server", [&] { served = serveOnce(); });
+      served = serveOnce();
     } catch (const std::exception& e) {
       // MPI failed: the clients' calls end at their timeouts, naming their keys; say once why.
-      if (!warned) LOG(WARNING) << opMessage("store server", channel_.rank(), e.what());
+      if (!warned) LOG(WARNING) << opMessage("store server", 0, e.what());
       warned = true;
     }
     if (finished()) break;
@@ -90,28 +90,26 @@ void StoreServer::loop() {
 bool StoreServer::finished() {
   std::lock_guard<std::mutex> lock(mutex_);
   if (!stop_) return false;
-  if (static_cast<int>(byes_.size()) == channel_.size()) return true;
+  if (static_cast<int>(byes_.size()) == size_) return true;
   if (Clock::now() < stopDeadline_) return false;
   std::string missing;
-  for (int r = 0; r < channel_.size() && missing.size() < 200; ++r) {
+  for (int r = 0; r < size_ && missing.size() < 200; ++r) {
     if (!byes_.count(r)) missing += (missing.empty() ? "" : ",") + std::to_string(r);
   }
-  LOG(WARNING) << opMessage("store server", channel_.rank(),
-                            "stopping at exit before rank(s) ", missing,
+  LOG(WARNING) << opMessage("store server", 0, "stopping at exit before rank(s) ", missing,
                             " closed their MPI store (they have not reached exit, or died); "
                             "a store call they make now fails at its timeout");
   return true;
 }
 
 bool StoreServer::serveOnce() {
-  const int me = channel_.rank();
+  const int me = 0;
   bool any = false;
   for (int i = 0; i < kRequestsPerPass; ++i) {
     int flag = 0;
     MPI_Message message;
     MPI_Status status;
-    MPIGPU_MPI_CHECK(MPI_Improbe(MPI_ANY_SOURCE, kRequestTag, channel_.comm(), &flag, &message,
-                                 &status),
+    MPIGPU_MPI_CHECK(MPI_Improbe(MPI_ANY_SOURCE, kRequestTag, comm_, &flag, &message, &status),
                      "store server", me);
     if (!flag) break;
     int count = 0;
@@ -134,25 +132,25 @@ void StoreServer::handle(int source, const std::vector<uint8_t>& bytes) {
     op = static_cast<Op>(in.u8());
     tag = static_cast<int>(in.i64());
     switch (op) {
-      case Op::Set: case Op::Add: case Op::CompareSet: case Op::Append: case Op::MultiSet:
-      case Op::Delete:
-        handleWrite(op, source, tag, in);
-        break;
-      case Op::Check: case Op::NumKeys: case Op::ListKeys:
-        handleRead(op, source, tag, in);
-        break;
-      case Op::Get: case Op::Wait: case Op::MultiGet: case Op::Cancel:
-        handleWaiting(op, source, tag, in);
-        break;
-      case Op::Bye:
-        handleBye(source);
-        break;
-      default:
-        fail(source, tag, "unknown request");
+      case Op::Set:
+      case Op::Add:
+      case Op::CompareSet:
+      case Op::Append:
+      case Op::MultiSet:
+      case Op::Delete: handleWrite(op, source, tag, in); break;
+      case Op::Check:
+      case Op::NumKeys:
+      case Op::ListKeys: handleRead(op, source, tag, in); break;
+      case Op::Get:
+      case Op::Wait:
+      case Op::MultiGet:
+      case Op::Cancel: handleWaiting(op, source, tag, in); break;
+      case Op::Bye: handleBye(source); break;
+      default: fail(source, tag, "unknown request");
     }
   } catch (const std::exception& e) {
-    LOG(WARNING) << opMessage("store server", channel_.rank(), "a malformed request from rank ",
-                              source, " (", e.what(), ") was dropped");
+    LOG(WARNING) << opMessage("store server", 0, "a malformed request from rank ", source, " (",
+                              e.what(), ") was dropped");
     if (tag >= kFirstReplyTag) fail(source, tag, e.what());
   }
 }
@@ -165,8 +163,10 @@ void StoreServer::handleWrite(Op op, int source, int tag, Reader& in) {
     auto key = in.str();
     auto value = in.blob();
     auto& held = data_[key];
-    if (op == Op::Set) held = std::move(value);
-    else held.insert(held.end(), value.begin(), value.end());
+    if (op == Op::Set)
+      held = std::move(value);
+    else
+      held.insert(held.end(), value.begin(), value.end());
     written.push_back(std::move(key));
   } else if (op == Op::Add) {
     auto key = in.str();
@@ -256,9 +256,14 @@ void StoreServer::handleBye(int source) {
       if (!data_.count(k)) missing += (missing.empty() ? "'" : ", '") + k + "'";
     }
     fail(it->first.first, it->first.second,
-         c10::str("rank ", source, " closed its store (it reached exit or left the job) while "
-                  "this rank waited for key(s) ", missing, "; no rank that has left sets them. "
-                  "Find why rank ", source, " ended early (its output), or make every rank "
+         c10::str("rank ", source,
+                  " closed its store (it reached exit or left the job) while "
+                  "this rank waited for key(s) ",
+                  missing,
+                  "; no rank that has left sets them. "
+                  "Find why rank ",
+                  source,
+                  " ended early (its output), or make every rank "
                   "reach this point"));
     it = waiters_.erase(it);
   }
@@ -316,15 +321,14 @@ void StoreServer::reply(int source, int tag, Writer& out) {
   sends_.push_back(Send{std::move(out.bytes()), MPI_REQUEST_NULL});
   auto& s = sends_.back();
   MPIGPU_MPI_CHECK(MPI_Isend(s.bytes.data(), static_cast<int>(s.bytes.size()), MPI_BYTE, source,
-                             tag, channel_.comm(), &s.request),
-                   "store server", channel_.rank());
+                             tag, comm_, &s.request),
+                   "store server", 0);
 }
 
 void StoreServer::testSends() {
   for (auto it = sends_.begin(); it != sends_.end();) {
     int done = 0;
-    MPIGPU_MPI_CHECK(MPI_Test(&it->request, &done, MPI_STATUS_IGNORE), "store server",
-                     channel_.rank());
+    MPIGPU_MPI_CHECK(MPI_Test(&it->request, &done, MPI_STATUS_IGNORE), "store server", 0);
     it = done ? sends_.erase(it) : std::next(it);
   }
 }
@@ -335,7 +339,7 @@ void StoreServer::releaseSends() {
   const auto until = Clock::now() + kSendDrain;
   while (!sends_.empty() && Clock::now() < until) {
     try {
-      channel_.mpi("store server", [&] { testSends(); });
+      testSends();
     } catch (const std::exception&) {
       break;
     }
@@ -343,12 +347,7 @@ void StoreServer::releaseSends() {
   }
   if (sends_.empty()) return;
   static auto* kept = new std::list<Send>();  // never freed: MPI may still read them
-  try {
-    channel_.mpi("store server", [&] {
-      for (auto& s : sends_) MPI_Request_free(&s.request);
-    });
-  } catch (const std::exception&) {
-  }
+  for (auto& s : sends_) MPI_Request_free(&s.request);
   kept->splice(kept->end(), sends_);
 }
 

@@ -23,7 +23,6 @@
 #include <utility>
 #include <vector>
 
-#include "store/Channel.hpp"
 #include "store/Wire.hpp"
 
 namespace mpigpu::store {
@@ -35,7 +34,8 @@ constexpr auto kBusyWindow = std::chrono::seconds(1);
 
 class StoreServer {
  public:
-  explicit StoreServer(Channel& channel);
+  // Serves requests on `comm` (the channel's duplicate; this process is its rank 0 of `size`).
+  StoreServer(MPI_Comm comm, int size);
   ~StoreServer();
   // Stop once every rank of the channel said Bye, or at `deadline` (then a warning names the
   // ranks that did not); returns when the thread has ended.
@@ -65,7 +65,8 @@ class StoreServer {
   bool finished();
   void releaseSends();
 
-  Channel& channel_;
+  const MPI_Comm comm_;
+  const int size_;
   // Touched only by the server thread (inside serveOnce, one pass at a time).
   std::unordered_map<std::string, std::vector<uint8_t>> data_;
   std::map<WaiterId, Waiter> waiters_;

@@ -3,6 +3,7 @@
 // travel in host byte order (MPI_BYTE: MPI converts nothing, and needs nothing converted).
 #pragma once
 
+#include <chrono>
 #include <cstdint>
 #include <cstring>
 #include <stdexcept>
@@ -10,6 +11,8 @@
 #include <vector>
 
 namespace mpigpu::store {
+
+using Clock = std::chrono::steady_clock;
 
 // Requests go to the server on kRequestTag; each reply comes back on the tag its request named,
 // one of kReplyTags from kFirstReplyTag (MPI_TAG_UB is at least 32767).

@@ -4,7 +4,7 @@ independent implementation); the ranks then use the store together (counters, co
 waits answered by another rank, threads), and the process groups made through it work
 (subgroups, a DeviceMesh, object collectives, barriers). argv[1]: "mpi" (no new listening TCP
 socket in any rank; with OMPI_MCA_btl=self,sm none at all), "tcp" (the TCP control:
-TORCH_MPIGPU_RENDEZVOUS=tcp, where rank 0's store must be seen listening, so the check can fail)
+TORCH_MPIGPU_MASTER_PORT set, where rank 0's store must be seen listening, so the check can fail)
 or "serialized" (MPI below MPI_THREAD_MULTIPLE: the default keeps the TCP store, and mpi:// says
 why it cannot run).
 Run by test_multirank.py."""
