@@ -2,6 +2,8 @@
 
 #include <c10/util/Logging.h>
 
+#include <sched.h>
+
 #include <algorithm>
 
 #include "core/Errors.hpp"
@@ -74,6 +76,12 @@ void StoreServer::loop() {
     if (served) {
       lastRequest = now;
       sleep = kFirstSleep;
+      continue;
+    }
+    if (now - lastRequest < kYieldAfterRequest) {
+      // A burst (start-up, a barrier): the next request is likely a round trip away; yield
+      // the core rather than sleep past it.
+      sched_yield();
       continue;
     }
     const auto cap = now - lastRequest < kBusyWindow

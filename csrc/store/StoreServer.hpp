@@ -3,10 +3,11 @@
 // until their keys exist and answered then, so no client polls the server for a key.
 //
 // Finding requests: MPI_Improbe + MPI_Mrecv on the request tag (a message of any size, and no
-// receive left posted that would have to be cancelled at exit). Between requests the thread
-// sleeps on a condition variable, growing from kFirstSleep to kBusyCap while requests came in the
-// last second, then to kIdleCap: a blocking MPI_Mprobe would keep a core spinning for the whole
-// job in Open MPI and MPICH, and no portable MPI call waits without spinning.
+// receive left posted that would have to be cancelled at exit). For kYieldAfterRequest after a
+// request the thread yields between checks; then it sleeps on a condition variable, growing from
+// kFirstSleep to kBusyCap while requests came in the last second, then to kIdleCap: a blocking
+// MPI_Mprobe would keep a core spinning for the whole job in Open MPI and MPICH, and no portable
+// MPI call waits without spinning.
 #pragma once
 
 #include <mpi.h>
@@ -27,6 +28,7 @@
 
 namespace mpigpu::store {
 
+constexpr auto kYieldAfterRequest = std::chrono::microseconds(200);
 constexpr auto kFirstSleep = std::chrono::microseconds(20);
 constexpr auto kBusyCap = std::chrono::microseconds(1000);
 constexpr auto kIdleCap = std::chrono::milliseconds(10);
