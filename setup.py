@@ -251,7 +251,7 @@ def extension():
     # the layers, csrc/cuda's host code only where CUDA is compiled (its .cu files go to nvcc alone)
     layers = {layer: sorted(glob.glob(f"{layer}/*.cpp"))
               for layer in ("csrc", "csrc/engine", "csrc/mpi", "csrc/paths", "csrc/algorithms",
-                            "csrc/core", "csrc/node", "csrc/ops", "csrc/testing") + (("csrc/cuda",) if with_cuda else ())}
+                            "csrc/core", "csrc/node", "csrc/ops", "csrc/store", "csrc/testing") + (("csrc/cuda",) if with_cuda else ())}
     if switched_on("TORCH_MPIGPU_UNITY_BUILD", "1"):
         sources = layer_units(layers)
     else:

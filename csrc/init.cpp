@@ -28,6 +28,8 @@
 #include "paths/Devices.hpp"
 #include "algorithms/Algorithms.hpp"
 #include "algorithms/NodeAlgorithms.hpp"
+#include "store/Channel.hpp"
+#include "store/MpiStore.hpp"
 #include "testing/TestHooks.hpp"
 
 namespace py = pybind11;
@@ -201,6 +203,34 @@ void bindProgramComm(py::module_& m) {
       "The default group's ranks of comm's members, in comm's rank order.");
 }
 
+// The store over MPI (csrc/store/): what the mpi:// rendezvous hands torch.
+void bindStore(py::module_& m) {
+  using mpigpu::store::MpiStore;
+  py::class_<MpiStore, c10d::Store, c10::intrusive_ptr<MpiStore>>(m, "MPIStore")
+      .def_property_readonly("rank", &MpiStore::rank)
+      .def_property_readonly("size", &MpiStore::size);
+  m.def(
+      "mpi_store",
+      [](const py::object& comm, double timeoutSeconds) {
+        const auto handle = commHandle(comm);
+        const char* op = "init_process_group";
+        c10::intrusive_ptr<MpiStore> store;
+        MPI_Comm c = MPI_COMM_NULL;
+        onMpiThread(op, [&] { c = resolveComm(handle, op); });  // (it lets go of the GIL)
+        {
+          py::gil_scoped_release noGil;
+          store = mpigpu::store::makeMpiStore(
+              c, std::chrono::milliseconds(static_cast<int64_t>(timeoutSeconds * 1000)), op);
+        }
+        return py::make_tuple(store, store->rank(), store->size());
+      },
+      py::arg("comm") = py::none(), py::arg("timeout_seconds") = 1800.0,
+      "Collective over comm (None: MPI_COMM_WORLD, else its Fortran handle): a c10d Store whose "
+      "server is comm's rank 0, on a duplicate of comm. Returns (store, rank, size).");
+  m.def("mpi_store_calls", &mpigpu::store::callsMade,
+        "Requests this process has sent to MPI stores (benchmarks count them).");
+}
+
 // The process's end: stop engines, finalise or abort MPI.
 void bindLifecycle(py::module_& m) {
   m.def(
@@ -221,6 +251,8 @@ void bindLifecycle(py::module_& m) {
               "of hanging in MPI_Finalize");
           mpigpu::mpi::abortJob(1);
         }
+        // After the departure notices above; each store server waits for its ranks to close.
+        mpigpu::store::Channel::closeAll();
         mpigpu::mpi::finalizeIfOwned();
         // Every rank has reached MPI_Finalize: nobody writes to a held store any more. Where
         // the program finalises MPI itself (later), held stores go with the process instead.
@@ -394,6 +426,7 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   bindMpi(m);
   bindRendezvous(m);
   bindProgramComm(m);
+  bindStore(m);
   bindLifecycle(m);
   bindPaths(m);
   bindAlgorithms(m);

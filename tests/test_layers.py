@@ -8,7 +8,8 @@ from pathlib import Path
 CSRC = Path(__file__).resolve().parent.parent / "csrc"
 # Bottom to top. cuda/ plugs into paths/ and algorithms/ (registered, never included from above);
 # "" is csrc/ itself: the process group, the bindings (which bind testing/'s hooks too), profiling.
-LAYERS = ["core", "mpi", "node", "algorithms", "paths", "cuda", "ops", "engine", "testing", ""]
+LAYERS = ["core", "mpi", "node", "algorithms", "paths", "cuda", "ops", "engine", "store", "testing",
+          ""]
 SOURCES = (".cpp", ".hpp", ".cu", ".cuh", ".h")
 
 

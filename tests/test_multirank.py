@@ -144,6 +144,42 @@ def test_master_port_setting_is_the_store_port():
     assert passed_counts(out, 2) >= 8  # the launcher's checks and the port's
 
 
+MPI_STORE = set(conftest.script_constant("mpi_store.py", "SECTIONS"))
+
+
+def only_shared_memory_env():
+    """Open MPI on one host: messages over shared memory only (`--mca btl self,sm`), so that MPI
+    itself opens no TCP port either; elsewhere (MPICH, two hosts) MPI's own transports."""
+    if LAUNCHER.startswith("two-hosts") or SRUN_MPI or is_hydra(mpirun_path()):
+        return {}
+    return {"OMPI_MCA_btl": "self,sm"}
+
+
+@pytest.mark.parametrize("np", RANKS)
+def test_mpi_store_rendezvous_opens_no_tcp_listener(np):
+    # the default rendezvous under the launcher: every store call against HashStore, ranks
+    # sharing it, timeouts and departures naming the key, groups, mesh, objects; no listener
+    out = run_mpi("mpi_store.py", np, env=only_shared_memory_env(), args=("mpi",))
+    assert passed_counts(out, np, MPI_STORE) >= 30
+
+
+def test_rendezvous_with_one_shared_mpi_thread_keeps_the_tcp_store():
+    # below MPI_THREAD_MULTIPLE the MPI store could not answer while rank 0's one MPI thread is in
+    # a collective: the default takes the TCP store, and mpi:// says why it cannot run
+    out = run_mpi("mpi_store.py", 3, env=SERIALIZED, args=("serialized",))
+    assert passed_counts(out, 3, set(conftest.script_constant("mpi_store.py", "TCP_SECTIONS")))
+
+
+def test_tcp_rendezvous_control_listens_on_rank_0():
+    # TORCH_MPIGPU_MASTER_PORT keeps torch's TCPStore: the listener check must see it
+    import socket
+    with socket.socket() as s:
+        s.bind(("", 0))
+        port = s.getsockname()[1]
+    out = run_mpi("mpi_store.py", 2, env={"TORCH_MPIGPU_MASTER_PORT": str(port)}, args=("tcp",))
+    assert passed_counts(out, 2, set(conftest.script_constant("mpi_store.py", "TCP_SECTIONS")))
+
+
 @pytest.mark.parametrize("np", RANKS)
 def test_collectives(np):
     assert passed_counts(run_mpi("collectives.py", np), np, COLLECTIVES) > 1500

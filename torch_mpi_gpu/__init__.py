@@ -17,7 +17,7 @@ import torch
 import torch.distributed as dist
 
 from ._checkout import _C
-from . import config, flight_recorder, groups  # noqa: F401  (flight_recorder.dump())
+from . import config, flight_recorder, groups, rendezvous  # noqa: F401  (flight_recorder.dump())
 from .groups import init_process_group, new_group
 from .launcher import (choose_mpi_yield, detect_launcher, install_env_rendezvous_hook,
                        release_ports, select_cuda_device, setup_env)
@@ -134,6 +134,7 @@ def _install_abort_on_uncaught_exception():
 
 
 _register()
+rendezvous.register()  # init_method="mpi://"
 install_env_rendezvous_hook()
 _install_abort_on_uncaught_exception()
 choose_mpi_yield()  # MPI reads it at MPI_Init, which has not happened yet

@@ -4,13 +4,14 @@ splitting MPI_COMM_WORLD, the PyTorch part of a coupled simulation.
     comm = MPI.COMM_WORLD.Split(color=rank % 2, key=rank)      # mpi4py
     torch_mpi_gpu.init_process_group(comm=comm)                 # this rank's own default group
 
-The communicator's ranks are torch's ranks, the rendezvous (a store per communicator) is agreed
-inside it, and mpigpu's traffic runs on duplicates of it, never on it. Several disjoint
+The communicator's ranks are torch's ranks, the rendezvous meets over it (a store served by its
+rank 0 over MPI; with TORCH_MPIGPU_MASTER_PORT set, a TCP store whose address is agreed inside
+it), and mpigpu's traffic runs on duplicates of it, never on it. Several disjoint
 communicators in one job each get an independent default group."""
 
 import torch.distributed as dist
 
-from . import _C
+from . import _C, config
 from .launcher import reserve_port, select_cuda_device, store_address
 
 # The communicator (Fortran handle) the default group being made is over; None: MPI_COMM_WORLD.
@@ -58,14 +59,19 @@ def init_process_group(comm=None, backend="mpigpu", **kwargs):
         raise RuntimeError(f"mpigpu {op}(comm=...): this process already has a default process "
                            "group; call dist.destroy_process_group() first")
     select_cuda_device()
-    # a free port on each communicator's rank 0: ensembles sharing a host each get a store
-    host, port, rank, size, _, _ = store_address(reserve_port(), handle)
-    url_host = f"[{host}]" if ":" in host else host
+    # (below MPI_THREAD_MULTIPLE the MPI store cannot serve: rendezvous.wanted() says why)
+    if (config.get("TORCH_MPIGPU_MASTER_PORT")
+            or _C.mpi_info()["thread_level"] != "MPI_THREAD_MULTIPLE"):
+        # a free port on each communicator's rank 0: ensembles sharing a host each get a store
+        host, port, rank, size, _, _ = store_address(reserve_port(), handle)
+        url_host = f"[{host}]" if ":" in host else host
+        meet = {"init_method": f"tcp://{url_host}:{port}", "rank": rank, "world_size": size}
+    else:  # a store served over the communicator itself (rendezvous.py)
+        meet = {"init_method": f"mpi://?comm={handle}"}
     global _default_group_comm
     _default_group_comm = handle
     try:
-        dist.init_process_group(backend, init_method=f"tcp://{url_host}:{port}", rank=rank,
-                                world_size=size, **kwargs)
+        dist.init_process_group(backend, **meet, **kwargs)
     finally:
         _default_group_comm = None
 

@@ -1,12 +1,15 @@
-"""Launcher detection and rendezvous: make `dist.init_process_group("mpigpu")` work under an MPI
-launcher with no environment variables set by the user.
+"""Launcher detection and the TCP rendezvous: make `dist.init_process_group("mpigpu")` work under
+an MPI launcher with no environment variables set by the user.
 
-torch's env:// rendezvous needs RANK, WORLD_SIZE, MASTER_ADDR and MASTER_PORT. MPI launchers set
-their own variables instead, so when one is detected and those are missing we take rank and size
-from MPI itself and agree on the store address through MPI (rank 0 picks a free port, held
-until the store listens, and broadcasts it; 127.0.0.1 when every rank is on one host). Across hosts, rank 0 publishes the
-names and addresses of its host and every rank tries to resolve and connect to each; the first
-one every rank reached becomes MASTER_ADDR (clusters often have no DNS for node names).
+By default the group meets over MPI (rendezvous.py: a store served over MPI, no TCP port); this
+module detects the launcher, fills RANK/WORLD_SIZE/LOCAL_RANK from MPI, and keeps torch's env://
+TCP store for the paths that still ask for one (MASTER_ADDR or MASTER_PORT set,
+TORCH_MPIGPU_MASTER_PORT). There rank and size come from MPI itself
+and the store address is agreed through MPI (rank 0 picks a free port, held until the store
+listens, and broadcasts it; 127.0.0.1 when every rank is on one host). Across hosts, rank 0
+publishes the names and addresses of its host and every rank tries to resolve and connect to
+each; the first one every rank reached becomes MASTER_ADDR (clusters often have no DNS for node
+names).
 """
 
 import concurrent.futures
@@ -316,6 +319,28 @@ def store_address(port, comm=None):
     return ("127.0.0.1" if single_host else host), port, rank, size, host_rank, host_size
 
 
+def forget_our_env():
+    """Removes the variables an earlier rendezvous of ours set (not the user's), so that this one
+    sees only the user's choices."""
+    for key, value in _set_by_us.items():
+        if os.environ.get(key) == value:
+            del os.environ[key]
+    _set_by_us.clear()
+
+
+def remember_our_env(values):
+    _set_by_us.update(values)
+
+
+def launched(environ=None, unlaunched=False):
+    """Whether MPI says this process's rank and size: a launcher we know started it, or
+    (`unlaunched`) none did and nobody set RANK or WORLD_SIZE (an MPI singleton, or a launcher we
+    do not know that starts an MPI world)."""
+    environ = os.environ if environ is None else environ
+    return detect_launcher(environ) is not None or (
+        unlaunched and "RANK" not in environ and "WORLD_SIZE" not in environ)
+
+
 def setup_env(force=False, unlaunched=False):
     """Fill torch's rendezvous variables from the MPI launcher; returns what was set (or None).
 
@@ -328,9 +353,7 @@ def setup_env(force=False, unlaunched=False):
     if config.get("TORCH_MPIGPU_AUTO_ENV") == "0" and not force:
         return None
     found = detect_launcher()
-    for key, value in _set_by_us.items():
-        if os.environ.get(key) == value:
-            del os.environ[key]
+    forget_our_env()
     if found is None and unlaunched and "RANK" not in os.environ and "WORLD_SIZE" not in os.environ:
         found = {"launcher": "none known (MPI's own world)", "rank": None, "size": None,
                  "local_rank": None, "local_size": None}
@@ -351,8 +374,7 @@ def setup_env(force=False, unlaunched=False):
         if k not in os.environ:
             os.environ[k] = v
             set_now[k] = v
-    _set_by_us.clear()
-    _set_by_us.update(set_now)
+    remember_our_env(set_now)
     log.info("mpigpu: launcher %s, set %s", found["launcher"], set_now)
     return set_now
 
@@ -369,10 +391,19 @@ def install_env_rendezvous_hook():
     original = handlers["env"]
 
     def env_handler(url, **kwargs):
+        from . import rendezvous
+
         parts = urlparse(url)
         query = dict(parse_qsl(parts.query))
         # neither rank= nor world_size= given: MPI may say them even without a launcher
         unranked = query.get("rank", "-1") == "-1" and query.get("world_size", "-1") == "-1"
+        forget_our_env()
+        if launched(unlaunched=unranked) and config.get("TORCH_MPIGPU_AUTO_ENV") != "0":
+            select_cuda_device()  # before MPI starts (rendezvous.wanted() may start it)
+        if launched(unlaunched=unranked) and rendezvous.wanted():
+            # no TCP store asked for: meet over MPI (rank= and world_size= are checked there)
+            return rendezvous.handler(urlunparse(parts._replace(scheme=rendezvous.SCHEME)),
+                                      **kwargs)
         if setup_env(unlaunched=unranked):
             # torch put rank/world_size=-1 into the URL before we could fill the environment.
             for key, var in (("rank", "RANK"), ("world_size", "WORLD_SIZE")):

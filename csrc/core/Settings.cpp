@@ -57,11 +57,12 @@ const SettingSpec kSettings[] = {
      "make `cuda:(local rank mod devices)` current before MPI starts; `0`: leave it", Tier::User,
      ""},
     {"TORCH_MPIGPU_AUTO_ENV", "1", "", ReadAt::Rendezvous,
-     "under an MPI launcher, fill `RANK`, `WORLD_SIZE`, `LOCAL_RANK`, `MASTER_ADDR`, "
-     "`MASTER_PORT` when unset; `0`: off",
+     "under an MPI launcher, meet over MPI (no `MASTER_ADDR`/`MASTER_PORT` set) and fill `RANK`, "
+     "`WORLD_SIZE`, `LOCAL_RANK` when unset; `0`: off",
      Tier::User, ""},
     {"TORCH_MPIGPU_MASTER_PORT", "", "a free port", ReadAt::Rendezvous,
-     "port of the TCP store when mpigpu picks the address", Tier::User, ""},
+     "set: a TCP store instead of meeting over MPI, on this port at an address mpigpu agrees",
+     Tier::User, ""},
 
     // --- tuning ---
     {"TORCH_MPIGPU_INLINE_BYTES", "1099511627776", "`1099511627776` (no limit)",

@@ -1,7 +1,7 @@
 """What mpigpu read from the launcher: RANK/WORLD_SIZE equal MPI's; on each host the LOCAL_RANKs
 are 0..n-1, each once, and LOCAL_WORLD_SIZE is n (from the host names every rank reports; the
-launcher may order local ranks its own way); the launcher is the one expected (argv[1]); the job spans argv[2] hosts; MASTER_ADDR is
-reachable; a group of ranks on different hosts works. Run by test_multirank.py under each
+launcher may order local ranks its own way); the launcher is the one expected (argv[1]); the job spans argv[2] hosts; the group met over
+MPI with no MASTER_ADDR (with TORCH_MPIGPU_MASTER_PORT, a TCP store: MASTER_ADDR is reachable); a group of ranks on different hosts works. Run by test_multirank.py under each
 launcher."""
 
 import os
@@ -44,15 +44,25 @@ def main():
     if want_port:
         c.true("TORCH_MPIGPU_MASTER_PORT", os.environ["MASTER_PORT"] == want_port,
                f"MASTER_PORT={os.environ['MASTER_PORT']}, asked for {want_port}")
-    # one host: loopback; several: an address every rank reaches (the store listens there)
-    addr, port = os.environ["MASTER_ADDR"], int(os.environ["MASTER_PORT"])
-    try:
-        socket.create_connection((addr, port), timeout=5).close()
-        reached = "connected"
-    except OSError as e:
-        reached = f"cannot connect: {e}"
-    c.true("MASTER_ADDR", (addr == "127.0.0.1") == (expected_hosts == 1) and reached == "connected",
-           f"MASTER_ADDR={addr}:{port} on {expected_hosts} host(s): {reached}")
+    if want_port:
+        # a TCP store asked for: one host, loopback; several, an address every rank reaches
+        addr, port = os.environ["MASTER_ADDR"], int(os.environ["MASTER_PORT"])
+        try:
+            socket.create_connection((addr, port), timeout=5).close()
+            reached = "connected"
+        except OSError as e:
+            reached = f"cannot connect: {e}"
+        c.true("MASTER_ADDR", (addr == "127.0.0.1") == (expected_hosts == 1)
+               and reached == "connected",
+               f"MASTER_ADDR={addr}:{port} on {expected_hosts} host(s): {reached}")
+    else:
+        # the default: the group met over MPI, with no address or port
+        store = dist.distributed_c10d._get_default_store()
+        while hasattr(store, "underlying_store"):
+            store = store.underlying_store
+        c.true("met over MPI", isinstance(store, torch_mpi_gpu._C.MPIStore)
+               and "MASTER_ADDR" not in os.environ and "MASTER_PORT" not in os.environ,
+               f"{type(store).__name__}, MASTER_ADDR={os.environ.get('MASTER_ADDR')}")
 
     # a group of one rank per host (ranks 0 and the last: on different hosts when there are two)
     members = sorted({0, world - 1})
@@ -65,7 +75,7 @@ def main():
     dist.barrier()
     print(f"[rank {rank}] host {mine} RANK {os.environ['RANK']} LOCAL_RANK "
           f"{os.environ['LOCAL_RANK']}/{os.environ['LOCAL_WORLD_SIZE']} MASTER_ADDR "
-          f"{os.environ['MASTER_ADDR']} launcher {found and found['launcher']}", flush=True)
+          f"{os.environ.get('MASTER_ADDR')} launcher {found and found['launcher']}", flush=True)
     return c.finish()
 
 
