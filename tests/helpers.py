@@ -22,3 +22,12 @@ def python(code, env=None, timeout=120, cwd_tmp=False):
                               env=dict(ENV, **(env or {})), timeout=timeout,
                               cwd=tmp if cwd_tmp else ROOT / "tests")
     return proc.returncode, proc.stdout + proc.stderr
+
+
+def free_port():
+    """A TCP port free now: for tests of torch's TCPStore, chosen by TORCH_MPIGPU_MASTER_PORT
+    (the default rendezvous under an MPI launcher is the MPI store, with no port)."""
+    import socket
+    with socket.socket() as s:
+        s.bind(("", 0))
+        return s.getsockname()[1]

@@ -172,11 +172,9 @@ def test_rendezvous_with_one_shared_mpi_thread_keeps_the_tcp_store():
 
 def test_tcp_rendezvous_control_listens_on_rank_0():
     # TORCH_MPIGPU_MASTER_PORT keeps torch's TCPStore: the listener check must see it
-    import socket
-    with socket.socket() as s:
-        s.bind(("", 0))
-        port = s.getsockname()[1]
-    out = run_mpi("mpi_store.py", 2, env={"TORCH_MPIGPU_MASTER_PORT": str(port)}, args=("tcp",))
+    from helpers import free_port
+    out = run_mpi("mpi_store.py", 2, env={"TORCH_MPIGPU_MASTER_PORT": str(free_port())},
+                  args=("tcp",))
     assert passed_counts(out, 2, set(conftest.script_constant("mpi_store.py", "TCP_SECTIONS")))
 
 

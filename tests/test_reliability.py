@@ -215,10 +215,13 @@ def test_a_staggered_normal_end_meets_no_closed_store():
 
 
 def test_a_staggered_destroy_meets_no_closed_store():
-    # Rank 0 hosts the store and destroys its groups first, staying alive: the store is held
-    # until every member has said it left (before, the store closed with rank 0's destroy, and
-    # every later notice met a closed store).
-    rc, out, _ = launch("staggered-destroy", 3, {}, script="exits.py", timeout=60)
+    # Rank 0 hosts torch's TCP store (chosen by its port; the MPI store has no server to close)
+    # and destroys its groups first, staying alive: the store is held until every member has said
+    # it left (before, the store closed with rank 0's destroy, and every later notice met a
+    # closed store).
+    from helpers import free_port
+    rc, out, _ = launch("staggered-destroy", 3, {"TORCH_MPIGPU_MASTER_PORT": str(free_port())},
+                        script="exits.py", timeout=60)
     assert rc == 0 and out.count("staggered destroy") == 3, out[-3000:]
     for sign in ("Broken pipe", "Connection was likely closed", "can never finish",
                  "still listens"):

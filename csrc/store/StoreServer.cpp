@@ -60,6 +60,7 @@ void StoreServer::stopAndJoin(Clock::time_point deadline) {
 void StoreServer::loop() {
   setThreadName("mpigpu-store");
   auto lastRequest = Clock::now();
+  bool burst = true;  // start-up
   auto sleep = std::chrono::microseconds(kFirstSleep);
   bool warned = false;
   while (true) {
@@ -74,11 +75,12 @@ void StoreServer::loop() {
     if (finished()) break;
     const auto now = Clock::now();
     if (served) {
+      burst = now - lastRequest < kBurstGap;
       lastRequest = now;
       sleep = kFirstSleep;
       continue;
     }
-    if (now - lastRequest < kYieldAfterRequest) {
+    if (burst && now - lastRequest < kYieldAfterRequest) {
       // A burst (start-up, a barrier): the next request is likely a round trip away; yield
       // the core rather than sleep past it.
       sched_yield();

@@ -3,9 +3,12 @@
 // until their keys exist and answered then, so no client polls the server for a key.
 //
 // Finding requests: MPI_Improbe + MPI_Mrecv on the request tag (a message of any size, and no
-// receive left posted that would have to be cancelled at exit). For kYieldAfterRequest after a
-// request the thread yields between checks; then it sleeps on a condition variable, growing from
-// kFirstSleep to kBusyCap while requests came in the last second, then to kIdleCap: a blocking
+// receive left posted that would have to be cancelled at exit). In a burst (a request within
+// kBurstGap of the one before: start-up, a barrier, a loop of calls) the thread yields between
+// checks for kYieldAfterRequest after a request; otherwise, and after that, it sleeps on a
+// condition variable, growing from kFirstSleep to kBusyCap while requests came within
+// kBusyWindow, then to kIdleCap. Isolated requests (each rank's watchdog, a few a second) so
+// cost no yielding: the thread stays off the cores a waiting rank needs. A blocking
 // MPI_Mprobe would keep a core spinning for the whole job in Open MPI and MPICH, and no portable
 // MPI call waits without spinning.
 #pragma once
@@ -28,11 +31,12 @@
 
 namespace mpigpu::store {
 
+constexpr auto kBurstGap = std::chrono::milliseconds(2);
 constexpr auto kYieldAfterRequest = std::chrono::microseconds(200);
 constexpr auto kFirstSleep = std::chrono::microseconds(20);
 constexpr auto kBusyCap = std::chrono::microseconds(1000);
 constexpr auto kIdleCap = std::chrono::milliseconds(10);
-constexpr auto kBusyWindow = std::chrono::seconds(1);
+constexpr auto kBusyWindow = std::chrono::milliseconds(20);
 
 class StoreServer {
  public:
