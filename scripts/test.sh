@@ -144,12 +144,12 @@ leg_cannot_run() {  # kind, why
 }
 
 builds="${MPIGPU_TEST_BUILDS:-cpu mpich slurm hosts ompi41 cuda}"
-# What the srun legs run: the launcher's variables at 1-4 ranks, the job ending on a failed rank,
+# What the srun legs run: the launcher's variables and the MPI store's rendezvous at 1-4 ranks, the job ending on a failed rank,
 # exits, and the core ops and point-to-point at 3 ranks (odd, more than the cores): a launcher
 # changes how ranks start and find each other, not the ops, which the default launcher runs at
 # 1-4 above. Not DDP and FSDP2: torch's layers over those same ops, nothing a launcher reaches;
 # they run under every MPI (Open MPI 5 and 4.1, MPICH) and across the two hosts.
-LAUNCHER_TESTS="(launcher or uncaught or clean or killed or stalled or signal or (leaving and exit-in-collective-3) \
+LAUNCHER_TESTS="(launcher or mpi_store or uncaught or clean or killed or stalled or signal or (leaving and exit-in-collective-3) \
 or ((p2p_async or (collectives and not algorithm and not split)) and [3])) \
 and not shared_mpi_thread"
 later_setups="" cuda_setup=""
@@ -204,7 +204,7 @@ if [[ " $builds " == *" hosts "* ]]; then
     # in the collectives' jobs, one rank per host and 2 + 1)
     MPIGPU_TEST_LAUNCHER=two-hosts-names run_suite "$CPU_VENV" \
       "two hosts, names resolve (mpirun)" test_multirank.py test_hang_prone.py \
-      -k "(launcher or ((ddp or fsdp) and [4]) or (collectives and not algorithm and not split) or hang_prone \
+      -k "(launcher or (mpi_store and [4]) or ((ddp or fsdp) and [4]) or (collectives and not algorithm and not split) or hang_prone \
 or node_across or communicator or split_groups or (desync and [4])) and not (shared_mpi_thread and not [3])" "$@"
     # IP only changes how ranks find the rendezvous (and mpirun its hosts): the launcher, exit and
     # dead-rank tests, and the launch check 5 times; the ops themselves ran by name above (and
@@ -225,7 +225,7 @@ and not shared_mpi_thread" "$@"
     setup_mpich
     UCX_TLS=self,tcp MPIGPU_TEST_LAUNCHER=two-hosts-names run_suite "$MPICH_VENV" \
       "two hosts, MPICH Hydra (mpiexec)" test_multirank.py test_hang_prone.py test_reliability.py \
-      -k "(launcher or (collectives and not algorithm and not split) or node_across or ddp \
+      -k "(launcher or (mpi_store and [4]) or (collectives and not algorithm and not split) or node_across or ddp \
 or p2p_async or hang_prone or killed or signal or (uncaught and collective)) and not shared and not debug_detail \
 and not stuck" "$@"
   else
