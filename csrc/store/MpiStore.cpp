@@ -84,18 +84,7 @@ bool MpiStore::poll(int tag, std::vector<MPI_Request>& sends, std::vector<uint8_
       if (s != MPI_REQUEST_NULL)
         MPIGPU_MPI_CHECK(MPI_Test(&s, &done, MPI_STATUS_IGNORE), "store call", me);
     }
-    int flag = 0;
-    MPI_Message message;
-    MPI_Status status;
-    MPIGPU_MPI_CHECK(MPI_Improbe(0, tag, channel_->comm(), &flag, &message, &status), "store call",
-                     me);
-    if (!flag) return;
-    int count = 0;
-    MPI_Get_count(&status, MPI_BYTE, &count);
-    reply.resize(static_cast<size_t>(count));
-    MPIGPU_MPI_CHECK(MPI_Mrecv(reply.data(), count, MPI_BYTE, &message, MPI_STATUS_IGNORE),
-                     "store call", me);
-    got = true;
+    got = receiveWhole(channel_->comm(), 0, tag, reply, "store call", me) >= 0;
   });
   return got;
 }

@@ -116,18 +116,9 @@ bool StoreServer::serveOnce() {
   const int me = 0;
   bool any = false;
   for (int i = 0; i < kRequestsPerPass; ++i) {
-    int flag = 0;
-    MPI_Message message;
-    MPI_Status status;
-    MPIGPU_MPI_CHECK(MPI_Improbe(MPI_ANY_SOURCE, kRequestTag, comm_, &flag, &message, &status),
-                     "store server", me);
-    if (!flag) break;
-    int count = 0;
-    MPI_Get_count(&status, MPI_BYTE, &count);
-    buffer_.resize(static_cast<size_t>(count));
-    MPIGPU_MPI_CHECK(MPI_Mrecv(buffer_.data(), count, MPI_BYTE, &message, MPI_STATUS_IGNORE),
-                     "store server", me);
-    handle(status.MPI_SOURCE, buffer_);
+    const int from = receiveWhole(comm_, MPI_ANY_SOURCE, kRequestTag, buffer_, "store server", me);
+    if (from < 0) break;
+    handle(from, buffer_);
     any = true;
   }
   testSends();

@@ -3,12 +3,16 @@
 // travel in host byte order (MPI_BYTE: MPI converts nothing, and needs nothing converted).
 #pragma once
 
+#include <mpi.h>
+
 #include <chrono>
 #include <cstdint>
 #include <cstring>
 #include <stdexcept>
 #include <string>
 #include <vector>
+
+#include "mpi/Check.hpp"
 
 namespace mpigpu::store {
 
@@ -113,5 +117,22 @@ class Reader {
   const std::vector<uint8_t>& bytes_;
   size_t at_ = 0;
 };
+
+// A message from `source` (MPI_ANY_SOURCE: any) with `tag`, if one has arrived: received whole
+// into `into`, sized by the probe (no receive is left posted). Returns its sender, or -1 when no
+// such message waits.
+inline int receiveWhole(MPI_Comm comm, int source, int tag, std::vector<uint8_t>& into,
+                        const char* op, int rank) {
+  int flag = 0;
+  MPI_Message message;
+  MPI_Status status;
+  MPIGPU_MPI_CHECK(MPI_Improbe(source, tag, comm, &flag, &message, &status), op, rank);
+  if (!flag) return -1;
+  int count = 0;
+  MPI_Get_count(&status, MPI_BYTE, &count);
+  into.resize(static_cast<size_t>(count));
+  MPIGPU_MPI_CHECK(MPI_Mrecv(into.data(), count, MPI_BYTE, &message, MPI_STATUS_IGNORE), op, rank);
+  return status.MPI_SOURCE;
+}
 
 }  // namespace mpigpu::store
