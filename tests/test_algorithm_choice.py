@@ -66,8 +66,20 @@ def test_auto_rules_at_their_thresholds():
         assert pick("all_gather", 1 << 20, gpu=True, **kw) == "mpi", kw
         assert pick("all_reduce", algo_min - 4, gpu=True, **kw) == "mpi", kw
         assert pick("all_reduce", algo_min, gpu=True, **kw) == "ring", kw
-    # host tensors: the node algorithm at any size inside a node, from NODE_ACROSS_MIN_BYTES across
+    # host tensors: the node algorithm at any size inside a node but fp32 all_reduce from
+    # NODE_HOST_MPI_FROM_BYTES to below NODE_HOST_MPI_BELOW_BYTES, where MPI's own; from
+    # NODE_ACROSS_MIN_BYTES across nodes
     assert pick("all_reduce", 4, gpu=False) == pick("broadcast", 4, gpu=False) == "node"
+    window_from = int(cfg.get("TORCH_MPIGPU_NODE_HOST_MPI_FROM_BYTES"))
+    below = int(cfg.get("TORCH_MPIGPU_NODE_HOST_MPI_BELOW_BYTES"))
+    assert 0 < window_from < below
+    for world in (2, 3, 8):
+        for nbytes, want in ((window_from - 4, "node"), (window_from, "mpi"), (below - 4, "mpi"),
+                             (below, "node")):
+            assert pick("all_reduce", nbytes, gpu=False, world=world) == want, (world, nbytes)
+            assert pick("all_reduce", nbytes, gpu=False, world=world, dtype=torch.bfloat16) == "node"
+            assert pick("broadcast", nbytes, gpu=False, world=world) == "node"
+            assert pick("reduce_scatter", nbytes, gpu=False, world=world) == "node"
     assert pick("all_reduce", across - 4, gpu=False, spans=True) == "mpi"
     assert pick("all_gather", across, gpu=False, spans=True) == "node"
     assert pick("all_reduce", 4, gpu=False, world=1) == "mpi"

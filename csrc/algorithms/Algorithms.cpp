@@ -285,8 +285,12 @@ bool isHalf(at::ScalarType t) { return t == at::kHalf || t == at::kBFloat16; }
 
 // When auto takes the node algorithm, and why (docs/performance.md has the measurements; the
 // settings' rows say which set each threshold):
-// - Groups without a GPU, inside one node: at every size. Shared memory is as fast as MPI's own
-//   for small ops and faster from about 1 MiB, for reductions, all_gather and broadcast alike.
+// - Groups without a GPU, inside one node: at every size, but fp32/fp64/integer all_reduce from
+//   NODE_HOST_MPI_FROM_BYTES (16 KiB) to below NODE_HOST_MPI_BELOW_BYTES (4 MiB), where Open
+//   MPI's own shared-memory all_reduce (single copy between two processes) was faster: the node
+//   algorithm's copy into the slots and its barriers cost more than they save there. Smaller ops
+//   meet in one barrier; larger ones gain from every rank reducing its share at once; fp16/bf16,
+//   which MPI reduces one element at a time, stay ours.
 // - Across nodes (hierarchical, also where nodes hold different numbers of ranks): from
 //   NODE_ACROSS_MIN_BYTES. Below it the shared-memory barriers on each side cost more than MPI's
 //   own saves; above it one crossing of the link per lane wins.
@@ -304,7 +308,9 @@ bool nodePicks(const Config& config, const Facts& f) {
     if (f.kind == OpKind::Allreduce) return f.bytes >= config.nodeSharedGpuAllreduceBytes;
     return f.kind == OpKind::ReduceScatter && f.bytes >= config.algoMinBytes;
   }
-  return !f.spansNodes || f.bytes >= config.nodeAcrossMinBytes;
+  if (f.spansNodes) return f.bytes >= config.nodeAcrossMinBytes;
+  return f.kind != OpKind::Allreduce || isHalf(f.dtype) || f.bytes < config.nodeHostMpiFromBytes ||
+         f.bytes >= config.nodeHostMpiBelowBytes;
 }
 std::string nodeRule(const Config& config, bool groupHasGpu) {
   if (config.nodeBufferBytes == 0) return "";
@@ -316,8 +322,9 @@ std::string nodeRule(const Config& config, bool groupHasGpu) {
         " bytes");
   }
   return c10::str(
-      "node (reductions, all_gather, broadcast) where more than one rank shares a node: at any "
-      "size inside one node, from ",
+      "node (reductions, all_gather, broadcast) where more than one rank shares a node: inside "
+      "one node at any size (fp32/fp64/integer all_reduce: below ",
+      config.nodeHostMpiFromBytes, " and from ", config.nodeHostMpiBelowBytes, " bytes), from ",
       config.nodeAcrossMinBytes, " bytes across nodes");
 }
 

@@ -89,6 +89,8 @@ void readNodeSettings(Config& c) {
       {{"auto", NodeLeader::Auto}, {"1", NodeLeader::On}, {"0", NodeLeader::Off}});
   c.testHostPieceBytes = parseInt("TORCH_MPIGPU_TEST_HOST_PIECE_BYTES", 0, kTiB);
   c.nodeAcrossMinBytes = parseInt("TORCH_MPIGPU_NODE_ACROSS_MIN_BYTES", 0, kHuge);
+  c.nodeHostMpiFromBytes = parseInt("TORCH_MPIGPU_NODE_HOST_MPI_FROM_BYTES", 0, kHuge);
+  c.nodeHostMpiBelowBytes = parseInt("TORCH_MPIGPU_NODE_HOST_MPI_BELOW_BYTES", 0, kHuge);
   c.nodeSharedGpuAllreduceBytes =
       parseInt("TORCH_MPIGPU_NODE_SHARED_GPU_ALLREDUCE_BYTES", 0, kHuge);
   c.pretendNodes = static_cast<int>(parseInt("TORCH_MPIGPU_TEST_PRETEND_NODES", 1, 1 << 20));

@@ -153,6 +153,13 @@ const SettingSpec kSettings[] = {
      Tier::Tuning,
      "two simulated hosts x 2 ranks: hierarchical ties MPI's own at 256 KiB, loses "
      "below (performance.md)"},
+    {"TORCH_MPIGPU_NODE_HOST_MPI_FROM_BYTES", "16384", "", ReadAt::GroupCreation,
+     "auto, no GPU, one node: all_reduce (not fp16/bf16) from this size to below "
+     "`NODE_HOST_MPI_BELOW_BYTES` uses MPI's own, not the node algorithm",
+     Tier::Tuning, "2-core VM, 2 ranks: MPI's own ahead from 16 KiB (performance.md)"},
+    {"TORCH_MPIGPU_NODE_HOST_MPI_BELOW_BYTES", "4194304", "", ReadAt::GroupCreation,
+     "the top of that window", Tier::Tuning,
+     "2-core VM: the node algorithm ahead from 4 MiB at 3-4 ranks (performance.md)"},
     {"TORCH_MPIGPU_NODE_SHARED_GPU_ALLREDUCE_BYTES", "1048576", "", ReadAt::GroupCreation,
      "auto, CUDA tensors where a node's ranks share a GPU: all_reduce from this size takes the "
      "node algorithm's leader form, smaller ones MPI's own",

@@ -1,6 +1,7 @@
 """The automatic algorithm choice on host tensors (TORCH_MPIGPU_ALGO=auto, no GPU in the group).
 Where more than one rank shares a node (the same count on every node, read from the group's
-description), the node algorithm takes every reduction of any size and dtype; where nodes hold
+description), the node algorithm takes every reduction of any size and dtype but fp32 all_reduce
+inside NODE_HOST_MPI_FROM_BYTES .. NODE_HOST_MPI_BELOW_BYTES (MPI's own); where nodes hold
 different counts, every op from NODE_ACROSS_MIN_BYTES. Elsewhere
 (TORCH_MPIGPU_NODE_BUFFER_BYTES=0, one rank per node, a single rank), the rules at their thresholds: fp16/bf16 all_reduce and reduce_scatter take our ring from
 TORCH_MPIGPU_HOST_HALF_RING_BYTES, any reduce_scatter from TORCH_MPIGPU_HOST_RS_RING_BYTES, in
@@ -208,17 +209,27 @@ def a_member_has_a_gpu(ops):
 
 
 def ranks_sharing_a_node(ops, shape, described, stale):
-    """The node algorithm for all_reduce and reduce_scatter of any size and dtype, all_gather and
-    broadcast; a stale segment of the same name left alone."""
+    """The node algorithm for reduce_scatter of any size and dtype, all_gather, broadcast, and
+    all_reduce outside the window where MPI's own takes fp32 (NODE_HOST_MPI_FROM_BYTES to below
+    NODE_HOST_MPI_BELOW_BYTES), fp16/bf16 at any size; a stale
+    segment of the same name left alone."""
     c, rank, world, ran = ops.c, ops.rank, ops.world, ops.ran
     c.true("the group's description: nodes x ranks per node = world",
            shape is not None and int(shape[1]) * int(shape[2]) == world, described)
     for i, (dtype, numel) in enumerate([(torch.float32, 1), (torch.float32, ops.rs_ring),
                                         (torch.bfloat16, ops.half_ring), (torch.float16, 3)]):
-        node = ran("node", lambda: ops.all_reduce(dtype, numel, 60 + i))
-        c.true(f"{dtype} all_reduce of {numel} elements: node", node)
         node = ran("node", lambda: ops.reduce_scatter(dtype, numel, 70 + i))
         c.true(f"{dtype} reduce_scatter of {numel} x {world} elements: node", node)
+    for i, (dtype, numel) in enumerate([(torch.bfloat16, ops.half_ring), (torch.float16, 3)]):
+        node = ran("node", lambda: ops.all_reduce(dtype, numel, 60 + i))
+        c.true(f"{dtype} all_reduce of {numel} elements: node", node)
+    window_from = int(torch_mpi_gpu.config.get("TORCH_MPIGPU_NODE_HOST_MPI_FROM_BYTES"))
+    window_below = int(torch_mpi_gpu.config.get("TORCH_MPIGPU_NODE_HOST_MPI_BELOW_BYTES"))
+    for i, (nbytes, want) in enumerate([(4, True), (window_from - 4, True), (window_from, False),
+                                        (window_below - 4, False), (window_below, True)]):
+        node = ran("node", lambda: ops.all_reduce(torch.float32, nbytes // 4, 64 + i))
+        c.true(f"fp32 all_reduce of {nbytes} bytes: {'node' if want else 'MPI' + chr(39) + 's own'}",
+               node == want, f"node ran: {node}")
     for i, (dtype, numel) in enumerate([(torch.float32, 1), (torch.int64, 5000)]):
         inputs = [make_input(80 + i, r, numel, dtype) for r in range(world)]
         out = torch.empty(world * numel, dtype=dtype)
