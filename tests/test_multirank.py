@@ -700,6 +700,15 @@ def test_count_above_int_max():
     assert passed_counts(run_mpi("large_count.py", 2, timeout=900), 2) >= 6
 
 
+BACKEND_SURFACE = set(conftest.script_constant("backend_surface.py", "SECTIONS"))
+
+
+@pytest.mark.parametrize("np", [2])
+def test_backend_surface_answers_as_documented(np):
+    # docs/operations.md's backend-surface table, one section per row
+    assert passed_counts(run_mpi("backend_surface.py", np), np, BACKEND_SURFACE) >= 18
+
+
 @pytest.mark.parametrize("library", ["accelerate", "lightning"])
 def test_ecosystem_library_trains_like_one_process(library):
     require_library(library)
