@@ -3,10 +3,14 @@ of the same ops in torch's own recorder (the format reference), and a stalled 3-
 watchdog writes every rank's record, which torch's analyzer then reads and uses to name the rank
 that never joined the collective and the line that issued it."""
 
+import importlib.util
 import re
 import subprocess
 import sys
 
+import torch
+
+import conftest
 from conftest import MP_DIR
 from conftest import passed_counts
 from test_reliability import launch
@@ -39,6 +43,9 @@ def test_stalled_job_is_dumped_on_every_rank_and_read_by_torchs_analyzer(tmp_pat
         assert re.search(rf"flight recorder \[world rank {r}\]: .* record is in {tmp_path}", out), out
     assert "another rank's watchdog reported a timeout" in out, out[-3000:]
 
+    if importlib.util.find_spec("torch.distributed.flight_recorder") is None:
+        conftest.skip_or_fail("torch-version", f"torch {torch.__version__} has no flight-recorder "
+                              "analyzer (torch.distributed.flight_recorder came in 2.9)")
     code, report = analyze(tmp_path)
     assert code == 0, report[-3000:]
     # torch's analyzer: collective #5 of the default group, all_reduce, rank 1 missing, and the

@@ -34,6 +34,11 @@
 
 namespace mpigpu::compat {
 
+// The flight-recorder dump's key for the communication library's version (torch 2.9 renamed it).
+inline const char* flightRecorderLibVersionKey() {
+  return MPIGPU_TORCH_AT_LEAST(2, 9) ? "comm_lib_version" : "nccl_version";
+}
+
 // The group name a split's options ask for ("" where torch's options carry none).
 inline std::string groupName(const c10d::Backend::Options& opts) {
 #if MPIGPU_TORCH_HAS_SPLIT
