@@ -46,10 +46,9 @@ class ProcessGroupMPIGPU : public c10d::Backend {
   // the ops queued before it; members that passed different ranks all get a ValueError.
   // torch 2.8 splits NCCL groups only.
   bool supportsSplitting() const override { return MPIGPU_TORCH_HAS_SPLIT; }
-  c10::intrusive_ptr<c10d::Backend> split(const c10::intrusive_ptr<c10d::Store>& store,
-                                          const std::vector<int>& ranks,
-                                          const c10::intrusive_ptr<Options>& opts)
-      MPIGPU_OVERRIDE_SINCE_2_9;
+  c10::intrusive_ptr<c10d::Backend> split(
+      const c10::intrusive_ptr<c10d::Store>& store, const std::vector<int>& ranks,
+      const c10::intrusive_ptr<Options>& opts) MPIGPU_OVERRIDE_SINCE_2_9;
 #if MPIGPU_TORCH_HAS_SHRINK
   // Shrinking (torch's shrink_group, torch >= 2.10): collective over the ranks that stay, which
   // get a group of them in their order; the excluded ranks take no part. One
