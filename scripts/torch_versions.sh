@@ -29,10 +29,13 @@ print("torch", torch.__version__, "build imports")')
 # From tests/, so the venv's installed package is imported, not the checkout's source folder.
 cd "$ROOT/tests"
 run() { PATH="$venv/bin:$PATH" "$venv/bin/python" -m pytest -q -p no:cacheprovider "$@"; }
+failed=0
 echo "=== torch $version: single-process tests ==="
 run test_build.py test_settings.py test_launch_env.py test_watchdog.py test_algorithm_choice.py \
   test_observability.py test_reporting.py test_layers.py test_flight_recorder.py test_docs.py \
-  test_benchmarks.py test_gpu.py "$@"
+  test_benchmarks.py test_gpu.py "$@" || failed=1
 echo "=== torch $version: 2-rank smoke ==="
 run test_multirank.py -k "(test_collectives or test_ddp_matches or test_fsdp2 or test_p2p_async_groups \
-or backend_surface) and [2] and not algorithm and not shared and not crowding" "$@"
+or backend_surface) and [2] and not algorithm and not shared and not crowding" "$@" || failed=1
+echo "=== torch $version: $([ $failed = 0 ] && echo passed || echo FAILED) ==="
+exit $failed
