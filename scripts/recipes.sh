@@ -13,7 +13,7 @@ VENV="${1:-$ROOT/.venv}"
 PY="$VENV/bin/python"
 export PATH="$VENV/bin:$PATH" OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1
 # DeepSpeed's build imports torch: against this venv's, not a fresh one in an isolated build
-"$PY" -m pip install -q transformers
+"$PY" -m pip install -q transformers accelerate
 "$PY" -m pip install -q --no-build-isolation deepspeed
 cd "$ROOT"
 out=$("$PY" -m torch_mpi_gpu.manifest new recipes)

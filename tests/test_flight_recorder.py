@@ -62,11 +62,13 @@ def test_stalled_job_is_dumped_on_every_rank_and_read_by_torchs_analyzer(tmp_pat
     line = 1 + next(i for i, s in enumerate(script) if "dist.all_reduce(torch.ones(16))" in s)
     assert f"stall at {MP_DIR / 'flight_recorder.py'}:{line}" in stalled[0], stalled[0]
 
-    # torch's own torchfrtrace refuses any backend outside its list ("mpigpu not in {...}"):
-    # why torch_mpi_gpu.frtrace exists. If this starts passing, torch accepts third-party
-    # backends and the README's note can go.
+    # torch's own torchfrtrace refuses any backend outside its list ("mpigpu not in {...}"), or
+    # (2.15) reads the record but not the `mpigpu:` names, so that a lone send looks like a
+    # collective others missed: why torch_mpi_gpu.frtrace exists. If this starts passing, torch
+    # accepts third-party backends and the README's note can go.
     code, report = analyze(tmp_path, module="torch.distributed.flight_recorder.fr_trace")
-    assert code != 0 and "mpigpu not in" in report, report[-2000:]
+    assert (code != 0 and "mpigpu not in" in report) or \
+        "unrecognized comm library 'mpigpu'" in report, report[-2000:]
 
 
 def test_recorder_off_records_nothing():

@@ -28,7 +28,10 @@ def supports_flags(c, b):
         c.true("supports_shrinking", b.supports_shrinking is True)
     else:
         c.skip("supports_shrinking", f"torch {torch.__version__} has no shrink_group")
-    c.true("supports_time_estimate", b.supports_time_estimate is False)
+    # (torch 2.15 renamed it _supports_time_estimate)
+    estimate = "supports_time_estimate" if hasattr(b, "supports_time_estimate") else \
+        "_supports_time_estimate"
+    c.true(estimate, getattr(b, estimate) is False, str(getattr(b, estimate, "absent")))
     c.true("supports_tensor_alloc", b.supports_tensor_alloc(CPU) is False)
 
 
