@@ -636,7 +636,9 @@ def test_fusion_one_mpi_call_per_bucket(np):
 @pytest.mark.parametrize("np", [2, 3, 4])
 def test_fsdp2_and_dtensor(np):
     hsdp = {"HSDP on a 2-D mesh matches one process"} if np == 4 else set()
-    assert passed_counts(run_mpi("fsdp.py", np), np, FSDP | hsdp) >= 8
+    # torch 2.8: the gloo control is skipped (its own FSDP2 is off single-process training)
+    old_gloo = tuple(int(x) for x in torch.__version__.split(".")[:2]) < (2, 9)
+    assert passed_counts(run_mpi("fsdp.py", np), np, FSDP | hsdp) >= (7 if old_gloo else 8)
 
 
 @pytest.mark.parametrize("np", [2, 3, 4])
