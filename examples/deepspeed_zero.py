@@ -17,7 +17,7 @@ import sys
 import torch
 import torch.distributed as dist
 
-import torch_mpi_gpu  # noqa: F401  (registers "mpigpu")
+import torch_mpi_gpu  # registers "mpigpu"
 
 STEPS, PER_RANK, LR = 4, 8, 0.1
 
@@ -48,17 +48,23 @@ def main():
     parser = argparse.ArgumentParser()
     parser.add_argument("--stage", type=int, choices=(1, 2, 3), default=1)
     parser.add_argument("--init", choices=("torch", "deepspeed"), default="torch")
+    parser.add_argument("--backend", choices=("mpigpu", "gloo"), default="mpigpu",
+                        help="gloo: the control, on one host (a TCP store on 127.0.0.1)")
     args = parser.parse_args()
     os.environ.setdefault("DS_ACCELERATOR", "cpu")  # no GPU here: DeepSpeed's CPU accelerator
     torch.set_num_threads(1)
     import deepspeed
 
-    if args.init == "torch":
+    if args.backend == "gloo":
+        job = torch_mpi_gpu.launcher.detect_launcher()
+        dist.init_process_group("gloo", init_method="tcp://127.0.0.1:29517",
+                                rank=int(job["rank"]), world_size=int(job["size"]))
+    elif args.init == "torch":
         dist.init_process_group("mpigpu")  # DeepSpeed then uses this group
     else:
         deepspeed.init_distributed(dist_backend="mpigpu")
     rank, world = dist.get_rank(), dist.get_world_size()
-    assert dist.get_backend() == "mpigpu", dist.get_backend()
+    assert dist.get_backend() == args.backend, dist.get_backend()
 
     net = model()
     config = {"train_micro_batch_size_per_gpu": PER_RANK, "gradient_accumulation_steps": 1,
@@ -78,7 +84,7 @@ def main():
     expected = reference(world)
     worst = max(float((a - b).abs().max()) for a, b in zip(got, expected))
     ok = len(got) == len(expected) and worst <= 1e-5
-    print(f"[rank {rank}/{world}] deepspeed zero-{args.stage} (init: {args.init}): "
+    print(f"[rank {rank}/{world}] deepspeed zero-{args.stage} over {args.backend} (init: {args.init}): "
           f"{'OK' if ok else 'WRONG'}, largest difference from single-process training {worst:.2e}",
           flush=True)
     dist.destroy_process_group()

@@ -27,11 +27,12 @@ run() {  # name, example and its arguments
 }
 for stage in 1 2 3; do
   run "deepspeed-zero$stage" examples/deepspeed_zero.py --stage "$stage"
+  run "deepspeed-zero$stage-gloo" examples/deepspeed_zero.py --stage "$stage" --backend gloo
   run "deepspeed-zero$stage-init-deepspeed" examples/deepspeed_zero.py --stage "$stage" --init deepspeed
 done
 run hf-trainer examples/hf_trainer.py
 versions=$("$PY" -c 'import deepspeed, transformers, accelerate
-print(f"deepspeed {deepspeed.__version__}, transformers {transformers.__version__}, accelerate {accelerate.__version__}")')
+print(f"deepspeed {deepspeed.__version__}, transformers {transformers.__version__}, accelerate {accelerate.__version__}")' 2>/dev/null | tail -1)
 grep -hE "OK|WRONG" "$out"/*.log >"$out/summary.txt"
 "$PY" -m torch_mpi_gpu.manifest write "$out" --ranks 2 --command "scripts/recipes.sh" \
   --what "Trainer recipes at 2 ranks, CPU: DeepSpeed ZeRO 1-3 (group made first, and by deepspeed.init_distributed) and the Hugging Face Trainer, each against single-process training ($versions)"

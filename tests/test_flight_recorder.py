@@ -21,8 +21,8 @@ PREFIX = "mpigpu_trace_rank_"
 
 def test_on_demand_record_matches_torchs_format():
     out = run_mpi("flight_recorder.py", 3, args=("ondemand",))
-    # before torch 2.9 gloo records nothing: only our own record's checks run (the rest skip)
-    gloo_records = tuple(int(x) for x in torch.__version__.split(".")[:2]) >= (2, 9)
+    # before torch 2.10 gloo records nothing: only our own record's checks run (the rest skip)
+    gloo_records = tuple(int(x) for x in torch.__version__.split(".")[:2]) >= (2, 10)
     assert passed_counts(out, 3) >= (50 if gloo_records else 20)
 
 
