@@ -224,17 +224,6 @@ def want_cuda():
     return available
 
 
-def torch_backend_declares(method):
-    """Whether the installed torch's c10d Backend has `method` (shrink_group came in torch 2.10;
-    pyproject accepts 2.9): read from its header, as the compiler will see it."""
-    from torch.utils.cpp_extension import include_paths
-    for directory in include_paths():
-        header = Path(directory) / "torch/csrc/distributed/c10d/Backend.hpp"
-        if header.is_file():
-            return method in header.read_text()
-    return False
-
-
 def extension():
     import torch
     from torch.utils.cpp_extension import CppExtension, CUDAExtension
@@ -260,8 +249,7 @@ def extension():
     # Open MPI 4.1 is) declares them in mpi.h for C++ code, and they need libmpi_cxx, which the C
     # wrapper does not link (an undefined MPI::Datatype::Free at import).
     macros = [("MPIGPU_WITH_CUDA", "1" if with_cuda else "0"), ("OMPI_SKIP_MPICXX", "1"),
-              ("MPICH_SKIP_MPICXX", "1"),
-              ("MPIGPU_TORCH_HAS_SHRINK", "1" if torch_backend_declares("supportsShrinking") else "0")]
+              ("MPICH_SKIP_MPICXX", "1")]
     # The C++ standard is left to torch.utils.cpp_extension: torch 2.13 wants C++17, 2.14 C++20.
     cxx = ["-O3", debug_info_flag(), "-Wall", "-Wno-unused-parameter"]
     # Embed the MPI library location so `import torch_mpi_gpu` finds the same libmpi it was built with.
@@ -379,11 +367,31 @@ The extension is built against the torch of the environment it is installed into
 """
 
 
+# The oldest torch the C++ builds against (csrc/core/TorchCompat.hpp holds every difference);
+# pyproject.toml's dependency says the same. Newer torches are built against as they come.
+MIN_TORCH = (2, 8)
+
+
+def check_torch_version(version):
+    """Stops the build, in one sentence, for a torch older than MIN_TORCH (whose c10d headers would
+    otherwise end it in a page of compiler errors)."""
+    try:
+        found = tuple(int(part) for part in version.split("+")[0].split(".")[:2])
+    except ValueError:
+        return  # not a release number: let the compiler judge
+    if found < MIN_TORCH:
+        oldest = ".".join(map(str, MIN_TORCH))
+        sys.exit(f"torch_mpi_gpu: torch {version} is older than {oldest}, the oldest torch this "
+                 f"package builds against; install torch>={oldest} in this environment "
+                 f"(python -m pip install 'torch>={oldest}'), then build again.")
+
+
 def check_torch():
     try:
-        import torch  # noqa: F401
+        import torch
     except ImportError:
         sys.exit(NO_TORCH_HELP)
+    check_torch_version(torch.__version__)
 
 
 def main():

@@ -226,9 +226,8 @@ c10::intrusive_ptr<c10d::Backend> ProcessGroupMPIGPU::split(
   }
   std::vector<int64_t> global;
   for (int r : ranks) global.push_back(globalRanks_[r]);
-  const std::string name = opts && !opts->group_name.empty()
-                               ? opts->group_name
-                               : c10::str(groupName_, ":split:", ranks.front());
+  const std::string asked = opts ? compat::groupName(*opts) : "";
+  const std::string name = !asked.empty() ? asked : c10::str(groupName_, ":split:", ranks.front());
   c10::intrusive_ptr<c10d::Backend> child = c10::make_intrusive<ProcessGroupMPIGPU>(
       store, static_cast<int>(mine - ranks.begin()), static_cast<int>(ranks.size()),
       std::move(global), opts ? opts->timeout : timeout(), name, result->child);
@@ -296,8 +295,7 @@ c10::intrusive_ptr<c10d::Backend> ProcessGroupMPIGPU::shrink(
 
 c10::intrusive_ptr<c10d::Backend::Options> ProcessGroupMPIGPU::getBackendOptions() {
   auto opts = c10::make_intrusive<CopyableOptions>(getBackendName(), timeout());
-  opts->group_name = groupName_;
-  opts->global_ranks_in_group.assign(globalRanks_.begin(), globalRanks_.end());
+  compat::describeGroup(*opts, groupName_, globalRanks_);
   return opts;
 }
 

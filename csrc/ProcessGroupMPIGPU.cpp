@@ -30,6 +30,14 @@ milliseconds ProcessGroupMPIGPU::effectiveTimeout(milliseconds optTimeout) const
   return optTimeout == c10d::kUnsetTimeout ? timeout() : optTimeout;
 }
 
+c10d::ErrorType ProcessGroupMPIGPU::getError() {
+  std::lock_guard<std::mutex> lock(engineMutex_);
+  // abort() takes the engine and leaves the communicators (an op stuck in MPI may still use
+  // them); a clean shutdown() frees them before it lets the engine go.
+  return !engine_ && comm_.handle != MPI_COMM_NULL ? c10d::ErrorType::COMM_ERROR
+                                                   : c10d::ErrorType::SUCCESS;
+}
+
 std::pair<c10::intrusive_ptr<WorkMPIGPU>, bool> ProcessGroupMPIGPU::newWork(
     c10d::OpType type, const char* op, uint64_t seq, std::vector<at::Tensor> outputs,
     std::vector<at::Tensor> inputs, milliseconds timeout, const std::shared_ptr<OpBuffers>& bufs,

@@ -14,6 +14,7 @@
 #include <vector>
 
 #include "core/Config.hpp"
+#include "core/TorchCompat.hpp"
 #include "algorithms/Algorithms.hpp"
 #include "node/Node.hpp"
 #include "engine/WorkMPIGPU.hpp"
@@ -43,10 +44,11 @@ class ProcessGroupMPIGPU : public c10d::Backend {
   // collective over this group, each rank passing its own child's ranks in child-rank order, or
   // another child's where it is in none (it gets null). One MPI_Comm_split on the engine, after
   // the ops queued before it; members that passed different ranks all get a ValueError.
-  bool supportsSplitting() const override { return true; }
-  c10::intrusive_ptr<c10d::Backend> split(const c10::intrusive_ptr<c10d::Store>& store,
-                                          const std::vector<int>& ranks,
-                                          const c10::intrusive_ptr<Options>& opts) override;
+  // torch 2.8 splits NCCL groups only.
+  bool supportsSplitting() const override { return MPIGPU_TORCH_HAS_SPLIT; }
+  c10::intrusive_ptr<c10d::Backend> split(
+      const c10::intrusive_ptr<c10d::Store>& store, const std::vector<int>& ranks,
+      const c10::intrusive_ptr<Options>& opts) MPIGPU_OVERRIDE_SINCE_2_9;
 #if MPIGPU_TORCH_HAS_SHRINK
   // Shrinking (torch's shrink_group, torch >= 2.10): collective over the ranks that stay, which
   // get a group of them in their order; the excluded ranks take no part. One
@@ -60,7 +62,7 @@ class ProcessGroupMPIGPU : public c10d::Backend {
       const c10::intrusive_ptr<Options>& optsOverride) override;
 #endif
   // The options a split child starts from (torch copies them; CopyableOptions says why).
-  c10::intrusive_ptr<Options> getBackendOptions() override;
+  c10::intrusive_ptr<Options> getBackendOptions() MPIGPU_OVERRIDE_SINCE_2_9;
   // torch 2.13's split_group deep-copies the parent's options, which the base class's Python
   // binding cannot do: this one can (init.cpp binds __copy__ and __deepcopy__).
   struct CopyableOptions : Options {
@@ -68,9 +70,14 @@ class ProcessGroupMPIGPU : public c10d::Backend {
   };
   // torch's _set_pg_timeout; TORCH_MPIGPU_TIMEOUT, when set, still wins (it is the user's
   // override of every group's timeout).
-  void setTimeout(std::chrono::milliseconds timeout) override;
+  void setTimeout(std::chrono::milliseconds timeout) MPIGPU_OVERRIDE_SINCE_2_9;
   void startCoalescing() override;
   c10::intrusive_ptr<c10d::Work> endCoalescing() override;
+  // torch's ProcessGroup._enable_collectives_timing(): accepted; every op is timed anyway (its
+  // start and finish on the host clock: Work.get_duration() and the flight recorder).
+  void enableCollectivesTiming() override {}
+  // SUCCESS, or COMM_ERROR once the group was aborted (an op's own failure raises from wait()).
+  c10d::ErrorType getError() override;
   void setSequenceNumberForGroup() override {}
   // Collectives only, as NCCL's seqCollective_: torch's ProcessGroupWrapper
   // (TORCH_DISTRIBUTED_DEBUG=DETAIL) compares it across ranks, and p2p ops differ per rank.

@@ -68,6 +68,14 @@ void bindProcessGroup(py::module_& m) {
       .def(
           "perform_nocolor_split", [](ProcessGroupMPIGPU&, const py::object&) {},
           py::arg("device"));
+  // What torch binds on NCCL's class only, and trainers call on any group's backend:
+  // get_error(); register_mem_pool (Megatron calls it unconditionally), accepted and ignored:
+  // MPI needs no registration (a CUDA-aware MPI registers what it sends itself).
+  pg.def("get_error", &ProcessGroupMPIGPU::getError)
+      // torch's _set_pg_timeout (torch 2.8 binds set_timeout on gloo's and NCCL's classes only)
+      .def("set_timeout", &ProcessGroupMPIGPU::setTimeout, py::arg("timeout"))
+      .def("register_mem_pool", [](ProcessGroupMPIGPU&, const py::args&, const py::kwargs&) {})
+      .def("deregister_mem_pool", [](ProcessGroupMPIGPU&, const py::args&, const py::kwargs&) {});
 }
 
 void bindSettings(py::module_& m) {

@@ -101,3 +101,33 @@ def test_build_names_a_too_old_setuptools_and_the_fix(version, refused):
     msg = str(err.value)
     for part in (f"setuptools {version}", ">= 77", "pip install -U 'setuptools>=77'"):
         assert part in msg, msg
+
+
+@pytest.mark.parametrize("version, refused", [("2.7.1+cu126", True), ("2.6.0", True),
+                                              ("1.13.1", True), ("2.8.0", False),
+                                              ("2.15.0+cpu", False), ("3.0.0", False),
+                                              ("2.16.0a0+git1234", False)])
+def test_build_refuses_a_torch_older_than_the_range_in_one_sentence(version, refused):
+    build = import_setup()
+    if not refused:
+        build.check_torch_version(version)
+        return
+    with pytest.raises(SystemExit) as err:
+        build.check_torch_version(version)
+    msg = str(err.value)
+    for part in (f"torch {version} is older than 2.8", "pip install 'torch>=2.8'"):
+        assert part in msg, msg
+    assert msg.count(". ") == 0 and msg.count("\n") == 0, msg  # one sentence
+
+
+def test_the_range_is_stated_alike_in_setup_pyproject_and_readme():
+    build = import_setup()
+    oldest = ".".join(map(str, build.MIN_TORCH))
+    assert f'"torch>={oldest}"' in (ROOT / "pyproject.toml").read_text()
+    assert f"torch {oldest} " in (ROOT / "README.md").read_text()
+    header = (ROOT / "csrc" / "core" / "TorchCompat.hpp").read_text()
+    assert "MPIGPU_TORCH_AT_LEAST" in header
+    # the one place that tests torch's version
+    others = [str(p) for p in (ROOT / "csrc").rglob("*.[ch]pp") if p.name != "TorchCompat.hpp"
+              and "TORCH_VERSION_M" in p.read_text()]
+    assert not others, others

@@ -3,10 +3,14 @@ of the same ops in torch's own recorder (the format reference), and a stalled 3-
 watchdog writes every rank's record, which torch's analyzer then reads and uses to name the rank
 that never joined the collective and the line that issued it."""
 
+import importlib.util
 import re
 import subprocess
 import sys
 
+import torch
+
+import conftest
 from conftest import MP_DIR
 from conftest import passed_counts
 from test_reliability import launch
@@ -17,7 +21,9 @@ PREFIX = "mpigpu_trace_rank_"
 
 def test_on_demand_record_matches_torchs_format():
     out = run_mpi("flight_recorder.py", 3, args=("ondemand",))
-    assert passed_counts(out, 3) >= 50
+    # before torch 2.10 gloo records nothing: only our own record's checks run (the rest skip)
+    gloo_records = tuple(int(x) for x in torch.__version__.split(".")[:2]) >= (2, 10)
+    assert passed_counts(out, 3) >= (50 if gloo_records else 20)
 
 
 def analyze(folder, module="torch_mpi_gpu.frtrace"):
@@ -39,6 +45,9 @@ def test_stalled_job_is_dumped_on_every_rank_and_read_by_torchs_analyzer(tmp_pat
         assert re.search(rf"flight recorder \[world rank {r}\]: .* record is in {tmp_path}", out), out
     assert "another rank's watchdog reported a timeout" in out, out[-3000:]
 
+    if importlib.util.find_spec("torch.distributed.flight_recorder") is None:
+        conftest.skip_or_fail("torch-version", f"torch {torch.__version__} has no flight-recorder "
+                              "analyzer (torch.distributed.flight_recorder came in 2.9)")
     code, report = analyze(tmp_path)
     assert code == 0, report[-3000:]
     # torch's analyzer: collective #5 of the default group, all_reduce, rank 1 missing, and the
@@ -53,11 +62,13 @@ def test_stalled_job_is_dumped_on_every_rank_and_read_by_torchs_analyzer(tmp_pat
     line = 1 + next(i for i, s in enumerate(script) if "dist.all_reduce(torch.ones(16))" in s)
     assert f"stall at {MP_DIR / 'flight_recorder.py'}:{line}" in stalled[0], stalled[0]
 
-    # torch's own torchfrtrace refuses any backend outside its list ("mpigpu not in {...}"):
-    # why torch_mpi_gpu.frtrace exists. If this starts passing, torch accepts third-party
-    # backends and the README's note can go.
+    # torch's own torchfrtrace refuses any backend outside its list ("mpigpu not in {...}"), or
+    # (2.15) reads the record but not the `mpigpu:` names, so that a lone send looks like a
+    # collective others missed: why torch_mpi_gpu.frtrace exists. If this starts passing, torch
+    # accepts third-party backends and the README's note can go.
     code, report = analyze(tmp_path, module="torch.distributed.flight_recorder.fr_trace")
-    assert code != 0 and "mpigpu not in" in report, report[-2000:]
+    assert (code != 0 and "mpigpu not in" in report) or \
+        "unrecognized comm library 'mpigpu'" in report, report[-2000:]
 
 
 def test_recorder_off_records_nothing():

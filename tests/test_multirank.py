@@ -636,7 +636,9 @@ def test_fusion_one_mpi_call_per_bucket(np):
 @pytest.mark.parametrize("np", [2, 3, 4])
 def test_fsdp2_and_dtensor(np):
     hsdp = {"HSDP on a 2-D mesh matches one process"} if np == 4 else set()
-    assert passed_counts(run_mpi("fsdp.py", np), np, FSDP | hsdp) >= 8
+    # torch 2.8: the gloo control is skipped (its own FSDP2 is off single-process training)
+    old_gloo = tuple(int(x) for x in torch.__version__.split(".")[:2]) < (2, 9)
+    assert passed_counts(run_mpi("fsdp.py", np), np, FSDP | hsdp) >= (7 if old_gloo else 8)
 
 
 @pytest.mark.parametrize("np", [2, 3, 4])
@@ -698,6 +700,15 @@ def test_count_above_int_max():
     # 2^31 + 3 int8 elements per rank (2 GiB each, ~6 GiB in all): the node algorithm's pieces
     # and real large-count MPI calls (collectives forced to MPI's own, send/recv)
     assert passed_counts(run_mpi("large_count.py", 2, timeout=900), 2) >= 6
+
+
+BACKEND_SURFACE = set(conftest.script_constant("backend_surface.py", "SECTIONS"))
+
+
+@pytest.mark.parametrize("np", [2])
+def test_backend_surface_answers_as_documented(np):
+    # docs/operations.md's backend-surface table, one section per row
+    assert passed_counts(run_mpi("backend_surface.py", np), np, BACKEND_SURFACE) >= 18
 
 
 @pytest.mark.parametrize("library", ["accelerate", "lightning"])

@@ -1,6 +1,7 @@
 #include "engine/FlightRecorder.hpp"
 
 #include "core/Settings.hpp"
+#include "core/TorchCompat.hpp"
 
 // torch's recorder header: its format version, kept in step with the analyzer of the installed
 // torch; and its DebugInfoWriter (exported), so a writer a user registered with torch gets our
@@ -42,7 +43,7 @@ struct Recorder::Entry {
 // versions, so they are spelled out here). The format version is torch's.
 namespace k {
 const std::string collective_seq_id_key = "collective_seq_id";
-const std::string comm_lib_version_key = "comm_lib_version";
+const std::string comm_lib_version_key = compat::flightRecorderLibVersionKey();
 const std::string completed_state = "completed";
 const std::string duration_key = "duration_ms";
 const std::string entries_key = "entries";

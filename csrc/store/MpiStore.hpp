@@ -11,6 +11,7 @@
 #include <string>
 #include <vector>
 
+#include "core/TorchCompat.hpp"
 #include "store/Channel.hpp"
 #include "store/Wire.hpp"
 
@@ -38,7 +39,7 @@ class MpiStore : public c10d::Store {
   std::vector<std::vector<uint8_t>> multiGet(const std::vector<std::string>& keys) override;
   void multiSet(const std::vector<std::string>& keys,
                 const std::vector<std::vector<uint8_t>>& values) override;
-  std::vector<std::string> listKeys() override;
+  std::vector<std::string> listKeys() MPIGPU_OVERRIDE_SINCE_2_10;
   bool hasExtendedApi() const override { return true; }
 
   int rank() const { return channel_->rank(); }

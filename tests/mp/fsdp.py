@@ -120,7 +120,12 @@ def main():
         gloo_mesh = DeviceMesh.from_group(gloo, "cpu")
         with_gloo = fsdp_losses(rank, world, gloo_mesh)
         worst = max(abs(a - b) for a, b in zip(got, with_gloo))
-        c.true("FSDP2 loss curve: mpigpu matches gloo", worst < 1e-4, f"max |diff| {worst:.3g}")
+        gloo_off = max(abs(a - b) for a, b in zip(with_gloo, ref))
+        if gloo_off >= 1e-4:  # the control itself is wrong (gloo's FSDP2 on torch 2.8)
+            c.skip("FSDP2 loss curve: mpigpu matches gloo", f"gloo itself is {gloo_off:.3g} off "
+                   f"single-process training on torch {torch.__version__}")
+        else:
+            c.true("FSDP2 loss curve: mpigpu matches gloo", worst < 1e-4, f"max |diff| {worst:.3g}")
 
     if world >= 4 and world % 2 == 0:
         # HSDP, the layout across nodes: parameters sharded inside each half of the ranks,

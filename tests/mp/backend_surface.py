@@ -1,0 +1,152 @@
+"""What torch (and trainers on it) query or call on a backend besides the ops, one section per row
+of docs/operations.md's "Backend surface" table: each answers as documented there (works, or
+gives torch's answer for an unsupported feature, as gloo does). Run by test_multirank.py at 2
+ranks; expected values come from torch's version and wall clocks, never from mpigpu itself."""
+
+import sys
+import time
+
+import torch
+import torch.distributed as dist
+
+import torch_mpi_gpu  # noqa: F401
+from common import Checker, run
+
+SECTIONS = ("supports flags", "collective durations", "sequence numbers", "time estimate",
+            "get_error", "mem-pool registration", "eager connect", "unsupported: torch's answer")
+CPU = torch.device("cpu")
+LATE_SECONDS = 0.3  # how long rank 1 keeps rank 0 waiting inside a collective
+
+
+def supports_flags(c, b):
+    c.true("supports_coalescing", b.supports_coalescing is True)
+    # torch 2.8 splits NCCL groups only (Backend::split came in 2.9)
+    has_split = tuple(int(x) for x in torch.__version__.split(".")[:2]) >= (2, 9)
+    c.true("supports_splitting follows torch", b.supports_splitting is has_split,
+           f"{b.supports_splitting} on torch {torch.__version__}")
+    if hasattr(b, "supports_shrinking"):  # torch >= 2.10
+        c.true("supports_shrinking", b.supports_shrinking is True)
+    else:
+        c.skip("supports_shrinking", f"torch {torch.__version__} has no shrink_group")
+    # (torch 2.15 renamed it _supports_time_estimate)
+    estimate = "supports_time_estimate" if hasattr(b, "supports_time_estimate") else \
+        "_supports_time_estimate"
+    c.true(estimate, getattr(b, estimate) is False, str(getattr(b, estimate, "absent")))
+    c.true("supports_tensor_alloc", b.supports_tensor_alloc(CPU) is False)
+
+
+def durations(c, pg, rank):
+    c.true("_enable_collectives_timing accepted", pg._enable_collectives_timing() is None)
+    t = torch.ones(1000)
+    dist.barrier()
+    if rank == 1:
+        time.sleep(LATE_SECONDS)
+    start = time.monotonic()
+    work = dist.all_reduce(t, async_op=True)
+    work.wait()
+    wall_ms = (time.monotonic() - start) * 1000
+    if not hasattr(work, "_get_duration"):
+        c.skip("Work._get_duration", f"torch {torch.__version__} does not bind it")
+        return
+    ms = work._get_duration()
+    c.true("duration within the wall clock around the op", 0 <= ms <= wall_ms + 1,
+           f"{ms} ms, wall {wall_ms} ms")
+    if rank == 0:  # waited inside the op for the late rank
+        c.true("duration includes the wait for the late rank", ms >= LATE_SECONDS * 1000 * 0.8,
+               f"{ms} ms")
+
+
+def sequence_numbers(c, b, rank, world):
+    before = b._get_sequence_number_for_group()
+    for _ in range(3):
+        dist.all_reduce(torch.ones(2))
+    if world > 1:  # point-to-point differs per rank and is not counted
+        peer = 1 - rank if rank < 2 else None
+        if peer is not None:
+            (dist.send if rank == 0 else dist.recv)(torch.ones(2), peer)
+    after = b._get_sequence_number_for_group()
+    c.true("three collectives counted", after - before == 3, f"{before} -> {after}")
+    seen = [None] * world
+    dist.all_gather_object(seen, after)
+    c.true("the same on every rank", len(set(seen)) == 1, str(seen))
+
+
+def time_estimate(c, pg):
+    from torch.distributed.distributed_c10d import _time_estimator
+
+    def estimate():
+        with _time_estimator(group=pg, device=CPU):
+            pass
+    c.raises("_time_estimator: torch's NotImplementedError", NotImplementedError, estimate,
+             ["not supported"])
+
+
+def get_error(c, b, world):
+    ok = torch._C._distributed_c10d.ErrorType.SUCCESS
+    c.true("SUCCESS on a working group", b.get_error() == ok, str(b.get_error()))
+    sub = dist.new_group(list(range(world)))
+    sb = sub._get_backend(CPU)
+    dist.all_reduce(torch.ones(2), group=sub)
+    c.true("SUCCESS on a subgroup", sb.get_error() == ok, str(sb.get_error()))
+    sb.abort()
+    c.true("COMM_ERROR after abort()",
+           sb.get_error() == torch._C._distributed_c10d.ErrorType.COMM_ERROR, str(sb.get_error()))
+    c.raises("an op on the aborted group names it", ValueError,
+             lambda: sb.allreduce([torch.ones(2)]).wait(), ["allreduce", f"[rank {dist.get_rank()}]", "aborted"])
+
+
+def mem_pools(c, b):
+    # Megatron registers its pool on the group's backend unconditionally; a CUDA MemPool needs a
+    # GPU, and mpigpu ignores what it is given
+    pool = object()
+    c.true("register_mem_pool accepted", b.register_mem_pool(pool) is None)
+    c.true("deregister_mem_pool accepted", b.deregister_mem_pool(pool) is None)
+    t = torch.ones(3)
+    dist.all_reduce(t)
+    c.true("ops unchanged after it", bool((t == dist.get_world_size()).all()), str(t))
+
+
+def eager_connect(c, b):
+    c.true("eager_connect_single_device accepted", b.eager_connect_single_device(CPU) is None)
+    t = torch.full((2,), float(dist.get_rank()))
+    dist.broadcast(t, 0)
+    c.true("ops unchanged after it", bool((t == 0).all()), str(t))
+
+
+def unsupported(c, pg, b):
+    for name, must in (("memory_stats", "getMemoryStats"), ("mem_allocator", "getMemAllocator")):
+        if hasattr(type(b), name):  # bound by torch's Backend from 2.9 on
+            c.raises(name, RuntimeError, lambda: getattr(b, name)() if name == "memory_stats"
+                     else b.mem_allocator, ["mpigpu", must])
+        else:
+            c.skip(name, f"torch {torch.__version__} does not bind it")
+    c.raises("on-completion hook (NCCL only)", RuntimeError,
+             lambda: pg._register_on_completion_hook(lambda info: None), ["mpigpu"])
+    try:  # torch 2.15 forwards it to any backend; earlier ones serve gloo and NCCL only
+        seq = pg._get_sequence_number_for_group()
+    except RuntimeError as e:
+        c.true("ProcessGroup sequence number: gloo and NCCL only", "sequence numbers" in str(e),
+               str(e))
+    else:
+        c.true("ProcessGroup sequence number: the backend's",
+               seq == b._get_sequence_number_for_group(), str(seq))
+
+
+def main():
+    dist.init_process_group("mpigpu")
+    rank, world = dist.get_rank(), dist.get_world_size()
+    pg = dist.group.WORLD
+    b = pg._get_backend(CPU)
+    c = Checker("backend surface")
+    steps = [lambda: supports_flags(c, b), lambda: durations(c, pg, rank),
+             lambda: sequence_numbers(c, b, rank, world), lambda: time_estimate(c, pg),
+             lambda: get_error(c, b, world), lambda: mem_pools(c, b), lambda: eager_connect(c, b),
+             lambda: unsupported(c, pg, b)]
+    for name, step in zip(SECTIONS, steps):
+        c.section(name)
+        step()
+    return c.finish()
+
+
+if __name__ == "__main__":
+    sys.exit(run(main))
