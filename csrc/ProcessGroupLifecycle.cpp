@@ -9,6 +9,7 @@
 #include <numeric>
 #include <sstream>
 #include <string>
+#include <thread>
 #include <vector>
 
 #include "core/Errors.hpp"
@@ -18,6 +19,7 @@
 #include "engine/Watchdog.hpp"
 #include "mpi/Check.hpp"
 #include "mpi/Env.hpp"
+#include "mpi/FaultTolerance.hpp"
 #include "mpi/Wait.hpp"
 
 namespace mpigpu {
@@ -268,6 +270,16 @@ c10::intrusive_ptr<c10d::Backend> ProcessGroupMPIGPU::shrink(
   // torch renumbers the ranks of a shrunk default group: its communicator becomes the job's, in
   // which torch's global ranks (new groups' members) are looked up from then on
   const bool isDefault = defaultGroup_;
+  if (mpi::ft::active() &&
+      (!mpi::ft::failedRanks(comm_.handle).empty() || mpi::ft::isRevoked(comm_.handle))) {
+    std::vector<int> stayRanks;  // in this group
+    for (int r = 0; r < size_; ++r)
+      if (!excluded[r]) stayRanks.push_back(r);
+    MPI_Comm survivors = shrinkSurvivors(ranksToExclude, stayRanks, isDefault, shrinkFlags);
+    if (isDefault) stay.clear();
+    return c10::make_intrusive<ProcessGroupMPIGPU>(store_, newRank, static_cast<int>(size),
+                                                   std::move(stay), childTimeout, name, survivors);
+  }
   auto made = std::make_shared<MPI_Comm>(MPI_COMM_NULL);
   auto makeComm = [made, members = std::vector<int>(stay.begin(), stay.end()), tag = tagFor(name),
                    rank = rank_, isDefault] {
@@ -293,6 +305,90 @@ c10::intrusive_ptr<c10d::Backend> ProcessGroupMPIGPU::shrink(
                                                  std::move(stay), childTimeout, name, *made);
 }
 #endif
+
+// ULFM (mpi/FaultTolerance.hpp), a group with failed members: revoke it (its ops fail on every
+// survivor), then MPIX_Comm_shrink: the live members' communicator, which must be the ranks that
+// stay, agreed over it (a rank that failed during the shrink, or survivors that passed different
+// ranks_to_exclude, make every survivor raise the same error; calling shrink_group again with
+// the ranks now failed retries).
+MPI_Comm ProcessGroupMPIGPU::shrinkSurvivors(const std::vector<int64_t>& ranksToExclude,
+                                             const std::vector<int>& stayRanks, bool isDefault,
+                                             int /*shrinkFlags*/) {
+  const char* op = "shrink_group";
+  auto list = [](const std::vector<int>& v) {
+    std::string out;
+    for (int r : v) out += c10::str(out.empty() ? "" : ", ", r);
+    return "[" + out + "]";
+  };
+  // MPIX_Comm_shrink waits for every live member: a live rank among ranks_to_exclude (which does
+  // not call shrink_group) would hold it forever. This rank may hear of a failure a moment after
+  // its peers: wait up to 2 s for every excluded rank to be known failed.
+  std::vector<int> dead = mpi::ft::failedRanks(comm_.handle);
+  auto liveExcluded = [&] {
+    for (int64_t r : ranksToExclude)
+      if (!std::binary_search(dead.begin(), dead.end(), static_cast<int>(r)))
+        return static_cast<int>(r);
+    return -1;
+  };
+  const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(2);
+  while (liveExcluded() >= 0 && std::chrono::steady_clock::now() < deadline) {
+    std::this_thread::sleep_for(milliseconds(20));
+    dead = mpi::ft::failedRanks(comm_.handle);
+  }
+  const int live = liveExcluded();
+  MPIGPU_CHECK_VALUE(live < 0, op, rank_, "rank ", live, " of group '", groupName_,
+                     "' is in ranks_to_exclude but has not failed (its failed ranks: ", list(dead),
+                     "). Where ranks of a group have failed, shrink_group (MPIX_Comm_shrink) "
+                     "keeps every live rank: exclude exactly the failed ranks, then shrink the "
+                     "result again to leave out live ones");
+  // every op still queued or waiting fails (revoked on every member), and the group is done
+  mpi::ft::revoke(comm_.handle);
+  mpi::ft::revoke(algoComm_.handle);
+  if (node_) node_->abandon();
+  abort();
+  auto engine = Engine::create("mpigpu-shrink-" + groupName_);
+  struct Result {
+    MPI_Comm comm = MPI_COMM_NULL;
+    std::vector<int> members;  // the survivors' ranks in this group
+    bool agreed = false;
+  };
+  auto result = std::make_shared<Result>();
+  const bool done = engine->runAndWait(
+      op, groupName_, rank_,
+      [this, result, stayRanks, isDefault, op] {
+        result->comm = mpi::ft::shrink(comm_.handle, op, rank_);
+        int n = 0;
+        MPI_Comm_size(result->comm, &n);
+        MPI_Group shrunk = MPI_GROUP_NULL, parent = MPI_GROUP_NULL;
+        MPI_Comm_group(result->comm, &shrunk);
+        MPI_Comm_group(comm_.handle, &parent);
+        std::vector<int> in(n);
+        std::iota(in.begin(), in.end(), 0);
+        result->members.assign(n, MPI_UNDEFINED);
+        MPI_Group_translate_ranks(shrunk, n, in.data(), parent, result->members.data());
+        MPI_Group_free(&shrunk);
+        MPI_Group_free(&parent);
+        int same = result->members == stayRanks ? 1 : 0;
+        MPIGPU_MPI_CHECK(MPI_Allreduce(MPI_IN_PLACE, &same, 1, MPI_INT, MPI_MIN, result->comm), op,
+                         rank_);
+        result->agreed = same != 0;
+        if (result->agreed && isDefault) mpi::useJobComm(result->comm);
+        if (!result->agreed) mpi::freeComm(&result->comm);
+      },
+      timeout());
+  if (!done)
+    MPIGPU_THROW_BACKEND(op, rank_, "the shrink of group '", groupName_, "' (MPIX_Comm_shrink) "
+                         "did not complete within ", timeout().count(),
+                         " ms: every live rank of the group must call shrink_group");
+  if (!result->agreed)
+    MPIGPU_THROW_BACKEND(op, rank_, "the live ranks of group '", groupName_, "' are ",
+                         list(result->members), " but ranks_to_exclude leaves ", list(stayRanks),
+                         " (on this rank or another: a rank failed during the shrink, or the "
+                         "survivors passed different ranks_to_exclude); ranks now known failed: ",
+                         list(mpi::ft::failedRanks(comm_.handle)),
+                         ". Call shrink_group again, on every survivor, excluding every failed rank");
+  return result->comm;
+}
 
 c10::intrusive_ptr<c10d::Backend::Options> ProcessGroupMPIGPU::getBackendOptions() {
   auto opts = c10::make_intrusive<CopyableOptions>(getBackendName(), timeout());
@@ -339,6 +435,10 @@ void ProcessGroupMPIGPU::makeComms(int hasGpu, MPI_Comm made) {
   groupHasGpu_ = most[0] != 0;
   paths_->confirm(algoComm_, groupHasGpu_, "new_group");
   if (size_ > 1) readNodes(hasGpu);
+  // ULFM: a process failure found by any op revokes this group if it holds the failed rank
+  mpi::ft::addGroup(this, groupName_, comm_.handle, algoComm_.handle, [this] {
+    if (node_) node_->abandon();
+  });
 }
 
 void ProcessGroupMPIGPU::readNodes(int hasGpu) {
@@ -369,6 +469,7 @@ void ProcessGroupMPIGPU::readNodes(int hasGpu) {
 
 ProcessGroupMPIGPU::~ProcessGroupMPIGPU() {
   try {
+    mpi::ft::removeGroup(this);
     shutdown();
   } catch (...) {
     // Destructors must not throw; at worst the communicators leak until MPI_Finalize.
@@ -399,6 +500,7 @@ void ProcessGroupMPIGPU::shutdown() {
           worker->failHeldReceives(comm_.handle,
                                    "was still outstanding when the process group was destroyed "
                                    "(held until a message matched a receive from any source)");
+          mpi::ft::removeGroup(this);
           if (node_) node_->free();
           mpi::freeComm(&algoComm_.handle);
           mpi::freeComm(&comm_.handle);
@@ -425,6 +527,7 @@ void ProcessGroupMPIGPU::abort() {
     engine = std::move(engine_);
   }
   if (!engine) return;
+  mpi::ft::removeGroup(this);
   Watchdog::removeGroup(groupName_, rank_);
   if (node_) node_->cancel();  // an op waiting in shared memory fails instead of waiting on
   // Not freed: MPI_Comm_free is collective in spirit, and an op stuck in MPI still uses them.
