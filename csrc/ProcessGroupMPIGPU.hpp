@@ -58,8 +58,7 @@ class ProcessGroupMPIGPU : public c10d::Backend {
   c10::intrusive_ptr<c10d::Backend> shrink(
       const std::vector<int64_t>& ranksToExclude, int shrinkFlags,
       const c10::intrusive_ptr<Options>& optsOverride) override;
-  MPI_Comm shrinkSurvivors(const std::vector<int64_t>& ranksToExclude,
-                           const std::vector<int>& stayRanks, bool isDefault, int shrinkFlags);
+  MPI_Comm shrinkSurvivors(const std::vector<int64_t>& ranksToExclude, bool isDefault);
 #endif
   // The options a split child starts from (torch copies them; CopyableOptions says why).
   c10::intrusive_ptr<Options> getBackendOptions() override;

@@ -40,8 +40,8 @@ bool ftReadCvar(const char* name, long long* value) {
   MPI_Datatype type = MPI_DATATYPE_NULL;
   int verbosity = 0, bind = 0, scope = 0, nameLen = 0, descLen = 0;
   MPI_T_enum enumtype{};
-  if (MPI_T_cvar_get_info(index, nullptr, &nameLen, &verbosity, &type, &enumtype, nullptr,
-                          &descLen, &bind, &scope) != MPI_SUCCESS)
+  if (MPI_T_cvar_get_info(index, nullptr, &nameLen, &verbosity, &type, &enumtype, nullptr, &descLen,
+                          &bind, &scope) != MPI_SUCCESS)
     return false;
   MPI_T_cvar_handle handle{};
   int count = 0;
@@ -80,7 +80,8 @@ FtState ftDetect() {
     const char* how;
   };
   const Source sources[] = {
-      {"mpi_ft_enable", "OMPI_MCA_mpi_ft_enable", "Open MPI's mpi_ft_enable (mpirun --with-ft ulfm)"},
+      {"mpi_ft_enable", "OMPI_MCA_mpi_ft_enable",
+       "Open MPI's mpi_ft_enable (mpirun --with-ft ulfm)"},
       {"MPIR_CVAR_ENABLE_FT", "MPIR_CVAR_ENABLE_FT", "MPICH's MPIR_CVAR_ENABLE_FT"},
   };
   int provided = 0;
@@ -104,8 +105,9 @@ FtState ftDetect() {
   }
   if (tools) MPI_T_finalize();
   if (s.why.empty())
-    s.why = "off: the MPI has the ULFM interface but says nothing of it being on; a dead rank "
-            "ends the job";
+    s.why =
+        "off: the MPI has the ULFM interface but says nothing of it being on; a dead rank "
+        "ends the job";
   return s;
 #endif
 }

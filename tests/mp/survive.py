@@ -26,6 +26,7 @@ import torch_mpi_gpu  # noqa: F401
 
 POINTS = ("allreduce", "p2p", "new_group", "ddp", "idle")
 BOUND_S = 10.0
+DDP = []
 LOOP_S = 30.0  # a loop that has not failed by then is a failure (the kill did not reach it)
 
 
@@ -69,10 +70,7 @@ def loop(point, rank, world):
                 return e, time.time(), "new_group"
             step += 1
     elif point == "ddp":
-        torch.manual_seed(0)
-        model = torch.nn.Sequential(torch.nn.Linear(64, 256), torch.nn.ReLU(),
-                                    torch.nn.Linear(256, 10))
-        ddp = torch.nn.parallel.DistributedDataParallel(model)
+        ddp = DDP[0]
         opt = torch.optim.SGD(ddp.parameters(), lr=0.01)
         g = torch.Generator().manual_seed(rank)
         while time.time() - start < LOOP_S:
@@ -104,6 +102,11 @@ def main():
     survivors = [r for r in range(world) if r != victim]
     # made by every rank before the kill: a group without the victim must keep working
     others = dist.new_group(survivors)
+    if point == "ddp":  # made before the kill: its constructor's collectives are not DDP steps
+        torch.manual_seed(0)
+        model = torch.nn.Sequential(torch.nn.Linear(64, 256), torch.nn.ReLU(),
+                                    torch.nn.Linear(256, 10))
+        DDP.append(torch.nn.parallel.DistributedDataParallel(model))
     dist.barrier()
     if rank == victim:
         if point == "idle":
