@@ -43,7 +43,8 @@ def run_once(layout, point, timeout):
             cmd = m.launch_command(mpirun, np, {"PYTHONUNBUFFERED": None, "OMP_NUM_THREADS": None})
         cmd += m.fault_tolerant_flags(mpirun) + prog
         env = dict(os.environ, OMPI_ALLOW_RUN_AS_ROOT="1", OMPI_ALLOW_RUN_AS_ROOT_CONFIRM="1",
-                   PYTHONUNBUFFERED="1", OMP_NUM_THREADS="1")
+                   PYTHONUNBUFFERED="1", OMP_NUM_THREADS="1",
+                   PATH=f"{Path(mpirun).parent}{os.pathsep}{os.environ.get('PATH', '')}")
         start = time.monotonic()
         try:
             p = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=timeout)
