@@ -204,7 +204,7 @@ if [[ " $builds " == *" hosts "* ]]; then
     # in the collectives' jobs, one rank per host and 2 + 1)
     MPIGPU_TEST_LAUNCHER=two-hosts-names run_suite "$CPU_VENV" \
       "two hosts, names resolve (mpirun)" test_multirank.py test_hang_prone.py test_fault_tolerance.py \
-      -k "(survivors and (p2p or ddp)) or (launcher or (mpi_store and [4]) or ((ddp or fsdp) and [4]) or (collectives and not algorithm and not split) or hang_prone \
+      -k "(survivors and (ddp or idle)) or (launcher or (mpi_store and [4]) or ((ddp or fsdp) and [4]) or (collectives and not algorithm and not split) or hang_prone \
 or node_across or communicator or split_groups or (desync and [4])) and not (shared_mpi_thread and not [3])" "$@"
     # IP only changes how ranks find the rendezvous (and mpirun its hosts): the launcher, exit and
     # dead-rank tests, and the launch check 5 times; the ops themselves ran by name above (and
