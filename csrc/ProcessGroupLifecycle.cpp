@@ -338,8 +338,7 @@ c10::intrusive_ptr<c10d::Backend> ProcessGroupMPIGPU::shrink(
     if (isDefault) mpi::useJobComm(*made);
   };
   std::shared_ptr<Engine> engine;
-  if (*made != MPI_COMM_NULL) {
-    // (shrunk by ULFM above)
+  if (*made != MPI_COMM_NULL) {  // (shrunk by ULFM above)
   } else if (shrinkFlags & kShrinkAbort) {
     abort();  // its outstanding ops fail; the communicator is made on an engine of its own
     engine = Engine::create("mpigpu-shrink-" + groupName_);
