@@ -5,10 +5,12 @@
 #include <c10/util/Logging.h>
 
 #include <algorithm>
+#include <chrono>
 #include <map>
 #include <numeric>
 #include <sstream>
 #include <string>
+#include <thread>
 #include <vector>
 
 #include "core/Errors.hpp"
@@ -18,6 +20,7 @@
 #include "engine/Watchdog.hpp"
 #include "mpi/Check.hpp"
 #include "mpi/Env.hpp"
+#include "mpi/FaultTolerance.hpp"
 #include "mpi/Wait.hpp"
 
 namespace mpigpu {
@@ -131,6 +134,62 @@ std::vector<int> resolveJobRanks(int rank, int size, const std::vector<int64_t>&
                          "communicator's ranks");
   }
   return ranks;
+}
+
+// ULFM shrink (ProcessGroupMPIGPU::shrinkSurvivors): "[0, 2]"
+std::string bracketed(const std::vector<int>& ranks) {
+  std::string out;
+  for (int r : ranks) out += c10::str(out.empty() ? "" : ", ", r);
+  return "[" + out + "]";
+}
+
+// The failed ranks of `comm` once every rank of `excluded` is among them, waiting up to 2 s (a
+// rank may hear of a failure a moment after its peers); *live: an excluded rank still not
+// known failed then (-1: none).
+std::vector<int> awaitFailed(MPI_Comm comm, const std::vector<int64_t>& excluded, int* live) {
+  std::vector<int> dead = mpi::ft::failedRanks(comm);
+  auto liveOne = [&] {
+    for (int64_t r : excluded)
+      if (!std::binary_search(dead.begin(), dead.end(), static_cast<int>(r)))
+        return static_cast<int>(r);
+    return -1;
+  };
+  const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(2);
+  while (liveOne() >= 0 && std::chrono::steady_clock::now() < deadline) {
+    std::this_thread::sleep_for(milliseconds(20));
+    dead = mpi::ft::failedRanks(comm);
+  }
+  *live = liveOne();
+  return dead;
+}
+
+struct Survivors {
+  MPI_Comm comm = MPI_COMM_NULL;
+  std::vector<int> members;  // the survivors' ranks in the parent
+  bool agreed = false;
+};
+
+// On an engine: MPIX_Comm_shrink of `parent`, whose members must be `stayRanks` on every
+// survivor (agreed over the result); the default group's becomes the job communicator.
+void shrinkParent(MPI_Comm parent, const std::vector<int>& stayRanks, bool isDefault,
+                  const char* op, int rank, Survivors* out) {
+  out->comm = mpi::ft::shrink(parent, op, rank);
+  int n = 0;
+  MPI_Comm_size(out->comm, &n);
+  MPI_Group shrunk = MPI_GROUP_NULL, all = MPI_GROUP_NULL;
+  MPI_Comm_group(out->comm, &shrunk);
+  MPI_Comm_group(parent, &all);
+  std::vector<int> in(n);
+  std::iota(in.begin(), in.end(), 0);
+  out->members.assign(n, MPI_UNDEFINED);
+  MPI_Group_translate_ranks(shrunk, n, in.data(), all, out->members.data());
+  MPI_Group_free(&shrunk);
+  MPI_Group_free(&all);
+  int same = out->members == stayRanks ? 1 : 0;
+  MPIGPU_MPI_CHECK(MPI_Allreduce(MPI_IN_PLACE, &same, 1, MPI_INT, MPI_MIN, out->comm), op, rank);
+  out->agreed = same != 0;
+  if (out->agreed && isDefault) mpi::useJobComm(out->comm);
+  if (!out->agreed) mpi::freeComm(&out->comm);
 }
 
 }  // namespace
@@ -268,19 +327,24 @@ c10::intrusive_ptr<c10d::Backend> ProcessGroupMPIGPU::shrink(
   // which torch's global ranks (new groups' members) are looked up from then on
   const bool isDefault = defaultGroup_;
   auto made = std::make_shared<MPI_Comm>(MPI_COMM_NULL);
+  // ULFM, a group with failed members: MPIX_Comm_shrink instead
+  if (mpi::ft::active() &&
+      (!mpi::ft::failedRanks(comm_.handle).empty() || mpi::ft::isRevoked(comm_.handle)))
+    *made = shrinkSurvivors(ranksToExclude, isDefault);
   auto makeComm = [made, members = std::vector<int>(stay.begin(), stay.end()), tag = tagFor(name),
                    rank = rank_, isDefault] {
     *made = mpi::createGroupComm(members, tag, rank);
     if (isDefault) mpi::useJobComm(*made);
   };
   std::shared_ptr<Engine> engine;
-  if (shrinkFlags & kShrinkAbort) {
+  if (*made != MPI_COMM_NULL) {  // (shrunk by ULFM above)
+  } else if (shrinkFlags & kShrinkAbort) {
     abort();  // its outstanding ops fail; the communicator is made on an engine of its own
     engine = Engine::create("mpigpu-shrink-" + groupName_);
   } else {
     engine = currentEngine(op);  // after the ops queued before it
   }
-  if (!engine->runAndWait(op, groupName_, rank_, makeComm, timeout()))
+  if (engine && !engine->runAndWait(op, groupName_, rank_, makeComm, timeout()))
     MPIGPU_THROW_BACKEND(op, rank_, "the shrink of group '", groupName_,
                          "' did not complete within ", timeout().count(),
                          " ms: every rank that stays must call shrink_group with the same "
@@ -292,6 +356,57 @@ c10::intrusive_ptr<c10d::Backend> ProcessGroupMPIGPU::shrink(
                                                  std::move(stay), childTimeout, name, *made);
 }
 #endif
+
+// ULFM (mpi/FaultTolerance.hpp), a group with failed members: revoke it (its ops fail on every
+// survivor), then MPIX_Comm_shrink: the live members' communicator, which must be the ranks that
+// stay, agreed over it (a rank that failed during the shrink, or survivors that passed different
+// ranks_to_exclude, make every survivor raise the same error; calling shrink_group again with
+// the ranks now failed retries).
+MPI_Comm ProcessGroupMPIGPU::shrinkSurvivors(const std::vector<int64_t>& ranksToExclude,
+                                             bool isDefault) {
+  const char* op = "shrink_group";
+  std::vector<int> stayRanks;  // in this group
+  for (int r = 0; r < size_; ++r)
+    if (std::find(ranksToExclude.begin(), ranksToExclude.end(), r) == ranksToExclude.end())
+      stayRanks.push_back(r);
+  // MPIX_Comm_shrink waits for every live member: a live rank among ranks_to_exclude (which does
+  // not call shrink_group) would hold it forever
+  int live = -1;
+  const std::vector<int> dead = awaitFailed(comm_.handle, ranksToExclude, &live);
+  MPIGPU_CHECK_VALUE(
+      live < 0, op, rank_, "rank ", live, " of group '", groupName_,
+      "' is in ranks_to_exclude but has not failed (its failed ranks: ", bracketed(dead),
+      "). Where ranks of a group have failed, shrink_group (MPIX_Comm_shrink) "
+      "keeps every live rank: exclude exactly the failed ranks, then shrink the "
+      "result again to leave out live ones");
+  // every op still queued or waiting fails (revoked on every member), and the group is done
+  mpi::ft::revoke(comm_.handle);
+  mpi::ft::revoke(algoComm_.handle);
+  if (node_) node_->abandon();
+  abort();
+  auto engine = Engine::create("mpigpu-shrink-" + groupName_);
+  auto result = std::make_shared<Survivors>();
+  const bool done = engine->runAndWait(
+      op, groupName_, rank_,
+      [parent = comm_.handle, result, stayRanks, isDefault, op, rank = rank_] {
+        shrinkParent(parent, stayRanks, isDefault, op, rank, result.get());
+      },
+      timeout());
+  if (!done)
+    MPIGPU_THROW_BACKEND(op, rank_, "the shrink of group '", groupName_,
+                         "' (MPIX_Comm_shrink) did not complete within ", timeout().count(),
+                         " ms: every live rank of the group must call shrink_group");
+  if (!result->agreed)
+    MPIGPU_THROW_BACKEND(op, rank_, "the live ranks of group '", groupName_, "' are ",
+                         bracketed(result->members), " but ranks_to_exclude leaves ",
+                         bracketed(stayRanks),
+                         " (on this rank or another: a rank failed during the shrink, or the "
+                         "survivors passed different ranks_to_exclude); ranks now known failed: ",
+                         bracketed(mpi::ft::failedRanks(comm_.handle)),
+                         ". Call shrink_group again, on every survivor, excluding every failed "
+                         "rank");
+  return result->comm;
+}
 
 c10::intrusive_ptr<c10d::Backend::Options> ProcessGroupMPIGPU::getBackendOptions() {
   auto opts = c10::make_intrusive<CopyableOptions>(getBackendName(), timeout());
@@ -337,6 +452,10 @@ void ProcessGroupMPIGPU::makeComms(int hasGpu, MPI_Comm made) {
   groupHasGpu_ = most[0] != 0;
   paths_->confirm(algoComm_, groupHasGpu_, "new_group");
   if (size_ > 1) readNodes(hasGpu);
+  // ULFM: a process failure found by any op revokes this group if it holds the failed rank
+  mpi::ft::addGroup(this, groupName_, comm_.handle, algoComm_.handle, [this] {
+    if (node_) node_->abandon();
+  });
 }
 
 void ProcessGroupMPIGPU::readNodes(int hasGpu) {
@@ -367,6 +486,7 @@ void ProcessGroupMPIGPU::readNodes(int hasGpu) {
 
 ProcessGroupMPIGPU::~ProcessGroupMPIGPU() {
   try {
+    mpi::ft::removeGroup(this);
     shutdown();
   } catch (...) {
     // Destructors must not throw; at worst the communicators leak until MPI_Finalize.
@@ -397,6 +517,7 @@ void ProcessGroupMPIGPU::shutdown() {
           worker->failHeldReceives(comm_.handle,
                                    "was still outstanding when the process group was destroyed "
                                    "(held until a message matched a receive from any source)");
+          mpi::ft::removeGroup(this);
           if (node_) node_->free();
           mpi::freeComm(&algoComm_.handle);
           mpi::freeComm(&comm_.handle);
@@ -423,6 +544,7 @@ void ProcessGroupMPIGPU::abort() {
     engine = std::move(engine_);
   }
   if (!engine) return;
+  mpi::ft::removeGroup(this);
   Watchdog::removeGroup(groupName_, rank_);
   if (node_) node_->cancel();  // an op waiting in shared memory fails instead of waiting on
   // Not freed: MPI_Comm_free is collective in spirit, and an op stuck in MPI still uses them.

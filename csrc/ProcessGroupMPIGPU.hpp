@@ -55,11 +55,12 @@ class ProcessGroupMPIGPU : public c10d::Backend {
   // MPI_Comm_create_group over the stayers, on the engine after the ops queued before it;
   // SHRINK_ABORT first aborts this group (its outstanding ops fail), so an op waiting for an
   // excluded rank cannot hold the shrink. Standard MPI: the excluded ranks must still be alive
-  // (a dead rank ends an MPI job).
+  // (a dead rank ends an MPI job). ULFM, a group with failed ranks: shrinkSurvivors.
   bool supportsShrinking() const override { return true; }
   c10::intrusive_ptr<c10d::Backend> shrink(
       const std::vector<int64_t>& ranksToExclude, int shrinkFlags,
       const c10::intrusive_ptr<Options>& optsOverride) override;
+  MPI_Comm shrinkSurvivors(const std::vector<int64_t>& ranksToExclude, bool isDefault);
 #endif
   // The options a split child starts from (torch copies them; CopyableOptions says why).
   c10::intrusive_ptr<Options> getBackendOptions() MPIGPU_OVERRIDE_SINCE_2_9;

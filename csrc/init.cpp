@@ -19,6 +19,7 @@
 #include "engine/FlightRecorder.hpp"
 #include "engine/FutureCompleter.hpp"
 #include "engine/Watchdog.hpp"
+#include "mpi/FaultTolerance.hpp"
 #include "mpi/Collectives.hpp"
 #include "mpi/AnySource.hpp"
 #include "mpi/DirectProbe.hpp"
@@ -58,6 +59,9 @@ void bindProcessGroup(py::module_& m) {
          py::arg("store"), py::arg("rank"), py::arg("size"), py::arg("global_ranks"),
          py::arg("timeout_seconds"), py::arg("group_name"))
       .def("describe", &ProcessGroupMPIGPU::describe)
+      // ULFM: the group's ranks this process knows to have failed (torch_mpi_gpu.failed_ranks)
+      .def("failed_ranks",
+           [](const ProcessGroupMPIGPU& pg) { return mpigpu::mpi::ft::failedRanksOf(&pg); })
       // torch 2.13's split_group reads the parent's `options` (a property of NCCL's and gloo's
       // classes there, not of Backend's)
       .def_property_readonly("options", &ProcessGroupMPIGPU::getBackendOptions)
@@ -111,6 +115,7 @@ void bindMpi(py::module_& m) {
         d["cuda_aware_compile_time"] = e.cudaAwareCompileTime;
         d["cuda_aware_run_time"] = e.cudaAwareRunTime;
         d["cuda_aware_probe"] = mpigpu::mpi::probeStatus();
+        d["fault_tolerance"] = mpigpu::mpi::ft::describe();
         return d;
       },
       "Initialises MPI if needed and describes it.");

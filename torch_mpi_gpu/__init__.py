@@ -18,13 +18,13 @@ import torch.distributed as dist
 
 from ._checkout import _C
 from . import config, flight_recorder, groups, rendezvous  # noqa: F401  (flight_recorder.dump())
-from .groups import init_process_group, new_group
+from .groups import failed_ranks, init_process_group, new_group
 from .launcher import (choose_mpi_yield, detect_launcher, install_env_rendezvous_hook,
                        release_ports, select_cuda_device, setup_env)
 
 __version__ = "0.1.0"
 BACKEND_NAME = "mpigpu"
-__all__ = ["BACKEND_NAME", "build_info", "detect_launcher", "info", "init_process_group",
+__all__ = ["BACKEND_NAME", "build_info", "detect_launcher", "failed_ranks", "info", "init_process_group",
            "new_group", "serve_device", "setup_env", "ProcessGroupMPIGPU"]
 
 ProcessGroupMPIGPU = _C.ProcessGroupMPIGPU

@@ -9,6 +9,7 @@ rank 0 over MPI; with TORCH_MPIGPU_MASTER_PORT set, a TCP store whose address is
 it), and mpigpu's traffic runs on duplicates of it, never on it. Several disjoint
 communicators in one job each get an independent default group."""
 
+import torch
 import torch.distributed as dist
 
 from . import _C, config
@@ -89,3 +90,14 @@ def new_group(comm, **kwargs):
                            "init_process_group first")
     ranks = _C.job_ranks_of(handle)
     return dist.new_group(ranks=ranks, use_local_synchronization=True, **kwargs)
+
+
+def failed_ranks(group=None):
+    """The ranks of `group` (default: the default group), in that group's numbering, that this
+    process knows to have failed: what `shrink_group(ranks_to_exclude=...)` needs after a process
+    failure under a fault-tolerant MPI (ULFM). Empty without ULFM, and before any failure."""
+    pg = group if group is not None else dist.group.WORLD
+    backend = pg._get_backend(torch.device("cpu"))
+    if not hasattr(backend, "failed_ranks"):
+        raise TypeError(f"torch_mpi_gpu.failed_ranks: {type(backend).__name__} is not an mpigpu group")
+    return list(backend.failed_ranks())

@@ -64,6 +64,7 @@ def collect(all_tiers=False):
         "mpi_thread_level": mpi["thread_level"],
         "mpi_initialized_by_torch_mpi_gpu": mpi["initialized_by_us"],
         "cuda_aware": _cuda_aware(mpi),
+        "fault_tolerance": mpi["fault_tolerance"],
         "launcher": _launcher_line(detect_launcher(), mpi),
         "paths": {
             "cpu tensors": "cpu: MPI on host memory (non-contiguous tensors are copied)",
@@ -84,6 +85,7 @@ def _print_text(data):
     print(f"torch_mpi_gpu {data['torch_mpi_gpu']} on torch {data['torch']}")
     print(f"MPI          {first} (MPI {data['mpi_standard']}, {data['mpi_thread_level']})")
     print(f"CUDA-aware   {data['cuda_aware']}")
+    print(f"ULFM         {data['fault_tolerance']}")
     print(f"launcher     {data['launcher']}")
     print("tensors")
     for kind, path in data["paths"].items():

@@ -1,7 +1,8 @@
 """The launcher of the MPI this copy was built against, with the flags that launcher takes:
 
-    python -m torch_mpi_gpu.mpirun -np N [-x NAME=VALUE ...] PROGRAM [ARGS ...]
+    python -m torch_mpi_gpu.mpirun [--fault-tolerant] -np N [-x NAME=VALUE ...] PROGRAM [ARGS ...]
 A PROGRAM ending in .py runs under this Python (`... -np 2 examples/ensembles.py`).
+--fault-tolerant turns ULFM on with the transports that survive a dead rank (fault_tolerant_flags).
 
 Another MPI's launcher would start N separate worlds of one rank each (PATH's mpirun is often
 another MPI's: a venv's PyPI Open MPI, a module system's MPICH), and Open MPI's mpirun and
@@ -59,6 +60,20 @@ def launch_command(mpirun, np, env):
     return cmd
 
 
+# Open MPI 5 (docs/launchers.md, measured): ULFM on; TCP between all ranks (the shared-memory
+# transport hung the survivors), the ob1 messaging layer, and without the hierarchical collectives
+# (coll/han segfaulted in the survivors' shrink across hosts).
+OPEN_MPI_FT_FLAGS = ["--with-ft", "ulfm", "--mca", "btl", "tcp,self", "--mca", "pml", "ob1",
+                     "--mca", "coll", "^han"]
+# MPICH's Hydra: keep the other ranks running when one dies, and MPICH's FT mode on.
+HYDRA_FT_FLAGS = ["-disable-auto-cleanup", "-genv", "MPIR_CVAR_ENABLE_FT", "1"]
+
+
+def fault_tolerant_flags(mpirun):
+    """The launcher flags that make a dead rank survivable (ULFM) for this mpirun."""
+    return list(HYDRA_FT_FLAGS if is_hydra(mpirun) else OPEN_MPI_FT_FLAGS)
+
+
 def remove_stale_session_folder():
     """Open MPI 5's mpirun keeps its session folder at $TMPDIR/ompi.<its pid> and removes it as it
     ends, unless it was killed (SIGKILL, the OOM killer). An mpirun given that pid later exits 213
@@ -74,6 +89,8 @@ def main(argv=None):
         description="Run PROGRAM on NP ranks of this machine with the launcher of the MPI "
                     "torch_mpi_gpu was built against.")
     parser.add_argument("-np", "-n", dest="np", type=int, default=1, help="ranks (default 1)")
+    parser.add_argument("--fault-tolerant", action="store_true",
+                        help="ULFM on, with transports that survive a dead rank (docs/launchers.md)")
     parser.add_argument("-x", dest="env", action="append", default=[], metavar="NAME[=VALUE]",
                         help="pass this variable to every rank (repeatable)")
     parser.add_argument("program", nargs=argparse.REMAINDER, help="the program and its arguments")
@@ -91,7 +108,10 @@ def main(argv=None):
     program = list(args.program)
     if program[0].endswith(".py"):  # a script, not an executable: this Python runs it
         program.insert(0, sys.executable)
-    cmd = launch_command(mpirun, args.np, env) + program
+    cmd = launch_command(mpirun, args.np, env)
+    if args.fault_tolerant:
+        cmd += fault_tolerant_flags(mpirun)
+    cmd += program
     if not is_hydra(mpirun):
         remove_stale_session_folder()
     os.execv(cmd[0], cmd)

@@ -16,6 +16,7 @@
 #include "mpi/Check.hpp"
 #include "mpi/Collectives.hpp"
 #include "mpi/Env.hpp"
+#include "mpi/FaultTolerance.hpp"
 #include "mpi/Wait.hpp"
 
 namespace mpigpu {
@@ -626,6 +627,12 @@ void Engine::failPending(Finished& f) {
     failed.MPI_ERROR = rc;
     p.then(failed);
   }
+  if (mpi::ft::isProcessFailure(rc))  // ULFM: the groups holding the failed rank are revoked
+    MPIGPU_THROW_BACKEND(p.work->opName(), p.work->groupRank(), p.work->describe(),
+                         ": a process of the job failed (", text, "); ",
+                         mpi::ft::onProcessFailure(rc),
+                         ". To go on, call torch.distributed.shrink_group(ranks_to_exclude=<the "
+                         "failed ranks>, group=<the group>) on every survivor of that group");
   const MPI_Status& st = f.statuses[0];
   const bool peerKnown = st.MPI_SOURCE >= 0 && st.MPI_SOURCE != MPI_ANY_SOURCE;
   MPIGPU_THROW_BACKEND(p.work->opName(), p.work->groupRank(), p.work->describe(),

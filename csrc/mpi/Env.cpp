@@ -17,6 +17,7 @@
 #include "core/Errors.hpp"
 #include "mpi/Check.hpp"
 #include "mpi/Comm.hpp"
+#include "mpi/FaultTolerance.hpp"
 #include "mpi/Types.hpp"
 #include "mpi/Wait.hpp"
 
@@ -61,6 +62,18 @@ void throwMpiError(int code, const char* call, const char* op, int rank, const c
   int len = 0;
   if (MPI_Error_string(code, text, &len) != MPI_SUCCESS) {
     std::snprintf(text, sizeof(text), "MPI error code %d", code);
+  }
+  if (ft::isProcessFailure(code)) {
+    // ULFM: the groups holding the failed process are revoked on every survivor (so peers
+    // blocked in their other ops wake too); groups without it go on
+    MPIGPU_THROW_BACKEND(op, rank, "a process of the job failed (", text, ", from ", call, " at ",
+                         file, ":", line, "); ", ft::onProcessFailure(code),
+                         ". This op did not complete: its output tensors may hold partial "
+                         "results. Every group holding a failed rank is revoked (its ops fail "
+                         "on every survivor); groups without one keep working. To go on, call "
+                         "torch.distributed.shrink_group(ranks_to_exclude=<the failed ranks>, "
+                         "group=<the group>) on every survivor of that group (the default group "
+                         "too: group=None)");
   }
   const std::string_view called(call);
   if (called.rfind("MPI_Comm_split", 0) == 0 || called.rfind("MPI_Comm_dup", 0) == 0 ||
@@ -131,6 +144,9 @@ const EnvInfo& ensureInitialized() {
                  "mpi4py.rc.thread_level at 'multiple', or import torch_mpi_gpu first."));
   }
   registerCustomTypes();
+  // ULFM: a communicator made from MPI_COMM_WORLD after a failure must return the error, not
+  // abort every survivor (MPI_Comm_create_group on a communicator with a failed process fails)
+  if (ft::active()) MPI_Comm_set_errhandler(MPI_COMM_WORLD, MPI_ERRORS_RETURN);
   g_ready = true;
   return g_info;
 }

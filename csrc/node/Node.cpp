@@ -60,11 +60,16 @@ SharedSegment* Node::segment(const char* op) {
   if (tried_) return segment_.get();
   tried_ = true;
   std::string why;
-  segment_ = SharedSegment::create(topology_.nodeComm, host_.slotBytes, op, group_.rank, &why);
+  {
+    auto made = SharedSegment::create(topology_.nodeComm, host_.slotBytes, op, group_.rank, &why);
+    std::lock_guard<std::mutex> lock(slotsMutex_);  // abandon() reads it from other threads
+    segment_ = std::move(made);
+  }
   if (!agreeMade(segment_ != nullptr, why, "another rank could not map its node's segment",
                  "shared-memory segment for the node-aware algorithms",
                  "this group's reductions use the ring instead, all_gather and broadcast MPI's own",
                  op, &unavailable_)) {
+    std::lock_guard<std::mutex> lock(slotsMutex_);
     segment_.reset();
     return nullptr;
   }
@@ -145,8 +150,15 @@ void Node::cancel() {
   if (deviceSlots_) deviceSlots_->cancel();
 }
 
+void Node::abandon() {
+  cancel();
+  std::lock_guard<std::mutex> lock(slotsMutex_);
+  if (segment_) segment_->giveUp();
+}
+
 void Node::free() {
   if (deviceSlots_) retire(std::move(deviceSlots_), "destroy_process_group");
+  std::lock_guard<std::mutex> lock(slotsMutex_);
   segment_.reset();
   topology_.free();
 }

@@ -20,6 +20,7 @@
 
 #include "core/Errors.hpp"
 #include "mpi/Check.hpp"
+#include "mpi/FaultTolerance.hpp"
 #include "mpi/Wait.hpp"
 
 namespace mpigpu::node {
@@ -31,7 +32,10 @@ struct SharedSegment::Peer {
   uint64_t published;     // the address this rank's peers may read (publish; ordered by sync)
   uint64_t pidNamespace;  // its PID namespace (0: unknown): where `pid` means that process
   int32_t cpu;  // the CPU this rank ran on at its last arrival (atomic access only; -1: unknown)
-  uint8_t pad[92];
+  // nonzero once this rank left the group's ops after a process failure elsewhere (ULFM:
+  // mpi/FaultTolerance.hpp), so that its peers stop waiting for it (atomic access only)
+  uint32_t gaveUp;
+  uint8_t pad[88];
 };
 static_assert(sizeof(SharedSegment::Peer) == 128, "one Peer per 128 bytes");
 
@@ -166,12 +170,30 @@ at::Tensor SharedSegment::slot(int rank, at::ScalarType dtype, int64_t elems) co
 
 bool SharedSegment::seesPid(int rank) const { return peer(rank)->pidNamespace == pidNamespace_; }
 
+void SharedSegment::giveUp() { __atomic_store_n(&peer(localRank_)->gaveUp, 1u, __ATOMIC_RELEASE); }
+
 void SharedSegment::checkAlive(int rank, const char* op, int rankForErrors) const {
+  if (__atomic_load_n(&peer(rank)->gaveUp, __ATOMIC_ACQUIRE) != 0) {
+    MPIGPU_THROW_BACKEND(op, rankForErrors, "local rank ", rank,
+                         " of this node left the group's ops after a process of the job failed "
+                         "(its MPI call reported the failure, and the group is revoked); this op "
+                         "did not complete: shrink the group (torch.distributed.shrink_group) to "
+                         "go on");
+  }
   // A peer in another PID namespace (a container of its own that shares this host's name and
   // /dev/shm): its pid names no process here, or another one. Its death is the launcher's to see.
   if (!seesPid(rank)) return;
   const auto pid = static_cast<pid_t>(peer(rank)->pid);
   if (pid > 0 && kill(pid, 0) != 0 && errno == ESRCH) {
+    if (mpi::ft::active()) {
+      // ULFM: as an MPI call's process failure (the groups holding it are revoked)
+      MPIGPU_THROW_BACKEND(op, rankForErrors, "local rank ", rank, " of this node (pid ", pid,
+                           ") exited while this rank waited for it in shared memory; ",
+                           mpi::ft::onProcessFailure(0),
+                           ". This op did not complete: its output tensors may hold partial "
+                           "results. To go on, call torch.distributed.shrink_group(ranks_to_"
+                           "exclude=<the failed ranks>, group=<the group>) on every survivor");
+    }
     MPIGPU_THROW_BACKEND(op, rankForErrors, "local rank ", rank, " of this node (pid ", pid,
                          ") exited while this rank waited for it in shared memory; the job "
                          "cannot go on: end it and see that rank's output for why it ended");

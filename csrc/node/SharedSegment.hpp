@@ -47,6 +47,9 @@ class SharedSegment {
   // make progress. A peer whose process has gone is an error naming `op`, not a hang.
   // `cancelled` (checked with the peers' liveness): the group was aborted, give up waiting.
   void sync(const char* op, int rankForErrors, const std::atomic<bool>& cancelled);
+  // This rank gives up on the group (a process failure elsewhere): its peers' waits for it in
+  // sync() end with an error within 200 ms.
+  void giveUp();
   // Waits (in this process) that yielded at once because the peer had last run on this CPU.
   static uint64_t yieldsToPeerOnThisCpu();
   // The other half: the next step's slots.

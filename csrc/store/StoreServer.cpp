@@ -8,6 +8,7 @@
 
 #include "core/Errors.hpp"
 #include "engine/ThreadName.hpp"
+#include "mpi/FaultTolerance.hpp"
 #include "mpi/Check.hpp"
 
 namespace mpigpu::store {
@@ -69,8 +70,13 @@ void StoreServer::loop() {
       served = serveOnce();
     } catch (const std::exception& e) {
       // MPI failed: the clients' calls end at their timeouts, naming their keys; say once why.
-      if (!warned) LOG(WARNING) << opMessage("store server", 0, e.what());
-      warned = true;
+      // ULFM: a client died; once acknowledged, receives from any source work again
+      if (!mpi::ft::failedRanks(comm_).empty()) {
+        mpi::ft::acknowledge(comm_);
+      } else {
+        if (!warned) LOG(WARNING) << opMessage("store server", 0, e.what());
+        warned = true;
+      }
     }
     if (finished()) break;
     const auto now = Clock::now();
@@ -100,6 +106,8 @@ void StoreServer::loop() {
 bool StoreServer::finished() {
   std::lock_guard<std::mutex> lock(mutex_);
   if (!stop_) return false;
+  // ULFM: a rank that failed says no Bye (and MPI_Finalize waits for this rank on the others)
+  for (int r : mpi::ft::failedRanks(comm_)) byes_.insert(r);
   if (static_cast<int>(byes_.size()) == size_) return true;
   if (Clock::now() < stopDeadline_) return false;
   std::string missing;
