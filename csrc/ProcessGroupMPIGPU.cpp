@@ -292,8 +292,8 @@ void checkReceivedAll(const char* op, int rank, int64_t maxCount, const MPI_Stat
   MPIGPU_THROW_BACKEND(op, rank, "the message from rank ", status.MPI_SOURCE, " (tag ",
                        status.MPI_TAG, ") held ", arrived, " bytes, but this receive expects ",
                        expected, " (", buf.numel(), " elements of ", buf.scalar_type(),
-                       "); the tensor was not written. A send and its receive must match in "
-                       "size and dtype");
+                       "); the tensor's contents are undefined (MPI may have written what "
+                       "arrived). A send and its receive must match in size and dtype");
 }
 
 // What runs when a send or receive completes: the received bytes checked and staged out.

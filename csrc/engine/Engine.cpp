@@ -576,11 +576,10 @@ void Engine::progressPending(bool blocking) {
         ++i;
         continue;
       }
-      int done = 0;
-      std::vector<MPI_Status> statuses(p.requests.size());
-      int rc = MPI_Testall(static_cast<int>(p.requests.size()), p.requests.data(), &done,
-                           statuses.data());
+      bool done = false;
+      const int rc = mpi::testEach(p.requests, p.statuses, done);
       if (rc != MPI_SUCCESS || done) {
+        std::vector<MPI_Status> statuses = std::move(p.statuses);
         finished.push_back({std::move(p), rc, std::move(statuses)});
         pending_.erase(pending_.begin() + static_cast<std::ptrdiff_t>(i));
       } else {
@@ -611,21 +610,23 @@ void Engine::completePending(Finished& f) {
 
 void Engine::failPending(Finished& f) {
   Pending& p = f.pending;
-  int rc = f.rc;
-  if (rc == MPI_ERR_IN_STATUS) {  // the request's own error says what went wrong
-    for (const auto& st : f.statuses) {
-      if (st.MPI_ERROR != MPI_SUCCESS && st.MPI_ERROR != MPI_ERR_PENDING) rc = st.MPI_ERROR;
-    }
+  const int rc = f.rc;
+  // the failed request's status (testEach marks it) names the peer where MPI filled it in
+  const MPI_Status* failed = &f.statuses[0];
+  for (const auto& st : f.statuses) {
+    if (st.MPI_ERROR == rc) failed = &st;
   }
   char text[MPI_MAX_ERROR_STRING] = {0};
   int len = 0;
   MPI_Error_string(rc, text, &len);
+  int errorClass = rc;
+  MPI_Error_class(rc, &errorClass);
   // The requests still active are cancelled; the op's buffers are released (not copied back)
   // by its completion, told of the error through the status.
   if (mpi::cancelRequests(p.requests) && p.then) {
-    MPI_Status failed = f.statuses[0];
-    failed.MPI_ERROR = rc;
-    p.then(failed);
+    MPI_Status told = f.statuses[0];
+    told.MPI_ERROR = rc;
+    p.then(told);
   }
   if (mpi::ft::isProcessFailure(rc))  // ULFM: the groups holding the failed rank are revoked
     MPIGPU_THROW_BACKEND(p.work->opName(), p.work->groupRank(), p.work->describe(),
@@ -633,13 +634,22 @@ void Engine::failPending(Finished& f) {
                          mpi::ft::onProcessFailure(rc),
                          ". To go on, call torch.distributed.shrink_group(ranks_to_exclude=<the "
                          "failed ranks>, group=<the group>) on every survivor of that group");
-  const MPI_Status& st = f.statuses[0];
-  const bool peerKnown = st.MPI_SOURCE >= 0 && st.MPI_SOURCE != MPI_ANY_SOURCE;
-  MPIGPU_THROW_BACKEND(p.work->opName(), p.work->groupRank(), p.work->describe(),
-                       ": MPI_Testall failed: ", text,
-                       peerKnown ? " (peer: rank " + std::to_string(st.MPI_SOURCE) + ")" : "",
-                       " (a receive smaller than the message sent, or a peer that failed; a send "
-                       "and its receive must match in size and dtype)");
+  const bool peerKnown = failed->MPI_SOURCE >= 0 && failed->MPI_SOURCE != MPI_ANY_SOURCE;
+  const std::string peer =
+      peerKnown ? "rank " + std::to_string(failed->MPI_SOURCE) : std::string("the peer");
+  if (errorClass == MPI_ERR_TRUNCATE) {
+    MPIGPU_THROW_BACKEND(p.work->opName(), p.work->groupRank(), p.work->describe(),
+                         ": the message from ", peer,
+                         " is larger than this receive (its elements and dtype above), so MPI "
+                         "truncated it (",
+                         text,
+                         "); the tensor's contents are undefined (MPI may have written the part "
+                         "that fitted). A send and its receive must match in size and dtype");
+  }
+  MPIGPU_THROW_BACKEND(p.work->opName(), p.work->groupRank(), p.work->describe(), ": ", text,
+                       peerKnown ? " (peer: " + peer + ")" : "",
+                       " (a peer that failed, or a send and receive that do not match in size "
+                       "and dtype)");
 }
 
 }  // namespace mpigpu

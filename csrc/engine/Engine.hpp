@@ -126,12 +126,13 @@ class Engine : public ProgressDriver {
     c10::intrusive_ptr<WorkMPIGPU> work;
     Then then;
     std::string abortedWhy;  // set by abortGroup(): the worker cancels the requests, fails the op
-    std::optional<HeldReceive> held;  // not yet posted: requests empty (addHeldReceive)
+    std::optional<HeldReceive> held;   // not yet posted: requests empty (addHeldReceive)
+    std::vector<MPI_Status> statuses;  // one per request, filled as each completes (testEach)
   };
   // Why an outstanding op fails when the engine stops (abort() names the blocking op to others).
   using WhyFor = std::function<std::string(const WorkMPIGPU&)>;
 
-  struct Finished;  // a pending request set MPI_Testall finished (or failed)
+  struct Finished;  // a pending request set that finished (or failed)
 
   void loop();
   // Waits for a queued op (taken into `item`, if one is ready) or a pending request to test;

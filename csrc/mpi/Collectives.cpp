@@ -492,6 +492,22 @@ void barrier(const Comm& c, const char* op) {
   barrierOn(c, op);
 }
 
+int testEach(std::vector<MPI_Request>& requests, std::vector<MPI_Status>& statuses, bool& done) {
+  statuses.resize(requests.size());
+  done = true;
+  for (size_t k = 0; k < requests.size(); ++k) {
+    if (requests[k] == MPI_REQUEST_NULL) continue;
+    int flag = 0;
+    const int rc = MPI_Test(&requests[k], &flag, &statuses[k]);
+    if (rc != MPI_SUCCESS) {
+      statuses[k].MPI_ERROR = rc;
+      return rc;
+    }
+    if (!flag) done = false;
+  }
+  return MPI_SUCCESS;
+}
+
 bool cancelRequests(std::vector<MPI_Request>& requests) {
   int finalized = 0;
   MPI_Finalized(&finalized);
@@ -501,9 +517,10 @@ bool cancelRequests(std::vector<MPI_Request>& requests) {
   }
   // A cancelled receive completes at once; a matched one (or a send) may need a moment.
   const auto deadline = std::chrono::steady_clock::now() + std::chrono::milliseconds(200);
-  int done = 0;
+  bool done = false;
+  std::vector<MPI_Status> statuses;
   while (true) {
-    MPI_Testall(static_cast<int>(requests.size()), requests.data(), &done, MPI_STATUSES_IGNORE);
+    testEach(requests, statuses, done);  // (a request that fails here is complete too)
     if (done || std::chrono::steady_clock::now() >= deadline) break;
     std::this_thread::sleep_for(std::chrono::microseconds(100));
   }

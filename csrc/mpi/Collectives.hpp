@@ -76,6 +76,12 @@ std::vector<MPI_Request> imrecv(const Comm& c, const char* op, at::Tensor& buf, 
 // Receives from any source are one message each (MPI_Improbe matches one): an error naming `op`
 // when `buf` needs more than one MPI call.
 void checkAnySourceCount(const Comm& c, const char* op, const at::Tensor& buf);
+// Tests each request still active with MPI_Test, filling `statuses` (one per request, kept by the
+// caller across calls) as each completes; `done` once all have. Returns the first error. Not
+// MPI_Testall: MPICH raises errors of multiple-completion calls (a receive smaller than its
+// message) through MPI_COMM_WORLD's handler, fatal by default, where MPI_Test uses the request's
+// communicator's, which returns them.
+int testEach(std::vector<MPI_Request>& requests, std::vector<MPI_Status>& statuses, bool& done);
 // Cancels the requests still active and waits a moment (200 ms) for them to complete; frees what
 // is left. False when some were freed unfinished: MPI may still use their buffers, which the
 // caller must then keep alive for the rest of the process (keepUntilExit).

@@ -37,15 +37,25 @@ def late_mismatch(c, odd, last, rank, world):
 
 def p2p_mismatch(c, rank, last):
     """A receive larger than the message raises on the receiver naming the peer and both sizes
-    (MPI calls it a success). One smaller than the message is MPI's truncation error, which
-    Open MPI returns and MPICH makes fatal (MPI_Testall): not run here."""
+    (MPI calls it a success); one smaller (MPI's truncation error), or of a smaller dtype, raises
+    naming the peer and the receive's size, under every MPI (MPICH makes a truncation in a
+    multiple-completion call fatal: the engine tests each request alone). Either error says the
+    tensor's contents are undefined: MPI may have written part of it."""
     if rank == 0:
         dist.send(torch.ones(2), dst=last)
+        dist.send(torch.ones(4), dst=last)
+        dist.send(torch.ones(4, dtype=torch.float64), dst=last)
     elif rank == last:
         c.raises("a receive larger than the message", dist.DistBackendError,
                  lambda: dist.recv(torch.zeros(4), src=0),
                  must_contain=["from rank 0", "held 8 bytes", "expects 16", "4 elements of Float",
-                               f"[rank {last}]"])
+                               "contents are undefined", f"[rank {last}]"])
+        for case, t in (("a receive smaller than the message", torch.zeros(2)),
+                        ("a receive of a smaller dtype than the message", torch.zeros(4))):
+            c.raises(case, dist.DistBackendError, lambda: dist.recv(t, src=0),
+                     must_contain=["from rank 0", "larger than this receive",
+                                   f"{t.numel()} elements of Float", "contents are undefined",
+                                   f"[rank {last}]"])
     t = torch.ones(3)  # the group still works afterwards
     dist.all_reduce(t)
     c.close("p2p mismatches: group works after", t, torch.full((3,), float(dist.get_world_size())))
