@@ -67,9 +67,11 @@ def main():
     assert dist.get_backend() == args.backend, dist.get_backend()
 
     net = model()
+    # gradient_clipping 0: DeepSpeed clips to a global norm of 1.0 unless told otherwise, which
+    # plain SGD (the reference) does not
     config = {"train_micro_batch_size_per_gpu": PER_RANK, "gradient_accumulation_steps": 1,
               "zero_optimization": {"stage": args.stage}, "zero_allow_untested_optimizer": True,
-              "steps_per_print": 10**6}
+              "gradient_clipping": 0.0, "steps_per_print": 10**6}
     engine, _, _, _ = deepspeed.initialize(
         model=net, optimizer=torch.optim.SGD(net.parameters(), lr=LR), config=config)
     shard = slice(rank * PER_RANK, (rank + 1) * PER_RANK)

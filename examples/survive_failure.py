@@ -101,7 +101,8 @@ def main():
 
     flat = torch.cat([q.detach().reshape(-1) for q in model.parameters()])
     every = torch.empty(world * flat.numel())
-    dist.all_gather_into_tensor(every, flat)
+    # torch 2.13's name, the older one before it
+    getattr(dist, "all_gather_single", dist.all_gather_into_tensor)(every, flat)
     equal = all(torch.equal(row, flat) for row in every.view(world, -1))
     print(f"[rank {me}] finished as rank {rank} of {world}; failure: "
           f"{'none' if failure is None else 'epoch %d step %d (global step %d), ranks %s' % failure}"

@@ -85,8 +85,8 @@ def _print_text(data):
     print(f"torch_mpi_gpu {data['torch_mpi_gpu']} on torch {data['torch']}")
     print(f"MPI          {first} (MPI {data['mpi_standard']}, {data['mpi_thread_level']})")
     print(f"CUDA-aware   {data['cuda_aware']}")
-    print(f"ULFM         {data['fault_tolerance']}")
     print(f"launcher     {data['launcher']}")
+    print(f"ULFM         {data['fault_tolerance']}")
     print("tensors")
     for kind, path in data["paths"].items():
         print(f"    {kind}: {path}")
