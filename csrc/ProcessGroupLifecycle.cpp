@@ -571,6 +571,7 @@ std::string ProcessGroupMPIGPU::describe() const {
     << (node_                        ? node_->describe()
         : !nodesWithoutNode_.empty() ? nodesWithoutNode_
                                      : std::string("one (a single rank)"))
+    << (comm_.arrive ? "; crowded: a member's host runs more ranks than cores" : "")
     << "; reductions: " << algo::describeChoice(policy_, config_, groupHasGpu_)
     << "; receives from any source " << anySource_.why;
   return s.str();

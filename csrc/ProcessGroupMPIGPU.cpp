@@ -51,7 +51,7 @@ std::pair<c10::intrusive_ptr<WorkMPIGPU>, bool> ProcessGroupMPIGPU::newWork(
   auto work = c10::make_intrusive<WorkMPIGPU>(
       rank_, type, op, seq, std::move(outputs), timeout, profiling ? title : nullptr,
       profiling ? std::optional<std::vector<at::Tensor>>(inputs) : std::nullopt,
-      std::vector<std::shared_ptr<OpBuffers>>{bufs});
+      WorkMPIGPU::Buffers{bufs});
   fr::Recorder::Op recorded{flightRecorderId_,
                             &getGroupDesc(),
                             p2p ? collectives_->load() : seq,
@@ -128,6 +128,7 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupMPIGPU::enqueue(ops::Plan plan) {
   // more than a small MPI call itself.
   if (!asyncOp && host && small && !coalescing &&
       engine->tryInline(work, task, Engine::Inline::Collective)) {
+    work->holdOutputsWeakly();  // finished: torch's wait() and result() need no strong hold
     return work;
   }
   engine->submit(work, Engine::Task(std::move(task)));

@@ -43,8 +43,9 @@ def test_auto_rules_at_their_thresholds():
     import torch_mpi_gpu
     C, cfg = torch_mpi_gpu._C, torch_mpi_gpu.config
 
-    def pick(op, nbytes, gpu, shared=False, suits=True, spans=False, world=2, dtype=torch.float32):
-        return C._auto_algorithm(op, nbytes, dtype, world, gpu, suits, spans, shared)
+    def pick(op, nbytes, gpu, shared=False, suits=True, spans=False, world=2, dtype=torch.float32,
+             crowded=False):
+        return C._auto_algorithm(op, nbytes, dtype, world, gpu, suits, spans, shared, crowded)
 
     algo_min = int(cfg.get("TORCH_MPIGPU_ALGO_MIN_BYTES"))
     allreduce_min = int(cfg.get("TORCH_MPIGPU_NODE_SHARED_GPU_ALLREDUCE_BYTES"))
@@ -67,16 +68,20 @@ def test_auto_rules_at_their_thresholds():
         assert pick("all_reduce", algo_min - 4, gpu=True, **kw) == "mpi", kw
         assert pick("all_reduce", algo_min, gpu=True, **kw) == "ring", kw
     # host tensors: the node algorithm at any size inside a node but fp32 all_reduce from
-    # NODE_HOST_MPI_FROM_BYTES to below NODE_HOST_MPI_BELOW_BYTES, where MPI's own; from
-    # NODE_ACROSS_MIN_BYTES across nodes
+    # NODE_HOST_MPI_FROM_BYTES (NODE_HOST_MPI_CROWDED_FROM_BYTES where a host has more ranks than
+    # cores) to below NODE_HOST_MPI_BELOW_BYTES, where MPI's own; from NODE_ACROSS_MIN_BYTES
+    # across nodes
     assert pick("all_reduce", 4, gpu=False) == pick("broadcast", 4, gpu=False) == "node"
     window_from = int(cfg.get("TORCH_MPIGPU_NODE_HOST_MPI_FROM_BYTES"))
+    crowded_from = int(cfg.get("TORCH_MPIGPU_NODE_HOST_MPI_CROWDED_FROM_BYTES"))
     below = int(cfg.get("TORCH_MPIGPU_NODE_HOST_MPI_BELOW_BYTES"))
-    assert 0 < window_from < below
-    for world in (2, 3, 8):
-        for nbytes, want in ((window_from - 4, "node"), (window_from, "mpi"), (below - 4, "mpi"),
+    assert 0 < window_from < crowded_from < below
+    for world, crowded in ((2, False), (3, False), (8, False), (3, True), (4, True)):
+        start = crowded_from if crowded else window_from
+        for nbytes, want in ((start - 4, "node"), (start, "mpi"), (below - 4, "mpi"),
                              (below, "node")):
-            assert pick("all_reduce", nbytes, gpu=False, world=world) == want, (world, nbytes)
+            assert pick("all_reduce", nbytes, gpu=False, world=world, crowded=crowded) == want, \
+                (world, crowded, nbytes)
             assert pick("all_reduce", nbytes, gpu=False, world=world, dtype=torch.bfloat16) == "node"
             assert pick("broadcast", nbytes, gpu=False, world=world) == "node"
             assert pick("reduce_scatter", nbytes, gpu=False, world=world) == "node"

@@ -309,7 +309,8 @@ bool nodePicks(const Config& config, const Facts& f) {
     return f.kind == OpKind::ReduceScatter && f.bytes >= config.algoMinBytes;
   }
   if (f.spansNodes) return f.bytes >= config.nodeAcrossMinBytes;
-  return f.kind != OpKind::Allreduce || isHalf(f.dtype) || f.bytes < config.nodeHostMpiFromBytes ||
+  const int64_t from = f.crowded ? config.nodeHostMpiCrowdedFromBytes : config.nodeHostMpiFromBytes;
+  return f.kind != OpKind::Allreduce || isHalf(f.dtype) || f.bytes < from ||
          f.bytes >= config.nodeHostMpiBelowBytes;
 }
 std::string nodeRule(const Config& config, bool groupHasGpu) {
@@ -324,7 +325,8 @@ std::string nodeRule(const Config& config, bool groupHasGpu) {
   return c10::str(
       "node (reductions, all_gather, broadcast) where more than one rank shares a node: inside "
       "one node at any size (fp32/fp64/integer all_reduce: below ",
-      config.nodeHostMpiFromBytes, " and from ", config.nodeHostMpiBelowBytes, " bytes), from ",
+      config.nodeHostMpiFromBytes, " (", config.nodeHostMpiCrowdedFromBytes,
+      " on crowded hosts) and from ", config.nodeHostMpiBelowBytes, " bytes), from ",
       config.nodeAcrossMinBytes, " bytes across nodes");
 }
 

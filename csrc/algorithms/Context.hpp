@@ -45,6 +45,8 @@ struct Facts {
   // the op's tensors are on a device the node's ranks share, where its node ops take the leader
   // form (node::Node::leaderOnSharedDevice)
   bool onSharedDevice = false;
+  // some member's host runs more ranks than cores (the group's agreed mpi::Comm::arrive)
+  bool crowded = false;
 };
 
 }  // namespace mpigpu::algo

@@ -90,6 +90,8 @@ void readNodeSettings(Config& c) {
   c.testHostPieceBytes = parseInt("TORCH_MPIGPU_TEST_HOST_PIECE_BYTES", 0, kTiB);
   c.nodeAcrossMinBytes = parseInt("TORCH_MPIGPU_NODE_ACROSS_MIN_BYTES", 0, kHuge);
   c.nodeHostMpiFromBytes = parseInt("TORCH_MPIGPU_NODE_HOST_MPI_FROM_BYTES", 0, kHuge);
+  c.nodeHostMpiCrowdedFromBytes =
+      parseInt("TORCH_MPIGPU_NODE_HOST_MPI_CROWDED_FROM_BYTES", 0, kHuge);
   c.nodeHostMpiBelowBytes = parseInt("TORCH_MPIGPU_NODE_HOST_MPI_BELOW_BYTES", 0, kHuge);
   c.nodeSharedGpuAllreduceBytes =
       parseInt("TORCH_MPIGPU_NODE_SHARED_GPU_ALLREDUCE_BYTES", 0, kHuge);

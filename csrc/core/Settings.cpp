@@ -153,10 +153,13 @@ const SettingSpec kSettings[] = {
      Tier::Tuning,
      "two simulated hosts x 2 ranks: hierarchical ties MPI's own at 256 KiB, loses "
      "below (performance.md)"},
-    {"TORCH_MPIGPU_NODE_HOST_MPI_FROM_BYTES", "16384", "", ReadAt::GroupCreation,
+    {"TORCH_MPIGPU_NODE_HOST_MPI_FROM_BYTES", "2048", "", ReadAt::GroupCreation,
      "auto, no GPU, one node: all_reduce (not fp16/bf16) from this size to below "
      "`NODE_HOST_MPI_BELOW_BYTES` uses MPI's own, not the node algorithm",
-     Tier::Tuning, "2-core VM, 2 ranks: MPI's own ahead from 16 KiB (performance.md)"},
+     Tier::Tuning, "2-core Xeon VM, 2 ranks: MPI's own ahead from 2 KiB (performance.md)"},
+    {"TORCH_MPIGPU_NODE_HOST_MPI_CROWDED_FROM_BYTES", "8192", "", ReadAt::GroupCreation,
+     "`NODE_HOST_MPI_FROM_BYTES` where a member's host runs more ranks than cores", Tier::Tuning,
+     "2-core VM, 3-4 ranks: the node algorithm ahead below 8 KiB (performance.md)"},
     {"TORCH_MPIGPU_NODE_HOST_MPI_BELOW_BYTES", "4194304", "", ReadAt::GroupCreation,
      "the top of that window", Tier::Tuning,
      "2-core VM: the node algorithm ahead from 4 MiB at 3-4 ranks (performance.md)"},

@@ -152,8 +152,8 @@ class CudaOpBuffers final : public paths::OpBuffers {
     paths::noteStartWaitSince(start);
   }
 
-  void run(size_t slot, const std::function<void(at::Tensor&)>& mpiOn) override {
-    Slot& s = slots_.at(slot);
+  void run(size_t slot, c10::function_ref<void(at::Tensor&)> mpiOn) override {
+    Slot& s = slots_[slot];
     if (mode_ != Mode::Staged || !s.elementwise) {
       OpBuffers::run(slot, mpiOn);
       return;

@@ -174,14 +174,44 @@ c10::time_t wallNs(Recorder::When at) {
 uint64_t Recorder::record(const Op& op, const std::vector<at::Tensor>& inputs,
                           const std::vector<at::Tensor>& outputs, When created) {
   if (!enabled()) return kNone;
-  Entry e;
-  e.op = op;
-  e.created = wallNs(created);
-  describeTensors(inputs, e.sizes, e.inputDims, e.inputTypes);
+  // Symbolized only when dumped, as torch's recorder does; gathered outside the lock
+  // (microseconds).
+  std::shared_ptr<torch::CapturedTraceback> traceback;
+  if (pythonStacks_ || cppStacks_) {
+    traceback = torch::CapturedTraceback::gather(pythonStacks_, pythonStacks_, cppStacks_);
+  }
+  const uint64_t thread = threadKey();
   const bool inPlace =
       inputs.size() == outputs.size() &&
       std::equal(inputs.begin(), inputs.end(), outputs.begin(),
                  [](const at::Tensor& a, const at::Tensor& b) { return a.is_same(b); });
+  std::lock_guard<std::mutex> lock(mutex_);
+  Group& g = groups_.at(op.groupId);
+  if (!op.p2p) g.enqueued = static_cast<int64_t>(op.collectiveSeq);
+  // torch describes a group after creating it; the first op sees the description.
+  if (op.desc && g.desc != *op.desc) g.desc = *op.desc;
+  const uint64_t id = nextId_++;
+  if (entries_.size() < capacity_) {
+    entries_.emplace_back();
+  } else {
+    next_ = (next_ + 1) % capacity_;
+  }
+  // Written in place, the oldest entry's vectors reused: recording allocates nothing once the
+  // buffer is full (a small op's own cost, #68).
+  Entry& e = entries_[id % capacity_];
+  e.id = id;
+  e.op = op;
+  e.op.desc = nullptr;  // the group's, which may go before the entry does
+  e.created = wallNs(created);
+  e.started.reset();
+  e.completed.reset();
+  e.durationMs.reset();
+  e.sizes.clear();
+  e.inputDims.clear();
+  e.inputTypes.clear();
+  e.outputDims.clear();
+  e.outputTypes.clear();
+  describeTensors(inputs, e.sizes, e.inputDims, e.inputTypes);
   if (inPlace) {  // all_reduce and friends: the outputs are the inputs (a coalesced one has many)
     const size_t n = e.sizes.size();
     e.sizes.reserve(2 * n);
@@ -191,25 +221,8 @@ uint64_t Recorder::record(const Op& op, const std::vector<at::Tensor>& inputs,
   } else {
     describeTensors(outputs, e.sizes, e.outputDims, e.outputTypes);
   }
-  // Symbolized only when dumped, as torch's recorder does.
-  if (pythonStacks_ || cppStacks_) {
-    e.traceback = torch::CapturedTraceback::gather(pythonStacks_, pythonStacks_, cppStacks_);
-  }
-  e.thread = threadKey();
-  std::lock_guard<std::mutex> lock(mutex_);
-  Group& g = groups_.at(op.groupId);
-  if (!op.p2p) g.enqueued = static_cast<int64_t>(op.collectiveSeq);
-  // torch describes a group after creating it; the first op sees the description.
-  if (op.desc && g.desc != *op.desc) g.desc = *op.desc;
-  e.op.desc = nullptr;  // the group's, which may go before the entry does
-  const uint64_t id = nextId_++;
-  e.id = id;
-  if (entries_.size() < capacity_) {
-    entries_.push_back(std::move(e));
-  } else {
-    entries_[next_] = std::move(e);
-    next_ = (next_ + 1) % capacity_;
-  }
+  e.traceback = std::move(traceback);
+  e.thread = thread;
   return id;
 }
 

@@ -64,6 +64,8 @@ struct State {
   std::mutex mutex;
   std::condition_variable cv;
   std::map<uint64_t, Entry> running;
+  // Nodes of finished entries, reused: an op's watch costs no allocation (#68).
+  std::vector<std::map<uint64_t, Entry>::node_type> spareNodes;
   std::map<std::string, uint64_t> groupsMade;  // by name, for Published::keys
   // Groups this rank destroyed while hosting their store's server: held, the store with them,
   // until every member has left (looked at about once a second), at most until exit, so that the
@@ -492,13 +494,23 @@ Watchdog::Scope::Scope(Op op) {
   std::lock_guard<std::mutex> lock(st.mutex);
   startLocked(st);
   id_ = st.nextId++;
-  st.running.emplace(id_, Entry{std::move(op), Clock::now(), false});
+  Entry entry{std::move(op), Clock::now(), false};
+  if (st.spareNodes.empty()) {
+    st.running.emplace(id_, std::move(entry));
+    return;
+  }
+  auto node = std::move(st.spareNodes.back());
+  st.spareNodes.pop_back();
+  node.key() = id_;
+  node.mapped() = std::move(entry);
+  st.running.insert(std::move(node));
 }
 
 Watchdog::Scope::~Scope() {
   State& st = state();
   std::lock_guard<std::mutex> lock(st.mutex);
-  st.running.erase(id_);
+  auto node = st.running.extract(id_);
+  if (!node.empty() && st.spareNodes.size() < 16) st.spareNodes.push_back(std::move(node));
 }
 
 void Watchdog::stop() {

@@ -18,7 +18,7 @@ namespace {
 
 // A CUDA-aware future records events on its devices' current streams when completed, and makes
 // its consumers' streams wait for them; so it must know the devices.
-std::vector<c10::Device> devicesOf(const std::vector<std::shared_ptr<paths::OpBuffers>>& bufs) {
+std::vector<c10::Device> devicesOf(const WorkMPIGPU::Buffers& bufs) {
   std::vector<c10::Device> devices;
   for (const auto& b : bufs) {
     for (const auto& d : b->futureDevices()) {
@@ -28,7 +28,7 @@ std::vector<c10::Device> devicesOf(const std::vector<std::shared_ptr<paths::OpBu
   return devices;
 }
 
-std::vector<c10::Stream> streamsOf(const std::vector<std::shared_ptr<paths::OpBuffers>>& bufs) {
+std::vector<c10::Stream> streamsOf(const WorkMPIGPU::Buffers& bufs) {
   std::vector<c10::Stream> streams;
   for (const auto& b : bufs) {
     auto s = b->completionStream();
@@ -45,8 +45,7 @@ std::vector<c10::Stream> streamsOf(const std::vector<std::shared_ptr<paths::OpBu
 WorkMPIGPU::WorkMPIGPU(int rank, c10d::OpType type, const char* opName, uint64_t seq,
                        std::vector<at::Tensor> outputs, std::chrono::milliseconds timeout,
                        const char* profilingTitle,
-                       const std::optional<std::vector<at::Tensor>>& inputs,
-                       std::vector<std::shared_ptr<paths::OpBuffers>> buffers)
+                       const std::optional<std::vector<at::Tensor>>& inputs, Buffers buffers)
     : Work(rank, type, profilingTitle, inputs),
       opName_(opName),
       seq_(seq),
@@ -55,6 +54,20 @@ WorkMPIGPU::WorkMPIGPU(int rank, c10d::OpType type, const char* opName, uint64_t
       timeout_(timeout),
       buffers_(std::move(buffers)),
       created_(std::chrono::steady_clock::now()) {}
+
+std::vector<at::Tensor> WorkMPIGPU::outputsNow() const {
+  if (!outputsWeak_) return outputs_;
+  std::vector<at::Tensor> now;
+  now.reserve(weakOutputs_.size());
+  for (const auto& w : weakOutputs_) now.emplace_back(w.lock());  // undefined once dropped
+  return now;
+}
+
+void WorkMPIGPU::holdOutputsWeakly() {
+  for (const auto& t : outputs_) weakOutputs_.emplace_back(t.getIntrusivePtr());
+  outputsWeak_ = true;
+  outputs_.clear();
+}
 
 c10::intrusive_ptr<c10::ivalue::Future> WorkMPIGPU::makeFuture() const {
   return c10::make_intrusive<c10::ivalue::Future>(c10::ListType::ofTensors(), devicesOf(buffers_));
@@ -67,9 +80,10 @@ std::string WorkMPIGPU::describe() const {
   s << " (group rank " << rank_;
   if (worldRank_ >= 0) s << ", world rank " << worldRank_;
   int64_t numel = 0;
-  for (const auto& t : outputs_) numel += t.defined() ? t.numel() : 0;
-  if (!outputs_.empty() && outputs_[0].defined()) {
-    s << "; " << numel << " elements of " << outputs_[0].scalar_type();
+  const auto outputs = outputsNow();
+  for (const auto& t : outputs) numel += t.defined() ? t.numel() : 0;
+  if (!outputs.empty() && outputs[0].defined()) {
+    s << "; " << numel << " elements of " << outputs[0].scalar_type();
   }
   s << "; timeout " << timeout_.count() << " ms)";
   return s.str();
@@ -169,7 +183,7 @@ void WorkMPIGPU::markCompleted() {
       return runDoneCallbacks();
     }
   }
-  completeFutureAsync([future = future_, outputs = outputs_, streams = streamsOf(buffers_)] {
+  completeFutureAsync([future = future_, outputs = result(), streams = streamsOf(buffers_)] {
     // With the comm streams current, the future's events mark the op's end on them.
     c10::MultiStreamGuard onCommStreams(streams);
     future->markCompleted(c10::IValue(outputs));
@@ -181,7 +195,7 @@ void WorkMPIGPU::completeFuture() {
   // With the comm streams current, the future's events mark the op's end on them (recorded now,
   // after the op: later work on those streams can only make a consumer wait longer).
   c10::MultiStreamGuard onCommStreams(streamsOf(buffers_));
-  future_->markCompleted(c10::IValue(outputs_));
+  future_->markCompleted(c10::IValue(result()));
 }
 
 void WorkMPIGPU::markFailed(std::exception_ptr error) {
@@ -227,7 +241,7 @@ c10::intrusive_ptr<WorkMPIGPU> combineWorks(
     int rank, const char* opName, uint64_t seq,
     const std::vector<c10::intrusive_ptr<WorkMPIGPU>>& parts, std::chrono::milliseconds timeout) {
   std::vector<at::Tensor> outputs;
-  std::vector<std::shared_ptr<paths::OpBuffers>> buffers;
+  WorkMPIGPU::Buffers buffers;
   for (const auto& p : parts) {
     for (auto& t : p->result()) outputs.push_back(t);
     for (const auto& b : p->buffers()) buffers.push_back(b);

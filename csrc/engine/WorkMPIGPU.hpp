@@ -4,6 +4,7 @@
 #pragma once
 
 #include <ATen/core/ivalue.h>
+#include <c10/util/SmallVector.h>
 #include <torch/csrc/distributed/c10d/Work.hpp>
 
 #include <atomic>
@@ -33,12 +34,14 @@ class ProgressDriver {
 
 class WorkMPIGPU : public c10d::Work {
  public:
+  // An op's buffers: one for most ops (kept inline, no allocation), several for a coalesced one.
+  using Buffers = c10::SmallVector<std::shared_ptr<paths::OpBuffers>, 1>;
   // `profilingTitle` and `inputs` open torch's profiler event for the op: pass them only while a
   // profiler is active (profilerActive()); otherwise torch's Work would allocate one to find out.
   WorkMPIGPU(int rank, c10d::OpType type, const char* opName, uint64_t seq,
              std::vector<at::Tensor> outputs, std::chrono::milliseconds timeout,
              const char* profilingTitle, const std::optional<std::vector<at::Tensor>>& inputs,
-             std::vector<std::shared_ptr<paths::OpBuffers>> buffers = {});
+             Buffers buffers = {});
 
   // With no timeout argument the op's timeout (the group's, or the op option) applies: a op that
   // has not finished by then raises DistBackendError naming it, instead of waiting forever.
@@ -51,8 +54,16 @@ class WorkMPIGPU : public c10d::Work {
   bool waitSettled(std::chrono::milliseconds timeout);
   // Orders the current stream after a completed op (no-op for host tensors).
   void synchronize() override;
-  std::vector<at::Tensor> result() override { return outputs_; }
+  std::vector<at::Tensor> result() override { return outputsNow(); }
+  // Until holdOutputsWeakly(): what result() returns, without a copy.
   const std::vector<at::Tensor>& outputs() const { return outputs_; }
+  // For an op that completed on the caller's thread, before the group hands the Work back: the
+  // Work keeps its outputs as weak references (result() and the future still give them while the
+  // caller holds them). torch destroys a Work with the GIL released, and dropping a tensor's last
+  // C++ reference there takes the GIL back to release its Python object (torch 2.13+: PyObject
+  // preservation), a GIL round trip per small op; dropped here, before the caller's own
+  // references go, that happens where the caller's binding already holds the GIL.
+  void holdOutputsWeakly();
   std::chrono::steady_clock::time_point createdAt() const { return created_; }
   c10::intrusive_ptr<c10::ivalue::Future> getFuture() override;
   int sourceRank() const override;
@@ -81,7 +92,7 @@ class WorkMPIGPU : public c10d::Work {
   // Runs `fn` when the work completes (at once if it already has): used to build one Work out of
   // several (coalescing).
   void onDone(std::function<void(WorkMPIGPU&)> fn);
-  const std::vector<std::shared_ptr<paths::OpBuffers>>& buffers() const { return buffers_; }
+  const Buffers& buffers() const { return buffers_; }
   // For point-to-point: wait() first drives MPI progress itself (tests the group's pending
   // requests) for a short while, instead of sleeping until the worker thread notices the
   // completion and wakes it. Set before the work is handed out.
@@ -94,6 +105,7 @@ class WorkMPIGPU : public c10d::Work {
 
  private:
   void runDoneCallbacks();
+  std::vector<at::Tensor> outputsNow() const;
   // From the start (or creation) to the finish: with mutex_ held, or by the thread settling it.
   float ranMsLocked() const;
   void completeFuture();  // with futureMutex_ held
@@ -106,8 +118,11 @@ class WorkMPIGPU : public c10d::Work {
   // Completed or failed once: abort() may fail an op whose MPI call returns later.
   std::atomic<bool> settled_{false};
   std::vector<at::Tensor> outputs_;
+  using WeakTensor = c10::weak_intrusive_ptr<c10::TensorImpl, c10::UndefinedTensorImpl>;
+  c10::SmallVector<WeakTensor, 1> weakOutputs_;  // outputs_ once held weakly
+  bool outputsWeak_ = false;
   const std::chrono::milliseconds timeout_;
-  const std::vector<std::shared_ptr<paths::OpBuffers>> buffers_;
+  const Buffers buffers_;
   // Made by the first getFuture() (most ops are never asked for one): until then nobody can have
   // attached a callback, so settling it waits for that request instead of the completer pool.
   // futureMutex_ makes "not requested yet, so leave it to getFuture()" atomic against it.

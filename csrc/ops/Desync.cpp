@@ -25,10 +25,13 @@ constexpr int kWire = kFields + 3;
 static_assert(sizeof(Wire) == kWire * sizeof(int64_t), "Wire: 8 int64");
 
 uint64_t fold(uint64_t digest, const Fingerprint& fp) {
-  // FNV-1a over the five fields: order-sensitive, nanoseconds per op
-  const auto* bytes = reinterpret_cast<const unsigned char*>(&fp);
+  // FNV-1a's step a field at a time, each product's high bits folded back down so every bit of
+  // a field reaches the whole digest: order-sensitive, a few nanoseconds per op
   uint64_t h = digest == 0 ? 1469598103934665603ULL : digest;
-  for (size_t i = 0; i < sizeof(Fingerprint); ++i) h = (h ^ bytes[i]) * 1099511628211ULL;
+  for (const int64_t field : {fp.type, fp.dtype, fp.numel, fp.root, fp.redop}) {
+    h = (h ^ static_cast<uint64_t>(field)) * 1099511628211ULL;
+    h ^= h >> 32;
+  }
   return h;
 }
 

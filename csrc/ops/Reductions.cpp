@@ -62,9 +62,35 @@ std::vector<int64_t> blockCounts(const Group& g, const char* op,
   return counts;
 }
 
+// One tensor (every dist.all_reduce): no fusion to plan, so none of the buckets' vectors; the
+// common small op pays only for what it uses (#68).
+Plan allreduceOne(const Group& g, std::vector<at::Tensor>& tensors,
+                  const c10d::AllreduceOptions& opts) {
+  const char* op = "allreduce";
+  const algo::Algorithm* ours = g.choose(algo::OpKind::Allreduce, tensors);
+  auto red = mpi::resolveReduction(opts.reduceOp, tensors[0].scalar_type(), op, g.rank);
+  auto bufs = g.reduceBuffers(tensors[0], ours != nullptr);
+  const size_t slot = bufs->add(tensors[0], Access::ReadWrite, /*elementwise=*/true);
+  if (g.onDeviceSlots(ours)) bufs->deferStartWait();
+  return reducing(
+      Plan{c10d::OpType::ALLREDUCE, op, tensors, tensors, opts.timeout, opts.asyncOp, bufs,
+           [gp = &g, op, slot, red = std::move(red), ours](OpBuffers& b) {
+             b.run(slot, [&](at::Tensor& t) {
+               if (ours == nullptr) {
+                 mpi::allreduceInPlace(gp->comm, op, t, red);
+                 return;
+               }
+               gp->withAlgorithm(b, op, t, red,
+                                 [&](algo::Context& c) { algo::allreduce(c, *ours, t); });
+             });
+           }},
+      opts.reduceOp);
+}
+
 Plan allreduce(const Group& g, std::vector<at::Tensor>& tensors,
                const c10d::AllreduceOptions& opts) {
   const char* op = "allreduce";
+  if (tensors.size() == 1) return allreduceOne(g, tensors, opts);
   for (const auto& t : tensors) checkSameDevice(op, g.rank, tensors[0], t, "a tensor");
   struct Bucket {
     size_t slot;

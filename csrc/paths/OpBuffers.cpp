@@ -45,8 +45,8 @@ int64_t OpBuffers::bytes() const {
   return total;
 }
 
-void OpBuffers::run(size_t slot, const std::function<void(at::Tensor&)>& mpiOn) {
-  Slot& s = slots_.at(slot);
+void OpBuffers::run(size_t slot, c10::function_ref<void(at::Tensor&)> mpiOn) {
+  Slot& s = slots_[slot];
   if (s.elementwise)
     runInPieces(s, s.mpi, mpiOn);
   else
@@ -59,7 +59,7 @@ int64_t OpBuffers::pieceNumel(const Slot& s) const {
 }
 
 void OpBuffers::runInPieces(const Slot& s, at::Tensor& flat,
-                            const std::function<void(at::Tensor&)>& mpiOn) const {
+                            c10::function_ref<void(at::Tensor&)> mpiOn) const {
   const int64_t per = pieceNumel(s), numel = flat.numel();
   if (numel <= per) {
     mpiOn(flat);
@@ -217,8 +217,8 @@ class HostOpBuffers final : public OpBuffers {
     }
   }
 
-  void run(size_t slot, const std::function<void(at::Tensor&)>& mpiOn) override {
-    Slot& s = slots_.at(slot);
+  void run(size_t slot, c10::function_ref<void(at::Tensor&)> mpiOn) override {
+    Slot& s = slots_[slot];
     if (!s.deferred || !s.elementwise) {
       OpBuffers::run(slot, mpiOn);
       return;

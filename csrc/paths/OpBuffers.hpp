@@ -19,6 +19,8 @@
 #include <ATen/ATen.h>
 #include <c10/core/Stream.h>
 #include <c10/core/StreamGuard.h>
+#include <c10/util/FunctionRef.h>
+#include <c10/util/SmallVector.h>
 
 #include <chrono>
 #include <functional>
@@ -95,7 +97,7 @@ class OpBuffers {
   // Runs `mpiOn` over an elementwise slot's MPI buffer: whole, or once per consecutive piece
   // where the group cuts them (cutInPieces); paths that stage copy in and out around each piece.
   // Do not call stageIn/stageOut work for this slot yourself.
-  virtual void run(size_t slot, const std::function<void(at::Tensor&)>& mpiOn);
+  virtual void run(size_t slot, c10::function_ref<void(at::Tensor&)> mpiOn);
   // Set by PathFactory before the first add(): elementwise slots go to MPI in pieces of this many
   // bytes (0: whole). Agreed over the group, because MPI's collectives need the same calls with
   // the same counts on every rank, whatever device each rank's tensors are on.
@@ -104,7 +106,7 @@ class OpBuffers {
   // the op's end for the consumers.
   virtual void stageOut() = 0;
   // The flat MPI buffer of a slot (valid after stageIn for non-elementwise slots).
-  at::Tensor& mpi(size_t slot) { return slots_.at(slot).mpi; }
+  at::Tensor& mpi(size_t slot) { return slots_[slot].mpi; }
   // After stageOut: drops the tensors and staging memory (the Work may live much longer).
   virtual void release() { slots_.clear(); }
 
@@ -155,11 +157,11 @@ class OpBuffers {
   int64_t pieceNumel(const Slot& s) const;
   // `mpiOn` over `flat` (the slot's MPI buffer) whole or in its pieces.
   void runInPieces(const Slot& s, at::Tensor& flat,
-                   const std::function<void(at::Tensor&)>& mpiOn) const;
+                   c10::function_ref<void(at::Tensor&)> mpiOn) const;
 
   const char* const path_;
   const at::Device device_;
-  std::vector<Slot> slots_;
+  c10::SmallVector<Slot, 1> slots_;  // one for most ops: kept inline, no allocation
   int64_t pieceBytes_ = 0;
 };
 

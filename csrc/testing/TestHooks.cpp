@@ -54,7 +54,8 @@ void reduceStep(const at::Tensor& dst, const at::Tensor& a, const at::Tensor& b,
 
 // _auto_algorithm: algo::choose for facts given by a test, under the current settings.
 std::string autoAlgorithm(const std::string& op, int64_t bytes, at::ScalarType dtype, int world,
-                          bool groupHasGpu, bool nodeSuits, bool spansNodes, bool onSharedDevice) {
+                          bool groupHasGpu, bool nodeSuits, bool spansNodes, bool onSharedDevice,
+                          bool crowded) {
   using mpigpu::algo::OpKind;
   static const std::map<std::string, OpKind> kinds{{"all_reduce", OpKind::Allreduce},
                                                    {"reduce_scatter", OpKind::ReduceScatter},
@@ -64,8 +65,8 @@ std::string autoAlgorithm(const std::string& op, int64_t bytes, at::ScalarType d
   auto kind = kinds.find(op);
   if (kind == kinds.end()) throw py::value_error("_auto_algorithm: no op named " + op);
   const auto config = mpigpu::Config::fromEnv();
-  const mpigpu::algo::Facts facts{kind->second, bytes,     dtype,      world,
-                                  groupHasGpu,  nodeSuits, spansNodes, onSharedDevice};
+  const mpigpu::algo::Facts facts{kind->second, bytes,      dtype,          world,  groupHasGpu,
+                                  nodeSuits,    spansNodes, onSharedDevice, crowded};
   const auto* a = mpigpu::algo::choose(mpigpu::algo::policyFor(config.algo), config, facts);
   return a != nullptr ? a->name : "mpi";
 }
@@ -123,7 +124,7 @@ void bindAlgorithmHooks(py::module_& m) {
         "alone.");
   m.def("_auto_algorithm", &autoAlgorithm, py::arg("op"), py::arg("bytes"), py::arg("dtype"),
         py::arg("world"), py::arg("group_has_gpu"), py::arg("node_suits"), py::arg("spans_nodes"),
-        py::arg("on_shared_device"),
+        py::arg("on_shared_device"), py::arg("crowded") = false,
         "The algorithm auto (or TORCH_MPIGPU_ALGO) takes for an op of these facts with the current "
         "settings (unit tests of the table's rules): a row's name, or 'mpi' for MPI's own.");
   m.def(
