@@ -73,11 +73,12 @@ def test_auto_rules_at_their_thresholds():
     # across nodes
     assert pick("all_reduce", 4, gpu=False) == pick("broadcast", 4, gpu=False) == "node"
     window_from = int(cfg.get("TORCH_MPIGPU_NODE_HOST_MPI_FROM_BYTES"))
+    window_below = int(cfg.get("TORCH_MPIGPU_NODE_HOST_MPI_BELOW_BYTES"))
     crowded_from = int(cfg.get("TORCH_MPIGPU_NODE_HOST_MPI_CROWDED_FROM_BYTES"))
-    below = int(cfg.get("TORCH_MPIGPU_NODE_HOST_MPI_BELOW_BYTES"))
-    assert 0 < window_from < crowded_from < below
+    crowded_below = int(cfg.get("TORCH_MPIGPU_NODE_HOST_MPI_CROWDED_BELOW_BYTES"))
+    assert 0 < window_from < crowded_from < crowded_below < window_below
     for world, crowded in ((2, False), (3, False), (8, False), (3, True), (4, True)):
-        start = crowded_from if crowded else window_from
+        start, below = (crowded_from, crowded_below) if crowded else (window_from, window_below)
         for nbytes, want in ((start - 4, "node"), (start, "mpi"), (below - 4, "mpi"),
                              (below, "node")):
             assert pick("all_reduce", nbytes, gpu=False, world=world, crowded=crowded) == want, \

@@ -310,8 +310,9 @@ bool nodePicks(const Config& config, const Facts& f) {
   }
   if (f.spansNodes) return f.bytes >= config.nodeAcrossMinBytes;
   const int64_t from = f.crowded ? config.nodeHostMpiCrowdedFromBytes : config.nodeHostMpiFromBytes;
-  return f.kind != OpKind::Allreduce || isHalf(f.dtype) || f.bytes < from ||
-         f.bytes >= config.nodeHostMpiBelowBytes;
+  const int64_t below =
+      f.crowded ? config.nodeHostMpiCrowdedBelowBytes : config.nodeHostMpiBelowBytes;
+  return f.kind != OpKind::Allreduce || isHalf(f.dtype) || f.bytes < from || f.bytes >= below;
 }
 std::string nodeRule(const Config& config, bool groupHasGpu) {
   if (config.nodeBufferBytes == 0) return "";
@@ -325,9 +326,10 @@ std::string nodeRule(const Config& config, bool groupHasGpu) {
   return c10::str(
       "node (reductions, all_gather, broadcast) where more than one rank shares a node: inside "
       "one node at any size (fp32/fp64/integer all_reduce: below ",
-      config.nodeHostMpiFromBytes, " (", config.nodeHostMpiCrowdedFromBytes,
-      " on crowded hosts) and from ", config.nodeHostMpiBelowBytes, " bytes), from ",
-      config.nodeAcrossMinBytes, " bytes across nodes");
+      config.nodeHostMpiFromBytes, " and from ", config.nodeHostMpiBelowBytes,
+      " bytes; on crowded hosts below ", config.nodeHostMpiCrowdedFromBytes, " and from ",
+      config.nodeHostMpiCrowdedBelowBytes, "), from ", config.nodeAcrossMinBytes,
+      " bytes across nodes");
 }
 
 bool ringPicks(const Config& config, const Facts& f) {

@@ -93,6 +93,8 @@ void readNodeSettings(Config& c) {
   c.nodeHostMpiCrowdedFromBytes =
       parseInt("TORCH_MPIGPU_NODE_HOST_MPI_CROWDED_FROM_BYTES", 0, kHuge);
   c.nodeHostMpiBelowBytes = parseInt("TORCH_MPIGPU_NODE_HOST_MPI_BELOW_BYTES", 0, kHuge);
+  c.nodeHostMpiCrowdedBelowBytes =
+      parseInt("TORCH_MPIGPU_NODE_HOST_MPI_CROWDED_BELOW_BYTES", 0, kHuge);
   c.nodeSharedGpuAllreduceBytes =
       parseInt("TORCH_MPIGPU_NODE_SHARED_GPU_ALLREDUCE_BYTES", 0, kHuge);
   c.pretendNodes = static_cast<int>(parseInt("TORCH_MPIGPU_TEST_PRETEND_NODES", 1, 1 << 20));

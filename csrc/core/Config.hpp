@@ -114,12 +114,13 @@ struct Config {
   // auto: groups that span nodes take the node algorithm (hierarchical) from this size.
   int64_t nodeAcrossMinBytes = 0;
   // auto, groups without a GPU inside one node: all_reduce (not fp16/bf16) from
-  // nodeHostMpiFromBytes (nodeHostMpiCrowdedFromBytes where a member's host has more ranks
-  // than cores) up to below nodeHostMpiBelowBytes takes MPI's own, the node algorithm outside
-  // that window (the evidence: algorithms/Algorithms.cpp, nodePicks).
+  // nodeHostMpiFromBytes up to below nodeHostMpiBelowBytes (the Crowded pair where a member's
+  // host has more ranks than cores) takes MPI's own, the node algorithm outside that window (the
+  // evidence: algorithms/Algorithms.cpp, nodePicks).
   int64_t nodeHostMpiFromBytes = 0;
-  int64_t nodeHostMpiCrowdedFromBytes = 0;
   int64_t nodeHostMpiBelowBytes = 0;
+  int64_t nodeHostMpiCrowdedFromBytes = 0;
+  int64_t nodeHostMpiCrowdedBelowBytes = 0;
   // auto: all_reduce of CUDA tensors where the ranks of one node share a GPU takes the node
   // algorithm's leader form from this size (the evidence: algorithms/Algorithms.cpp, nodePicks).
   int64_t nodeSharedGpuAllreduceBytes = 0;

@@ -70,8 +70,7 @@ const SettingSpec kSettings[] = {
      "blocking host ops up to this size run on the calling thread when the group is idle, and "
      "host send/recv are posted there and tested by `wait()`; `0`: always on the worker",
      Tier::Tuning,
-     "no limit: a blocking op's caller waits anyway, and running it there saves the hand-off to "
-     "the worker at every size (performance.md, host overhead)"},
+     "no limit: the caller waits anyway; running there saves the hand-off at every size"},
     {"TORCH_MPIGPU_DESYNC_CHECK_FIRST_OPS", "64", "", ReadAt::GroupCreation,
      "`DESYNC_CHECK=auto`: a group compares each of its first this many collectives before it "
      "runs",
@@ -121,10 +120,9 @@ const SettingSpec kSettings[] = {
      "pieces of this size (each piece one or two barriers of the node's ranks)",
      Tier::Tuning, "not measured: a memory cap (256 MiB per rank and half)"},
     {"TORCH_MPIGPU_NODE_DEVICE_ORDER", "auto", "", ReadAt::GroupCreation,
-     "node algorithm in device slots, how the node's ranks wait for each other: `host` (each "
-     "waits for its GPU, then a host barrier: ranks sharing a GPU), `device` (a kernel marks "
-     "and waits on peers' flags: a GPU per rank), `auto`: `device` where every rank has a GPU "
-     "of its own, else `host`",
+     "node algorithm in device slots, how ranks wait for each other: `host` (its GPU, then a "
+     "host barrier), `device` (a kernel waits on peers' flags), `auto`: `device` where every "
+     "rank has a GPU of its own",
      Tier::Tuning,
      "a kernel that spins on another process's flag pays a whole time slice on a shared GPU"},
     {"TORCH_MPIGPU_NODE_LEADER", "auto", "", ReadAt::GroupCreation,
@@ -156,13 +154,14 @@ const SettingSpec kSettings[] = {
     {"TORCH_MPIGPU_NODE_HOST_MPI_FROM_BYTES", "2048", "", ReadAt::GroupCreation,
      "auto, no GPU, one node: all_reduce (not fp16/bf16) from this size to below "
      "`NODE_HOST_MPI_BELOW_BYTES` uses MPI's own, not the node algorithm",
-     Tier::Tuning, "2-core Xeon VM, 2 ranks: MPI's own ahead from 2 KiB (performance.md)"},
+     Tier::Tuning, "2 ranks: MPI's own ahead from 2 KiB (performance.md)"},
+    {"TORCH_MPIGPU_NODE_HOST_MPI_BELOW_BYTES", "33554432", "", ReadAt::GroupCreation,
+     "the top of that window", Tier::Tuning, "2 ranks: the node algorithm ahead from 32 MiB"},
     {"TORCH_MPIGPU_NODE_HOST_MPI_CROWDED_FROM_BYTES", "8192", "", ReadAt::GroupCreation,
-     "`NODE_HOST_MPI_FROM_BYTES` where a member's host runs more ranks than cores", Tier::Tuning,
-     "2-core VM, 3-4 ranks: the node algorithm ahead below 8 KiB (performance.md)"},
-    {"TORCH_MPIGPU_NODE_HOST_MPI_BELOW_BYTES", "4194304", "", ReadAt::GroupCreation,
-     "the top of that window", Tier::Tuning,
-     "2-core VM: the node algorithm ahead from 4 MiB at 3-4 ranks (performance.md)"},
+     "`NODE_HOST_MPI_FROM_BYTES` where a host runs more ranks than cores", Tier::Tuning,
+     "3-4 ranks on 2 cores: the node algorithm ahead below 8 KiB"},
+    {"TORCH_MPIGPU_NODE_HOST_MPI_CROWDED_BELOW_BYTES", "4194304", "", ReadAt::GroupCreation,
+     "`NODE_HOST_MPI_BELOW_BYTES` there", Tier::Tuning, "there: the node algorithm from 4 MiB"},
     {"TORCH_MPIGPU_NODE_SHARED_GPU_ALLREDUCE_BYTES", "1048576", "", ReadAt::GroupCreation,
      "auto, CUDA tensors where a node's ranks share a GPU: all_reduce from this size takes the "
      "node algorithm's leader form, smaller ones MPI's own",

@@ -91,6 +91,11 @@ std::string WorkMPIGPU::describe() const {
 
 bool WorkMPIGPU::wait(std::chrono::milliseconds timeout) {
   if (awaited_) awaited_->store(true, std::memory_order_relaxed);
+  if (published_.load(std::memory_order_acquire)) {  // settled already (an inline op): no lock
+    if (exception_) std::rethrow_exception(exception_);
+    synchronize();
+    return true;
+  }
   const auto limit = timeout == kNoTimeout ? timeout_ : timeout;
   if (auto driver = driver_.lock(); driver && !isCompleted()) {
     // A reply usually lands within microseconds: test for it here rather than pay a thread
@@ -174,6 +179,7 @@ void WorkMPIGPU::markCompleted() {
   finished_ = std::chrono::steady_clock::now();
   fr::Recorder::get().finished(flightRecord_, finished_, ranMsLocked());
   finish();
+  published_.store(true, std::memory_order_release);
   {
     std::lock_guard<std::mutex> lock(futureMutex_);
     if (!future_) {
@@ -203,6 +209,7 @@ void WorkMPIGPU::markFailed(std::exception_ptr error) {
   finished_ = std::chrono::steady_clock::now();  // (as in markCompleted)
   fr::Recorder::get().finished(flightRecord_, finished_, ranMsLocked());
   finish(error);
+  published_.store(true, std::memory_order_release);
   {
     std::lock_guard<std::mutex> lock(futureMutex_);
     if (!future_) {

@@ -117,6 +117,8 @@ class WorkMPIGPU : public c10d::Work {
   int worldRank_ = -1;
   // Completed or failed once: abort() may fail an op whose MPI call returns later.
   std::atomic<bool> settled_{false};
+  // Set once finish() has published the outcome (exception_ included): wait() reads it unlocked.
+  std::atomic<bool> published_{false};
   std::vector<at::Tensor> outputs_;
   using WeakTensor = c10::weak_intrusive_ptr<c10::TensorImpl, c10::UndefinedTensorImpl>;
   c10::SmallVector<WeakTensor, 1> weakOutputs_;  // outputs_ once held weakly

@@ -224,12 +224,11 @@ def ranks_sharing_a_node(ops, shape, described, stale):
         node = ran("node", lambda: ops.all_reduce(dtype, numel, 60 + i))
         c.true(f"{dtype} all_reduce of {numel} elements: node", node)
     # where a member's host runs more ranks than cores (as this job's crowding, agreed over the
-    # group, says), the window starts later
-    crowded = dist.group.WORLD._get_backend(torch.device("cpu")).describe()
-    window_from = int(torch_mpi_gpu.config.get("TORCH_MPIGPU_NODE_HOST_MPI_CROWDED_FROM_BYTES"
-                                               if "; crowded:" in crowded else
-                                               "TORCH_MPIGPU_NODE_HOST_MPI_FROM_BYTES"))
-    window_below = int(torch_mpi_gpu.config.get("TORCH_MPIGPU_NODE_HOST_MPI_BELOW_BYTES"))
+    # group, says), the crowded window
+    crowded = "; crowded:" in dist.group.WORLD._get_backend(torch.device("cpu")).describe()
+    prefix = "TORCH_MPIGPU_NODE_HOST_MPI_" + ("CROWDED_" if crowded else "")
+    window_from = int(torch_mpi_gpu.config.get(prefix + "FROM_BYTES"))
+    window_below = int(torch_mpi_gpu.config.get(prefix + "BELOW_BYTES"))
     for i, (nbytes, want) in enumerate([(4, True), (window_from - 4, True), (window_from, False),
                                         (window_below - 4, False), (window_below, True)]):
         node = ran("node", lambda: ops.all_reduce(torch.float32, nbytes // 4, 64 + i))
