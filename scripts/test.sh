@@ -295,6 +295,8 @@ cuda_leg() {
       # GPU tests (which must skip cleanly), the collectives and DDP at 2 ranks, and the tests' own
       # device beside CUDA's registered paths (alone at 2 ranks, mixed with CPU ranks at 3), and
       # splitting on it (this leg's torch, 2.15 as 2.14, keeps split_ranks' order where 2.13 sorts).
+      # And, this leg's torch being the newest, the rest of scripts/torch_versions.sh's 2-rank
+      # smoke (FSDP2, point-to-point groups, the backend surface: what a new torch changes).
       # (the single-process files by their file names: "test_settings" alone would also pick
       # test_docs.py's and test_multirank.py's test_settings_* tests)
       run_suite "$CUDA_VENV" "CUDA build, no GPU: what the build changes" \
@@ -302,8 +304,9 @@ cuda_leg() {
         test_observability.py test_benchmarks.py test_docs.py test_gpu.py test_multirank.py \
         -k "test_launch_env.py or test_watchdog.py or test_settings.py or test_algorithm_choice.py \
 or test_build.py or test_observability.py or test_benchmarks.py or test_readme_and_docs_links_resolve \
-or test_our_code_calls_torchs_current_collective_names or test_gpu or ((test_collectives or test_ddp_matches) and [2] \
-and not algorithm and not split and not shared) or device_of_its_own or split_groups" "$@"
+or test_our_code_calls_torchs_current_collective_names or test_gpu or ((test_collectives or test_ddp_matches \
+or test_fsdp2 or test_p2p_async_groups or backend_surface) and [2] and not algorithm and not split and not shared \
+and not crowding) or device_of_its_own or split_groups" "$@"
     fi
   fi
 }
