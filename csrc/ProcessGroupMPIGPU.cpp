@@ -78,6 +78,7 @@ std::pair<c10::intrusive_ptr<WorkMPIGPU>, bool> ProcessGroupMPIGPU::newWork(
 }
 
 c10::intrusive_ptr<c10d::Work> ProcessGroupMPIGPU::enqueue(ops::Plan plan) {
+  if (C10_UNLIKELY(estimate_.active())) return estimate_.add(group_, plan);  // planned, not run
   const char* op = plan.op;
   const c10d::OpType type = plan.type;
   const bool asyncOp = plan.asyncOp;
@@ -273,6 +274,14 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupMPIGPU::barrier(const c10d::BarrierOp
   return enqueue(ops::barrier(group_, opts));
 }
 
+// torch's _time_estimator (ops/TimeEstimate.hpp).
+void ProcessGroupMPIGPU::startTimeEstimate() {
+  currentEngine("_start_time_estimate");  // a destroyed or aborted group says so
+  estimate_.start(logPrefix());
+}
+
+float ProcessGroupMPIGPU::endTimeEstimate() { return estimate_.end(group_); }
+
 // ---------------------------------------------------------------------------------------------
 // Point-to-point: posted in issue order (on the caller when nothing is ahead, else on the
 // worker), completed as MPI finishes them (found by the worker's polling or a waiting caller).
@@ -336,6 +345,7 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupMPIGPU::enqueueP2P(c10d::OpType type,
                                                               at::Tensor tensor, int peer,
                                                               int tag) {
   checkP2P(op, tensor, peer, tag);
+  if (C10_UNLIKELY(estimate_.active())) return estimate_.addP2P(group_, type, op, tensor);
   const auto engine = currentEngine(op);
   const bool sending = type == c10d::OpType::SEND;
   auto bufs = group_.buffers(tensor);

@@ -23,6 +23,7 @@
 #include "mpi/Collectives.hpp"
 #include "ops/Desync.hpp"
 #include "ops/OpPlan.hpp"
+#include "ops/TimeEstimate.hpp"
 #include "paths/Devices.hpp"
 
 namespace mpigpu {
@@ -39,6 +40,11 @@ class ProcessGroupMPIGPU : public c10d::Backend {
 
   const std::string getBackendName() const override { return "mpigpu"; }
   bool supportsCoalescing() const override { return true; }
+  // torch's _time_estimator: the ops this thread issues in between are checked, not run, and
+  // their times predicted by a cost model (ops/TimeEstimate.hpp); the end returns microseconds.
+  bool supportsTimeEstimation() const override { return true; }
+  void startTimeEstimate() MPIGPU_OVERRIDE_SINCE_2_15;
+  float endTimeEstimate() MPIGPU_OVERRIDE_SINCE_2_15;
 
   // Splitting (torch's split_group, and DeviceMesh where the default group has a device_id):
   // collective over this group, each rank passing its own child's ranks in child-rank order, or
@@ -212,6 +218,8 @@ class ProcessGroupMPIGPU : public c10d::Backend {
   std::shared_ptr<std::atomic<uint64_t>> collectives_ = std::make_shared<std::atomic<uint64_t>>(0);
   // Point-to-point ops issued by this rank (numbered apart: they differ from rank to rank).
   std::atomic<uint64_t> p2pSeq_{0};
+  // Open between startTimeEstimate and endTimeEstimate: enqueue and enqueueP2P hand it their op.
+  ops::TimeEstimate estimate_;
 
   // The last split: torch 2.13 asks a backend that serves several device types once per type,
   // with the same store, and keeps the first child; those calls get it without splitting again

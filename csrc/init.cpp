@@ -79,7 +79,11 @@ void bindProcessGroup(py::module_& m) {
       // torch's _set_pg_timeout (torch 2.8 binds set_timeout on gloo's and NCCL's classes only)
       .def("set_timeout", &ProcessGroupMPIGPU::setTimeout, py::arg("timeout"))
       .def("register_mem_pool", [](ProcessGroupMPIGPU&, const py::args&, const py::kwargs&) {})
-      .def("deregister_mem_pool", [](ProcessGroupMPIGPU&, const py::args&, const py::kwargs&) {});
+      .def("deregister_mem_pool", [](ProcessGroupMPIGPU&, const py::args&, const py::kwargs&) {})
+      // torch's _time_estimator calls these (torch 2.15 binds them on every backend; before, on
+      // NCCL's class only)
+      .def("_start_time_estimate", &ProcessGroupMPIGPU::startTimeEstimate)
+      .def("_end_time_estimate", &ProcessGroupMPIGPU::endTimeEstimate);
 }
 
 void bindSettings(py::module_& m) {

@@ -14,6 +14,10 @@
 #                       torch_mpi_gpu/ holds its extension and imports from the repository root
 #                       too; 0: an ordinary install into the venv (the test legs' other venvs:
 #                       one checkout holds one in-place build)
+#   MPIGPU_TORCH_UNCAPPED 1: pip's configured constraint files (a machine's cap on torch, as
+#                       this VM's /etc/xdg/pip/constraints.txt) do not apply to this venv's
+#                       installs, so TORCH_SPEC may name a newer torch than the cap (the CUDA
+#                       leg's newest), and later installs here (extras, the build) keep it
 set -euo pipefail
 ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 VENV="${MPIGPU_VENV:-$ROOT/.venv}"
@@ -23,6 +27,9 @@ if [ ! -x "$VENV/bin/python" ]; then
   python3 -m venv "$VENV"
 fi
 PY="$VENV/bin/python"
+# every pip command below: with the cap, the extras' and the build's own torch requirement would
+# take torch back down to it
+[ "${MPIGPU_TORCH_UNCAPPED:-0}" != 1 ] || export PIP_CONSTRAINT=/dev/null
 "$PY" -m pip install -q --upgrade pip >/dev/null
 "$PY" -m pip install -q "$TORCH_SPEC"
 echo "setup: $TORCH_SPEC installed in $VENV (at ${SECONDS} s)"

@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # The test command: sets everything up (venv, torch, MPI, build) and runs the whole suite,
-# multi-rank jobs under mpirun at 1-4 ranks included, then builds with CUDA (torch's CUDA wheel,
-# every CUDA source compiled with nvcc) so a CUDA compile break fails too: where a GPU is visible
+# multi-rank jobs under mpirun at 1-4 ranks included, then builds with CUDA (the newest torch's
+# CUDA wheel, every CUDA source compiled with nvcc) so a CUDA compile break, or one from torch's
+# newest headers, fails too: where a GPU is visible
 # the whole suite runs again on that build, elsewhere what the build changes (single-process
 # tests, the GPU tests skipping, the core collectives).
 # The CPU leg starts with scripts/lint.sh (clang-format, function length, ruff).
@@ -20,7 +21,9 @@
 #   MPIGPU_ALLOW_SKIPS          what may skip instead of failing: slurm, hosts, ompi41 (legs that cannot
 #                               start), libraries, torch-version, not-cuda-aware (tests/conftest.py)
 #   CUDA_HOME                   default /usr/local/cuda; TORCH_CUDA_ARCH_LIST default 9.0
-#   CUDA_TORCH_SPEC             torch for the CUDA build (default torch==2.14.1, CUDA 13.0)
+#   CUDA_TORCH_SPEC             torch for the CUDA build (default torch==2.15.0, the newest on
+#                               PyPI; installed past a pip constraint that caps torch lower,
+#                               setup_env.sh's MPIGPU_TORCH_UNCAPPED)
 set -euo pipefail
 ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1
@@ -82,8 +85,8 @@ setup_cuda() {
   if [[ "$ready" != *cuda* ]] && ! wait_for_background_setup cuda; then
     # the CUDA torch wheels take ~6 GiB installed, and pip's download sits beside them meanwhile
     echo "CUDA build: $(df -Pk "$ROOT" | awk 'NR == 2 { print int($4 / 1048576) }') GiB free on $ROOT (about 10 needed)"
-    MPIGPU_VENV="$CUDA_VENV" TORCH_SPEC="${CUDA_TORCH_SPEC:-torch==2.14.1}" MPIGPU_IN_PLACE=0 \
-      TORCH_MPIGPU_WITH_CUDA=1 setup_env || return
+    MPIGPU_VENV="$CUDA_VENV" TORCH_SPEC="${CUDA_TORCH_SPEC:-torch==2.15.0}" MPIGPU_TORCH_UNCAPPED=1 \
+      MPIGPU_IN_PLACE=0 TORCH_MPIGPU_WITH_CUDA=1 setup_env || return
   fi
   ready="$ready cuda"
 }
@@ -291,7 +294,9 @@ cuda_leg() {
       # changes, as a smoke set: the single-process tests (CUDA path choice, settings, hooks), the
       # GPU tests (which must skip cleanly), the collectives and DDP at 2 ranks, and the tests' own
       # device beside CUDA's registered paths (alone at 2 ranks, mixed with CPU ranks at 3), and
-      # splitting on it (this leg's torch, 2.14, keeps split_ranks' order where 2.13 sorts).
+      # splitting on it (this leg's torch, 2.15 as 2.14, keeps split_ranks' order where 2.13 sorts).
+      # And, this leg's torch being the newest, the rest of scripts/torch_versions.sh's 2-rank
+      # smoke (FSDP2, point-to-point groups, the backend surface: what a new torch changes).
       # (the single-process files by their file names: "test_settings" alone would also pick
       # test_docs.py's and test_multirank.py's test_settings_* tests)
       run_suite "$CUDA_VENV" "CUDA build, no GPU: what the build changes" \
@@ -299,8 +304,9 @@ cuda_leg() {
         test_observability.py test_benchmarks.py test_docs.py test_gpu.py test_multirank.py \
         -k "test_launch_env.py or test_watchdog.py or test_settings.py or test_algorithm_choice.py \
 or test_build.py or test_observability.py or test_benchmarks.py or test_readme_and_docs_links_resolve \
-or test_our_code_calls_torchs_current_collective_names or test_gpu or ((test_collectives or test_ddp_matches) and [2] \
-and not algorithm and not split and not shared) or device_of_its_own or split_groups" "$@"
+or test_our_code_calls_torchs_current_collective_names or test_gpu or ((test_collectives or test_ddp_matches \
+or test_fsdp2 or test_p2p_async_groups or backend_surface) and [2] and not algorithm and not split and not shared \
+and not crowding) or device_of_its_own or split_groups" "$@"
     fi
   fi
 }

@@ -144,6 +144,11 @@ Config Config::fromEnv() {
   c.hostAcrossRingBytes = parseInt("TORCH_MPIGPU_HOST_ACROSS_RING_BYTES", 0, kHuge);
   c.cudaDirectBytes = parseInt("TORCH_MPIGPU_CUDA_DIRECT_BYTES", 0, kHuge);
   readNodeSettings(c);
+  c.costLatencyUs = parseInt("TORCH_MPIGPU_COST_LATENCY_NS", 0, kHuge) / 1000.0;
+  c.costBytesPerUs = static_cast<double>(parseInt("TORCH_MPIGPU_COST_MB_PER_S", 1, kHuge));
+  c.costAcrossLatencyUs = parseInt("TORCH_MPIGPU_COST_ACROSS_LATENCY_NS", 0, kHuge) / 1000.0;
+  c.costAcrossBytesPerUs =
+      static_cast<double>(parseInt("TORCH_MPIGPU_COST_ACROSS_MB_PER_S", 1, kHuge));
   return c;
 }
 

@@ -124,6 +124,13 @@ struct Config {
   // auto: all_reduce of CUDA tensors where the ranks of one node share a GPU takes the node
   // algorithm's leader form from this size (the evidence: algorithms/Algorithms.cpp, nodePicks).
   int64_t nodeSharedGpuAllreduceBytes = 0;
+  // The time estimate's model (ops/TimeEstimate.hpp): one message's latency and the bandwidth,
+  // inside a node and, for groups that span nodes, across them. Shared by every rank: torch's
+  // compiler orders collectives by the estimates, and ranks that order them differently hang.
+  double costLatencyUs = 0;
+  double costBytesPerUs = 0;
+  double costAcrossLatencyUs = 0;
+  double costAcrossBytesPerUs = 0;
   // Test-only: each real node is cut into this many pretend nodes (hierarchical code on one host).
   int pretendNodes = 1;
   // The settings every rank must share (Settings.hpp: sharedSettings), as read with the rest;

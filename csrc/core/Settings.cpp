@@ -117,7 +117,7 @@ const SettingSpec kSettings[] = {
      Tier::Tuning, "not measured: a starting size that the slots grow from"},
     {"TORCH_MPIGPU_NODE_DEVICE_BUFFER_MAX_BYTES", "268435456", "", ReadAt::GroupCreation,
      "the most the node algorithm's device slots grow to, per rank and half; bigger ops go in "
-     "pieces of this size (each piece one or two barriers of the node's ranks)",
+     "pieces of this size",
      Tier::Tuning, "not measured: a memory cap (256 MiB per rank and half)"},
     {"TORCH_MPIGPU_NODE_DEVICE_ORDER", "auto", "", ReadAt::GroupCreation,
      "node algorithm in device slots, how ranks wait for each other: `host` (its GPU, then a "
@@ -209,6 +209,16 @@ const SettingSpec kSettings[] = {
      Tier::Tuning,
      "2-core VM, 2 ranks: packing a 256 KiB tensor costs more than its call "
      "(benchmarks/fusion_bench.py)"},
+    {"TORCH_MPIGPU_COST_LATENCY_NS", "1600", "", ReadAt::GroupCreation,
+     "`_time_estimator`'s model: a message's latency inside a node", Tier::Tuning,
+     "2-core VM, 2 ranks: raw MPI's 8 B all_reduce (results/*own-cost)"},
+    {"TORCH_MPIGPU_COST_MB_PER_S", "3479", "", ReadAt::GroupCreation, "its bandwidth (bytes/us)",
+     Tier::Tuning, "that run: mpigpu's 16 MiB all_reduce as a ring"},
+    {"TORCH_MPIGPU_COST_ACROSS_LATENCY_NS", "14700", "", ReadAt::GroupCreation,
+     "the same across nodes", Tier::Tuning,
+     "2 simulated hosts: raw MPI's 8 B all_reduce (results/*allreduce-window)"},
+    {"TORCH_MPIGPU_COST_ACROSS_MB_PER_S", "947", "", ReadAt::GroupCreation, "the same across nodes",
+     Tier::Tuning, "that run: mpigpu's 16 MiB all_reduce (10 Gbit/s)"},
 
     // --- build (read by setup.py) ---
     {"MPI_HOME", "/opt/openmpi-cuda", "", ReadAt::Build,

@@ -31,6 +31,13 @@
 #else
 #define MPIGPU_OVERRIDE_SINCE_2_10
 #endif
+// torch 2.15: Backend::startTimeEstimate/endTimeEstimate (bound as _start_time_estimate and
+// _end_time_estimate on every backend; before, torch bound them on NCCL's class only).
+#if MPIGPU_TORCH_AT_LEAST(2, 15)
+#define MPIGPU_OVERRIDE_SINCE_2_15 override
+#else
+#define MPIGPU_OVERRIDE_SINCE_2_15
+#endif
 
 namespace mpigpu::compat {
 

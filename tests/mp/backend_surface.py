@@ -3,6 +3,8 @@ of docs/operations.md's "Backend surface" table: each answers as documented ther
 gives torch's answer for an unsupported feature, as gloo does). Run by test_multirank.py at 2
 ranks; expected values come from torch's version and wall clocks, never from mpigpu itself."""
 
+import math
+import os
 import sys
 import time
 
@@ -31,7 +33,7 @@ def supports_flags(c, b):
     # (torch 2.15 renamed it _supports_time_estimate)
     estimate = "supports_time_estimate" if hasattr(b, "supports_time_estimate") else \
         "_supports_time_estimate"
-    c.true(estimate, getattr(b, estimate) is False, str(getattr(b, estimate, "absent")))
+    c.true(estimate, getattr(b, estimate) is True, str(getattr(b, estimate, "absent")))
     c.true("supports_tensor_alloc", b.supports_tensor_alloc(CPU) is False)
 
 
@@ -71,14 +73,59 @@ def sequence_numbers(c, b, rank, world):
     c.true("the same on every rank", len(set(seen)) == 1, str(seen))
 
 
-def time_estimate(c, pg):
+def time_estimate(c, rank, world):
     from torch.distributed.distributed_c10d import _time_estimator
+    # the model's settings, read when a group is made: a group of every rank made with them set
+    lat_us, mb_per_s = 2.0, 1000.0
+    cost = {"TORCH_MPIGPU_COST_LATENCY_NS": "2000", "TORCH_MPIGPU_COST_MB_PER_S": "1000",
+            "TORCH_MPIGPU_COST_ACROSS_LATENCY_NS": "2000", "TORCH_MPIGPU_COST_ACROSS_MB_PER_S": "1000"}
+    os.environ.update(cost)
+    try:
+        sub = dist.new_group(list(range(world)))
+    finally:
+        for name in cost:
+            del os.environ[name]
+    sb = sub._get_backend(CPU)
 
-    def estimate():
-        with _time_estimator(group=pg, device=CPU):
-            pass
-    c.raises("_time_estimator: torch's NotImplementedError", NotImplementedError, estimate,
-             ["not supported"])
+    def estimate(group, fn):
+        with _time_estimator(group=group, device=CPU) as cm:
+            fn()
+        return cm.estimated_time
+
+    seq = sb._get_sequence_number_for_group()
+    t = torch.full((1024,), float(rank + 1))
+    us = estimate(sub, lambda: dist.all_reduce(t, group=sub))
+    c.true("all_reduce estimated, not run: the tensor unchanged", bool((t == rank + 1).all()),
+           str(t[:4]))
+    # a ring: 2(p-1) messages, 2(p-1)/p of the bytes over each link (microseconds, as NCCL's)
+    p = world
+    model = 2 * (p - 1) * lat_us + 2 * (p - 1) / p * t.nbytes / mb_per_s
+    c.true("all_reduce: the model's time for the settings given",
+           math.isclose(us, model, rel_tol=1e-5), f"{us} us, the model {model} us")
+    bigger = estimate(sub, lambda: dist.all_reduce(torch.ones(1 << 20), group=sub))
+    c.true("a bigger all_reduce takes longer", bigger > us, f"{us} -> {bigger} us")
+    c.true("barrier: log2(p) zero-byte messages",
+           math.isclose(estimate(sub, lambda: dist.barrier(group=sub)),
+                        math.ceil(math.log2(p)) * lat_us, rel_tol=1e-5))
+    if rank < 2:  # point-to-point counts too: one message, and neither side waits for the other
+        x = torch.full((256,), float(rank))
+        us = estimate(sub, lambda: (dist.send if rank == 0 else dist.recv)(x, 1 - rank, group=sub))
+        c.true("send/recv: one message", math.isclose(us, lat_us + x.nbytes / mb_per_s,
+                                                      rel_tol=1e-5), f"{us} us")
+        c.true("recv estimated, not run: the tensor unchanged", bool((x == rank).all()), str(x[:4]))
+    c.true("estimated ops take no sequence number", sb._get_sequence_number_for_group() == seq,
+           f"{seq} -> {sb._get_sequence_number_for_group()}")
+    with _time_estimator(group=sub, device=CPU):
+        c.raises("a wrong argument still raises inside", TypeError,
+                 lambda: dist.all_reduce(torch.ones(2), op=dist.ReduceOp.BAND, group=sub),
+                 ["allreduce", f"[rank {rank}]"])
+    c.raises("_end_time_estimate without a start", ValueError, sb._end_time_estimate,
+             ["_end_time_estimate", f"[rank {rank}]", "_start_time_estimate"])
+    default = estimate(None, lambda: dist.all_reduce(torch.ones(1024)))
+    c.true("the default settings: a positive estimate", default > 0, f"{default} us")
+    t = torch.full((4,), float(rank + 1))
+    dist.all_reduce(t, group=sub)
+    c.true("the group runs ops again after it", bool((t == world * (world + 1) / 2).all()), str(t))
 
 
 def get_error(c, b, world):
@@ -139,7 +186,7 @@ def main():
     b = pg._get_backend(CPU)
     c = Checker("backend surface")
     steps = [lambda: supports_flags(c, b), lambda: durations(c, pg, rank),
-             lambda: sequence_numbers(c, b, rank, world), lambda: time_estimate(c, pg),
+             lambda: sequence_numbers(c, b, rank, world), lambda: time_estimate(c, rank, world),
              lambda: get_error(c, b, world), lambda: mem_pools(c, b), lambda: eager_connect(c, b),
              lambda: unsupported(c, pg, b)]
     for name, step in zip(SECTIONS, steps):
