@@ -78,22 +78,24 @@ std::pair<c10::intrusive_ptr<WorkMPIGPU>, bool> ProcessGroupMPIGPU::newWork(
 }
 
 c10::intrusive_ptr<c10d::Work> ProcessGroupMPIGPU::enqueue(ops::Plan plan) {
-  if (C10_UNLIKELY(estimate_.active())) return estimate_.add(group_, plan);  // planned, not run
+  if (C10_UNLIKELY(estimate_.active())) {  // planned, not run
+    estimate_.add(group_, plan);
+    return estimatedWork(plan.type, plan.op, std::move(plan.outputs));
+  }
   const char* op = plan.op;
   const c10d::OpType type = plan.type;
   const bool asyncOp = plan.asyncOp;
   const milliseconds optTimeout = plan.timeout;
   auto bufs = std::move(plan.bufs);
   auto body = std::move(plan.body);
-  const int root = plan.root;
-  const int redop = plan.redop;
   std::vector<at::Tensor> outputs = std::move(plan.outputs);
   std::vector<at::Tensor> inputs = std::move(plan.inputs);
   const auto engine = currentEngine(op);
   bufs->issued(op, rank_);  // before the op takes a number: it may refuse
   // What every rank must agree on (ops/Desync.hpp: compared before this op, or in a digest).
-  const Fingerprint fp =
-      desync_.enabled() ? fingerprintOf(type, inputs, outputs, root, redop) : Fingerprint{};
+  const Fingerprint fp = desync_.enabled()
+                             ? fingerprintOf(type, inputs, outputs, plan.root, plan.redop)
+                             : Fingerprint{};
   // The group's collective number: the same on every rank (point-to-point ops have their own).
   const uint64_t seq = ++*collectives_;
   auto built = newWork(type, op, seq, std::move(outputs), std::move(inputs),
@@ -109,8 +111,7 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupMPIGPU::enqueue(ops::Plan plan) {
                        false,      config_.abortOnTimeout};
   auto task = [this, engine = engine.get(), watched, fp, bufs = std::move(bufs),
                body = std::move(body)]() mutable {
-    const bool onCaller = !engine->onWorkerThread();
-    watched.onCaller = onCaller;
+    watched.onCaller = !engine->onWorkerThread();
     const char* name = watched.name;
     const uint64_t seq = watched.seq;
     Watchdog::Scope watch(std::move(watched));
@@ -282,6 +283,15 @@ void ProcessGroupMPIGPU::startTimeEstimate() {
 
 float ProcessGroupMPIGPU::endTimeEstimate() { return estimate_.end(group_); }
 
+c10::intrusive_ptr<c10d::Work> ProcessGroupMPIGPU::estimatedWork(c10d::OpType type, const char* op,
+                                                                 std::vector<at::Tensor> outputs) {
+  // Not numbered, recorded or watched: nothing runs, and no rank's sequence may move.
+  auto work = c10::make_intrusive<WorkMPIGPU>(rank_, type, op, /*seq=*/0, std::move(outputs),
+                                              milliseconds(0), nullptr, std::nullopt);
+  work->markCompleted();
+  return work;
+}
+
 // ---------------------------------------------------------------------------------------------
 // Point-to-point: posted in issue order (on the caller when nothing is ahead, else on the
 // worker), completed as MPI finishes them (found by the worker's polling or a waiting caller).
@@ -345,7 +355,10 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupMPIGPU::enqueueP2P(c10d::OpType type,
                                                               at::Tensor tensor, int peer,
                                                               int tag) {
   checkP2P(op, tensor, peer, tag);
-  if (C10_UNLIKELY(estimate_.active())) return estimate_.addP2P(group_, type, op, tensor);
+  if (C10_UNLIKELY(estimate_.active())) {
+    estimate_.addP2P(group_, type, tensor);
+    return estimatedWork(type, op, {tensor});
+  }
   const auto engine = currentEngine(op);
   const bool sending = type == c10d::OpType::SEND;
   auto bufs = group_.buffers(tensor);

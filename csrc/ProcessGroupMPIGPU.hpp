@@ -220,6 +220,9 @@ class ProcessGroupMPIGPU : public c10d::Backend {
   std::atomic<uint64_t> p2pSeq_{0};
   // Open between startTimeEstimate and endTimeEstimate: enqueue and enqueueP2P hand it their op.
   ops::TimeEstimate estimate_;
+  // The completed Work an estimated op returns.
+  c10::intrusive_ptr<c10d::Work> estimatedWork(c10d::OpType type, const char* op,
+                                               std::vector<at::Tensor> outputs);
 
   // The last split: torch 2.13 asks a backend that serves several device types once per type,
   // with the same store, and keeps the first child; those calls get it without splitting again

@@ -67,6 +67,7 @@ std::vector<int64_t> blockCounts(const Group& g, const char* op,
 Plan allreduceOne(const Group& g, std::vector<at::Tensor>& tensors,
                   const c10d::AllreduceOptions& opts) {
   const char* op = "allreduce";
+  checkTensor(op, g.rank, tensors[0]);
   const algo::Algorithm* ours = g.choose(algo::OpKind::Allreduce, tensors);
   auto red = mpi::resolveReduction(opts.reduceOp, tensors[0].scalar_type(), op, g.rank);
   auto bufs = g.reduceBuffers(tensors[0], ours != nullptr);

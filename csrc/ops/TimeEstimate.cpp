@@ -7,7 +7,6 @@
 #include <utility>
 
 #include "core/Errors.hpp"
-#include "engine/WorkMPIGPU.hpp"
 
 namespace mpigpu::ops {
 
@@ -109,35 +108,24 @@ float TimeEstimate::end(const Group& g) {
   return static_cast<float>(totalUs_);
 }
 
-c10::intrusive_ptr<c10d::Work> TimeEstimate::add(const Group& g, const Plan& plan) {
+void TimeEstimate::add(const Group& g, const Plan& plan) {
   const bool sparse =
       !plan.inputs.empty() && plan.inputs[0].defined() && plan.inputs[0].is_sparse();
   // A sparse all_reduce gathers every rank's indices and values.
   const double us = sparse ? predictedUs(c10d::OpType::ALLGATHER, g.size * bytesOfAll(plan.inputs),
                                          g.size, costLink(g))
                            : predictedUs(plan.type, sizeOf(plan, g.size), g.size, costLink(g));
-  return added(g, plan.type, plan.op, us, plan.outputs);
+  added(us);
 }
 
-c10::intrusive_ptr<c10d::Work> TimeEstimate::addP2P(const Group& g, c10d::OpType type,
-                                                    const char* op, const at::Tensor& tensor) {
-  const double us = predictedUs(type, bytesOfAll({tensor}), g.size, costLink(g));
-  return added(g, type, op, us, {tensor});
+void TimeEstimate::addP2P(const Group& g, c10d::OpType type, const at::Tensor& tensor) {
+  added(predictedUs(type, bytesOfAll({tensor}), g.size, costLink(g)));
 }
 
-c10::intrusive_ptr<c10d::Work> TimeEstimate::added(const Group& g, c10d::OpType type,
-                                                   const char* op, double us,
-                                                   std::vector<at::Tensor> outputs) {
-  {
-    std::lock_guard<std::mutex> lock(mutex_);
-    totalUs_ += us;
-    ++ops_;
-  }
-  // Not numbered, recorded or watched: nothing runs, and no rank's sequence may move.
-  auto work = c10::make_intrusive<WorkMPIGPU>(g.rank, type, op, /*seq=*/0, std::move(outputs),
-                                              std::chrono::milliseconds(0), nullptr, std::nullopt);
-  work->markCompleted();
-  return work;
+void TimeEstimate::added(double us) {
+  std::lock_guard<std::mutex> lock(mutex_);
+  totalUs_ += us;
+  ++ops_;
 }
 
 }  // namespace mpigpu::ops

@@ -48,14 +48,13 @@ class TimeEstimate {
   void start(const std::string& logPrefix);
   // Closes it: the predicted microseconds of the ops issued since start.
   float end(const Group& g);
-  // The op, planned and checked, not run: its prediction added, a completed Work returned.
-  c10::intrusive_ptr<c10d::Work> add(const Group& g, const Plan& plan);
-  c10::intrusive_ptr<c10d::Work> addP2P(const Group& g, c10d::OpType type, const char* op,
-                                        const at::Tensor& tensor);
+  // The op, planned and checked, not run: its prediction added (the group hands back a completed
+  // Work for it).
+  void add(const Group& g, const Plan& plan);
+  void addP2P(const Group& g, c10d::OpType type, const at::Tensor& tensor);
 
  private:
-  c10::intrusive_ptr<c10d::Work> added(const Group& g, c10d::OpType type, const char* op, double us,
-                                       std::vector<at::Tensor> outputs);
+  void added(double us);
 
   std::atomic<bool> on_{false};
   std::atomic<std::thread::id> owner_{};

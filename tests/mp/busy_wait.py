@@ -98,6 +98,7 @@ def main():
              BY_RING: lambda: dist.all_reduce(torch.ones(64), group=groups["ring"])}
     # small enough to run on the caller (below TORCH_MPIGPU_INLINE_BYTES, or no tensor at all)
     INLINE = {INLINE_SYNC, BARRIER, BY_MPI, BY_RING}
+    POLLED_CPU_S = 0.1  # a thread that polled through the 1 s wait used far more
     # waits on MPI requests (mpi/Wait.hpp), not on the node's shared memory or the engine
     WAITS_FOR_MPI = {BARRIER, BY_MPI, BY_RING}
     for name, fn in cases.items():
@@ -130,8 +131,13 @@ def main():
                        f"{slept} sleeping MPI waits during it")
         # and the one that waited is the one expected: the caller for a collective run inline,
         # the group's worker otherwise (TORCH_MPIGPU_INLINE_BYTES decides; p2p is polled there)
+        # (where every thread slept, as crowded waits and p2p's slow polls do, hundredths of a
+        # second apart name no thread: nothing polled, which the checks above already hold)
         tid, (thread, _) = max(used.items(), key=lambda kv: kv[1][1])
         inline = name in INLINE
+        if busiest < POLLED_CPU_S:
+            c.skip("the waiting thread", f"every thread slept (busiest {busiest:.2f} s CPU)")
+            continue
         c.true("the waiting thread", tid == str(os.getpid()) if inline else thread == "mpigpu-engine",
                f"busiest {thread} (thread {tid}), expected {'the caller' if inline else 'the worker'}")
     return c.finish()
