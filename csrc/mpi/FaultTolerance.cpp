@@ -244,7 +244,7 @@ std::vector<int> failedRanksOf(const void* key) {
 std::string onProcessFailure(int code) {
   (void)code;
   // A peer's revoke can arrive before this process hears of the failure itself
-  const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(1);
+  const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(3);
   std::string found;
   while (true) {
     {

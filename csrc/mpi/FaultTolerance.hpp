@@ -51,7 +51,7 @@ std::vector<int> failedRanksOf(const void* key);
 // Called where an MPI call failed with a process failure (isProcessFailure(code)): revokes and
 // abandons every registered group with a failed member and returns what to tell the user (which
 // ranks of which group failed). A REVOKED error seen before this process learnt which rank
-// failed waits up to a second for it.
+// failed (or a node peer's giving up) waits up to 3 s for it.
 std::string onProcessFailure(int code);
 
 }  // namespace mpigpu::mpi::ft

@@ -9,6 +9,7 @@
 
 #include "mpi/Check.hpp"
 #include "mpi/Env.hpp"
+#include "mpi/FaultTolerance.hpp"
 #include "mpi/Wait.hpp"
 
 namespace mpigpu::node {
@@ -154,6 +155,11 @@ void Node::abandon() {
   cancel();
   std::lock_guard<std::mutex> lock(slotsMutex_);
   if (segment_) segment_->giveUp();
+  // The node and cross-node communicators hold only some of the group's ranks, perhaps not the
+  // failed one: a peer blocked in them on this rank (which now leaves the op) would wait forever
+  // unless they are revoked too (two hosts: the other node's leader in the cross-node all_reduce)
+  mpi::ft::revoke(topology_.nodeComm.handle);
+  mpi::ft::revoke(topology_.crossComm.handle);
 }
 
 void Node::free() {

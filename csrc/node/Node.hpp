@@ -74,8 +74,9 @@ class Node {
   // abort(): an op waiting in the segment gives up (within 200 ms) instead of waiting forever.
   // (From any thread; device slots' barriers give up too.)
   void cancel();
-  // cancel(), and the node's peers waiting for this rank in shared memory give up too (a process
-  // failure found by this rank's MPI: mpi/FaultTolerance.hpp).
+  // cancel(), and the node's peers waiting for this rank in shared memory give up too, and the
+  // node and cross-node communicators are revoked (a process failure found by this rank's MPI:
+  // mpi/FaultTolerance.hpp).
   void abandon();
   const std::atomic<bool>& cancelled() const { return cancelled_; }
   // Frees the communicators (on the engine thread; collective in spirit, as at group destroy).

@@ -174,11 +174,15 @@ void SharedSegment::giveUp() { __atomic_store_n(&peer(localRank_)->gaveUp, 1u, _
 
 void SharedSegment::checkAlive(int rank, const char* op, int rankForErrors) const {
   if (__atomic_load_n(&peer(rank)->gaveUp, __ATOMIC_ACQUIRE) != 0) {
+    // The failed rank may be on another node: name it as this rank's MPI knows it (the user
+    // shrinks by it), waiting briefly where the failure notice has not reached this rank yet
     MPIGPU_THROW_BACKEND(op, rankForErrors, "local rank ", rank,
                          " of this node left the group's ops after a process of the job failed "
-                         "(its MPI call reported the failure, and the group is revoked); this op "
-                         "did not complete: shrink the group (torch.distributed.shrink_group) to "
-                         "go on");
+                         "(its MPI call reported the failure, and the group is revoked); ",
+                         mpi::ft::onProcessFailure(0),
+                         ". This op did not complete: its output tensors may hold partial "
+                         "results. To go on, call torch.distributed.shrink_group(ranks_to_"
+                         "exclude=<the failed ranks>, group=<the group>) on every survivor");
   }
   // A peer in another PID namespace (a container of its own that shares this host's name and
   // /dev/shm): its pid names no process here, or another one. Its death is the launcher's to see.
