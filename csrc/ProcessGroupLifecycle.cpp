@@ -136,6 +136,7 @@ std::vector<int> resolveJobRanks(int rank, int size, const std::vector<int64_t>&
   return ranks;
 }
 
+#if MPIGPU_TORCH_HAS_SHRINK
 // ULFM shrink (ProcessGroupMPIGPU::shrinkSurvivors): "[0, 2]"
 std::string bracketed(const std::vector<int>& ranks) {
   std::string out;
@@ -191,6 +192,7 @@ void shrinkParent(MPI_Comm parent, const std::vector<int>& stayRanks, bool isDef
   if (out->agreed && isDefault) mpi::useJobComm(out->comm);
   if (!out->agreed) mpi::freeComm(&out->comm);
 }
+#endif
 
 }  // namespace
 
@@ -355,7 +357,6 @@ c10::intrusive_ptr<c10d::Backend> ProcessGroupMPIGPU::shrink(
   return c10::make_intrusive<ProcessGroupMPIGPU>(store_, newRank, static_cast<int>(size),
                                                  std::move(stay), childTimeout, name, *made);
 }
-#endif
 
 // ULFM (mpi/FaultTolerance.hpp), a group with failed members: revoke it (its ops fail on every
 // survivor), then MPIX_Comm_shrink: the live members' communicator, which must be the ranks that
@@ -407,6 +408,7 @@ MPI_Comm ProcessGroupMPIGPU::shrinkSurvivors(const std::vector<int64_t>& ranksTo
                          "rank");
   return result->comm;
 }
+#endif
 
 c10::intrusive_ptr<c10d::Backend::Options> ProcessGroupMPIGPU::getBackendOptions() {
   auto opts = c10::make_intrusive<CopyableOptions>(getBackendName(), timeout());
