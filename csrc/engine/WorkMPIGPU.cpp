@@ -56,7 +56,7 @@ WorkMPIGPU::WorkMPIGPU(int rank, c10d::OpType type, const char* opName, uint64_t
       created_(std::chrono::steady_clock::now()) {}
 
 std::vector<at::Tensor> WorkMPIGPU::outputsNow() const {
-  if (!outputsWeak_) return outputs_;
+  if (weakOutputs_.empty()) return outputs_;
   std::vector<at::Tensor> now;
   now.reserve(weakOutputs_.size());
   for (const auto& w : weakOutputs_) now.emplace_back(w.lock());  // undefined once dropped
@@ -65,7 +65,6 @@ std::vector<at::Tensor> WorkMPIGPU::outputsNow() const {
 
 void WorkMPIGPU::holdOutputsWeakly() {
   for (const auto& t : outputs_) weakOutputs_.emplace_back(t.getIntrusivePtr());
-  outputsWeak_ = true;
   outputs_.clear();
 }
 

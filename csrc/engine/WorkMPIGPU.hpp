@@ -121,8 +121,7 @@ class WorkMPIGPU : public c10d::Work {
   std::atomic<bool> published_{false};
   std::vector<at::Tensor> outputs_;
   using WeakTensor = c10::weak_intrusive_ptr<c10::TensorImpl, c10::UndefinedTensorImpl>;
-  c10::SmallVector<WeakTensor, 1> weakOutputs_;  // outputs_ once held weakly
-  bool outputsWeak_ = false;
+  c10::SmallVector<WeakTensor, 1> weakOutputs_;  // outputs_ once held weakly (then empty)
   const std::chrono::milliseconds timeout_;
   const Buffers buffers_;
   // Made by the first getFuture() (most ops are never asked for one): until then nobody can have

@@ -15,7 +15,8 @@ import torch_mpi_gpu  # noqa: F401
 from common import Checker, run
 
 SECTIONS = ("supports flags", "collective durations", "sequence numbers", "time estimate",
-            "get_error", "mem-pool registration", "eager connect", "unsupported: torch's answer")
+            "get_error", "mem-pool registration", "eager connect", "unsupported: torch's answer",
+            "a finished blocking op's result and future")
 CPU = torch.device("cpu")
 LATE_SECONDS = 0.3  # how long rank 1 keeps rank 0 waiting inside a collective
 
@@ -179,6 +180,26 @@ def unsupported(c, pg, b):
                seq == b._get_sequence_number_for_group(), str(seq))
 
 
+def finished_blocking_op(c, b, world):
+    # A small blocking host op runs on the caller's thread and its Work then holds the outputs
+    # weakly (WorkMPIGPU::holdOutputsWeakly): result() and the future still give the caller's
+    # tensor, with the reduced values.
+    t = torch.ones(5)
+    opts = dist.AllreduceOptions()
+    opts.asyncOp = False
+    work = b.allreduce([t], opts)
+    work.wait()
+    out = work.result()
+    c.true("result() is the caller's tensor", len(out) == 1 and out[0].data_ptr() == t.data_ptr(),
+           f"{out}")
+    c.close("result() holds the sum", out[0], torch.full((5,), float(world)))
+    fut = work.get_future()
+    fut.wait()
+    value = fut.value()
+    c.true("the future's value is the caller's tensor",
+           len(value) == 1 and value[0].data_ptr() == t.data_ptr(), f"{value}")
+
+
 def main():
     dist.init_process_group("mpigpu")
     rank, world = dist.get_rank(), dist.get_world_size()
@@ -188,7 +209,7 @@ def main():
     steps = [lambda: supports_flags(c, b), lambda: durations(c, pg, rank),
              lambda: sequence_numbers(c, b, rank, world), lambda: time_estimate(c, rank, world),
              lambda: get_error(c, b, world), lambda: mem_pools(c, b), lambda: eager_connect(c, b),
-             lambda: unsupported(c, pg, b)]
+             lambda: unsupported(c, pg, b), lambda: finished_blocking_op(c, b, world)]
     for name, step in zip(SECTIONS, steps):
         c.section(name)
         step()
