@@ -62,6 +62,18 @@ std::vector<int64_t> blockCounts(const Group& g, const char* op,
   return counts;
 }
 
+// Runs one all_reduce slot: MPI's own where `algorithm` is null, else ours.
+void runAllreduceSlot(const Group& g, OpBuffers& b, size_t slot, const char* op,
+                      const mpi::Reduction& red, const algo::Algorithm* algorithm) {
+  b.run(slot, [&](at::Tensor& t) {
+    if (algorithm == nullptr) {
+      mpi::allreduceInPlace(g.comm, op, t, red);
+      return;
+    }
+    g.withAlgorithm(b, op, t, red, [&](algo::Context& c) { algo::allreduce(c, *algorithm, t); });
+  });
+}
+
 // One tensor (every dist.all_reduce): no fusion to plan, so none of the buckets' vectors; the
 // common small op pays only for what it uses (#68).
 Plan allreduceOne(const Group& g, std::vector<at::Tensor>& tensors,
@@ -76,14 +88,7 @@ Plan allreduceOne(const Group& g, std::vector<at::Tensor>& tensors,
   return reducing(
       Plan{c10d::OpType::ALLREDUCE, op, tensors, tensors, opts.timeout, opts.asyncOp, bufs,
            [gp = &g, op, slot, red = std::move(red), ours](OpBuffers& b) {
-             b.run(slot, [&](at::Tensor& t) {
-               if (ours == nullptr) {
-                 mpi::allreduceInPlace(gp->comm, op, t, red);
-                 return;
-               }
-               gp->withAlgorithm(b, op, t, red,
-                                 [&](algo::Context& c) { algo::allreduce(c, *ours, t); });
-             });
+             runAllreduceSlot(*gp, b, slot, op, red, ours);
            }},
       opts.reduceOp);
 }
@@ -113,16 +118,7 @@ Plan allreduce(const Group& g, std::vector<at::Tensor>& tensors,
   return reducing(
       Plan{c10d::OpType::ALLREDUCE, op, tensors, tensors, opts.timeout, opts.asyncOp, bufs,
            [gp = &g, op, buckets](OpBuffers& b) {
-             for (const auto& k : buckets) {
-               b.run(k.slot, [&](at::Tensor& t) {
-                 if (k.algo == nullptr) {
-                   mpi::allreduceInPlace(gp->comm, op, t, k.red);
-                   return;
-                 }
-                 gp->withAlgorithm(b, op, t, k.red,
-                                   [&](algo::Context& c) { algo::allreduce(c, *k.algo, t); });
-               });
-             }
+             for (const auto& k : buckets) runAllreduceSlot(*gp, b, k.slot, op, k.red, k.algo);
            }},
       opts.reduceOp);
 }
