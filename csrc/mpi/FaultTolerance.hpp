@@ -48,6 +48,11 @@ void addGroup(const void* key, const std::string& name, MPI_Comm comm, MPI_Comm 
 void removeGroup(const void* key);
 // failedRanks of the group registered as `key` (empty when none is).
 std::vector<int> failedRanksOf(const void* key);
+// Where ULFM is active, about every 200 ms (the watchdog's pollers): revokes and abandons each
+// registered group that holds a failed process, so that its ops fail on every survivor even where
+// no MPI call of this process has failed yet (a wait on a live peer that has left the op). Not
+// below MPI_THREAD_MULTIPLE (the caller checks).
+void pollFailures();
 // Called where an MPI call failed with a process failure (isProcessFailure(code)): revokes and
 // abandons every registered group with a failed member and returns what to tell the user (which
 // ranks of which group failed). A REVOKED error seen before this process learnt which rank
