@@ -242,6 +242,13 @@ std::vector<int> failedRanksOf(const void* key) {
   return it == g_ftGroups.end() ? std::vector<int>{} : failedRanks(it->second.comm);
 }
 
+bool anyGroupFailed() {
+  if (!active()) return false;
+  std::lock_guard<std::mutex> lock(g_ftMutex);
+  return std::any_of(g_ftGroups.begin(), g_ftGroups.end(),
+                     [](const auto& g) { return !failedRanks(g.second.comm).empty(); });
+}
+
 void pollFailures() {
   if (!active()) return;
   std::lock_guard<std::mutex> lock(g_ftMutex);
