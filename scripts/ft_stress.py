@@ -10,7 +10,8 @@ and a markdown table (kill points x layouts: runs passed, times to the error) to
 Layouts: one-host-3 (victim 1), one-host-4 (victim 2), two-hosts-h1 (4 ranks, victim 1 on the
 second host), two-hosts-h0 (4 ranks, victim 2 on the first host beside rank 0), two-hosts-3-h1 (3
 ranks, victim 1 the second host's only rank: that host loses all its ranks); two-hosts-* need
-root and scripts/two_hosts.sh (brought up here). Rank 0 hosts the store and never dies."""
+root and scripts/two_hosts.sh (brought up here). Rank 0 hosts the store and never dies. A failed
+run's whole output goes to --out as failed-N-LAYOUT-POINT.txt."""
 
 import argparse
 import json
@@ -59,7 +60,8 @@ def run_once(layout, point, timeout):
     passed = len(ok) == np - 1 and not fails and rc != "timeout"
     return {"layout": layout, "point": point, "np": np, "victim": victim, "passed": passed,
             "times_to_error_s": ok, "failures": fails[:3], "exit": rc, "seconds": round(took, 1),
-            "tail": "" if passed else out[-1500:]}
+            "crashed": "Segmentation fault" in out, "tail": "" if passed else out[-1500:],
+            "output": "" if passed else out}
 
 
 def table(results):
@@ -102,6 +104,10 @@ def main():
     print(table(results))
     if a.out:
         a.out.mkdir(parents=True, exist_ok=True)
+        for i, r in enumerate(results):  # a failed run's whole output, for its diagnosis
+            output = r.pop("output")
+            if output:
+                (a.out / f"failed-{i}-{r['layout']}-{r['point']}.txt").write_text(output)
         (a.out / "ft_stress.json").write_text(json.dumps(results, indent=1))
         (a.out / "ft_stress_table.md").write_text(table(results) + "\n")
     sys.exit(0 if all(r["passed"] for r in results) else 1)

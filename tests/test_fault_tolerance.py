@@ -22,7 +22,9 @@ from torch_mpi_gpu import mpirun as ompirun  # noqa: E402
 
 # (kill point, ranks, victim): both hosts' victims at 4 ranks where the two simulated hosts run
 # (round-robin placement: ranks 0 and 2 on the first host, 1 and 3 on the second)
-CASES = [("allreduce", 3, 1), ("p2p", 4, 2), ("new_group", 3, 1), ("ddp", 4, 3), ("idle", 4, 1)]
+# (new_group only in scripts/ft_stress.py: a failure noticed while Open MPI 5.0.11 activates a
+# communicator crashes the survivors in ompi_comm_revoke_local, about 1 run in 10)
+CASES = [("allreduce", 3, 1), ("p2p", 4, 2), ("ddp", 4, 3), ("idle", 4, 1)]
 
 
 def require_ulfm():
