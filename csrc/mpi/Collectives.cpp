@@ -61,7 +61,10 @@ MPI_Comm createGroupComm(const std::vector<int>& jobRanks, int tag, int rankForE
   const char* op = "new_group";
   MPI_Group world = MPI_GROUP_NULL, group = MPI_GROUP_NULL;
   MPI_Comm comm = MPI_COMM_NULL;
-  const MPI_Comm job = jobComm().comm;
+  const JobComm jc = jobComm();
+  const MPI_Comm job = jc.comm;
+  // serialized: the blocking create starts once every member is here (mpi/Wait.hpp)
+  if (jc.arrivals != MPI_COMM_NULL) arriveAmong(jc.arrivals, jobRanks, tag, op, rankForErrors);
   MPIGPU_MPI_CHECK(MPI_Comm_group(job, &world), op, rankForErrors);
   MPIGPU_MPI_CHECK(
       MPI_Group_incl(world, static_cast<int>(jobRanks.size()), jobRanks.data(), &group), op,
