@@ -27,8 +27,8 @@ def wanted(environ=None):
     """Whether the default env:// rendezvous should meet over MPI here: a launcher we know
     started this process (or, with `unlaunched`, none did and nobody set RANK/WORLD_SIZE), and the
     user chose no TCP store (MASTER_ADDR, MASTER_PORT, TORCH_MPIGPU_MASTER_PORT), and MPI grants
-    MPI_THREAD_SERIALIZED or more (below that mpigpu cannot run: the backend says why). May start
-    MPI: select the CUDA device first."""
+    MPI_THREAD_SERIALIZED or more (below that, asking MPI here raises the error that says which
+    level mpigpu needs). May start MPI: select the CUDA device first."""
     environ = os.environ if environ is None else environ
     if config.get("TORCH_MPIGPU_AUTO_ENV") == "0":
         return False
