@@ -29,11 +29,6 @@ using std::chrono::milliseconds;
 
 namespace {
 
-int tagFor(const std::string& groupName) {
-  // Same on every member (group names are agreed by torch), distinct per group.
-  return static_cast<int>(std::hash<std::string>{}(groupName) % 32000) + 1;
-}
-
 // FNV-1a of the shared settings: the same text gives the same digest on every rank; shifted to
 // be non-negative, so that its negation fits (one MAX reduction yields both extremes).
 int64_t digestOf(const std::string& text) {
@@ -136,13 +131,44 @@ std::vector<int> resolveJobRanks(int rank, int size, const std::vector<int64_t>&
   return ranks;
 }
 
-#if MPIGPU_TORCH_HAS_SHRINK
-// ULFM shrink (ProcessGroupMPIGPU::shrinkSurvivors): "[0, 2]"
+// "[0, 2]"
 std::string bracketed(const std::vector<int>& ranks) {
   std::string out;
   for (int r : ranks) out += c10::str(out.empty() ? "" : ", ", r);
   return "[" + out + "]";
 }
+
+// ULFM: Engine::runAndWait's `peerFailed` for making a communicator among `members` (ranks of
+// `parent`; empty: all of them): why to give up once one of them has been known failed for
+// kFailedGrace (the time MPI's own call takes to fail, where it does). nullptr without ULFM.
+std::function<std::string()> givingUpOnFailed(MPI_Comm parent, std::vector<int> members,
+                                              std::string what) {
+  constexpr auto kFailedGrace = std::chrono::seconds(1);
+  if (!mpi::ft::active() || mpi::needsSerializedAccess()) return nullptr;
+  auto seen = std::make_shared<std::optional<std::chrono::steady_clock::time_point>>();
+  return [=]() -> std::string {
+    std::vector<int> dead = mpi::ft::failedRanks(parent);
+    if (!members.empty())
+      dead.erase(
+          std::remove_if(
+              dead.begin(), dead.end(),
+              [&](int r) { return std::find(members.begin(), members.end(), r) == members.end(); }),
+          dead.end());
+    const auto now = std::chrono::steady_clock::now();
+    if (dead.empty() || !*seen) {
+      if (!dead.empty()) *seen = now;
+      return {};
+    }
+    if (now - **seen < kFailedGrace) return {};
+    return c10::str(dead.size() > 1 ? "ranks " : "rank ", bracketed(dead), " of ", what,
+                    " failed while it was being made, and MPI does not return from making a "
+                    "communicator with a failed member: it was not made. Call "
+                    "torch.distributed.shrink_group(ranks_to_exclude=<the failed ranks>) on every "
+                    "survivor (the default group too), then make groups from the shrunk one");
+  };
+}
+
+#if MPIGPU_TORCH_HAS_SHRINK
 
 // The failed ranks of `comm` once every rank of `excluded` is among them, waiting up to 2 s (a
 // rank may hear of a failure a moment after its peers); *live: an excluded rank still not
@@ -194,6 +220,21 @@ void shrinkParent(MPI_Comm parent, const std::vector<int>& stayRanks, bool isDef
 }
 #endif
 
+// ULFM: failures are also looked for every watchdog poll (mpi::ft::pollFailures), not only when
+// a call fails: some MPI waits never end on a peer's failure.
+void watchFailures() {
+  if (!mpi::ft::active() || mpi::needsSerializedAccess()) return;
+  static std::once_flag once;
+  std::call_once(once, [] {
+    struct FailurePoller final : Watchdog::Poller {
+      void poll() override { mpi::ft::pollFailures(); }
+    };
+    auto poller = std::make_shared<FailurePoller>();
+    Watchdog::addPoller(poller);
+    keepUntilExit(std::shared_ptr<Watchdog::Poller>(std::move(poller)));  // the watchdog's is weak
+  });
+}
+
 }  // namespace
 
 ProcessGroupMPIGPU::ProcessGroupMPIGPU(c10::intrusive_ptr<c10d::Store> store, int rank, int size,
@@ -215,20 +256,30 @@ ProcessGroupMPIGPU::ProcessGroupMPIGPU(c10::intrusive_ptr<c10d::Store> store, in
   anySource_ = mpi::chooseAnySourceRecv(config_.anySourceRecv);
   paths_ = std::make_unique<paths::PathFactory>(config_);
   engine_ = Engine::create("mpigpu-" + groupName_);
+  watchFailures();
   const int hasGpu = at::hasCUDA() ? 1 : 0;
-  engine_->runAndWait("new_group", groupName_, rank, [this, hasGpu, made] {
-    try {
-      makeComms(hasGpu, made);
-    } catch (...) {
-      // No destructor runs for a group that failed to be made: free what it made (a cap on
-      // communicators is the likely failure, and the caller may retry after destroying others).
-      if (node_) node_->free();
-      node_.reset();
-      mpi::freeComm(&algoComm_.handle);
-      mpi::freeComm(&comm_.handle);
-      throw;
-    }
-  });
+  // (the job's ranks, torch's global ranks; a given communicator: all its ranks)
+  std::vector<int> members;
+  if (made == MPI_COMM_NULL) members.assign(globalRanks_.begin(), globalRanks_.end());
+  auto peerFailed = givingUpOnFailed(made != MPI_COMM_NULL ? made : mpi::jobComm().comm, members,
+                                     c10::str("the job (new group '", groupName_, "')"));
+  engine_->runAndWait(
+      "new_group", groupName_, rank,
+      [this, hasGpu, made] {
+        try {
+          makeComms(hasGpu, made);
+        } catch (...) {
+          // No destructor runs for a group that failed to be made: free what it made (a cap on
+          // communicators is the likely failure, and the caller may retry after destroying others).
+          mpi::ft::removeGroup(this);
+          if (node_) node_->free();
+          node_.reset();
+          mpi::freeComm(&algoComm_.handle);
+          mpi::freeComm(&comm_.handle);
+          throw;
+        }
+      },
+      std::chrono::hours(24 * 365), peerFailed);
   if (config_.debug) {
     // c10 logging: INFO lines show with TORCH_CPP_LOG_LEVEL=INFO, as torch's own backends' do
     if (FLAGS_caffe2_log_level > c10::GLOG_INFO) {
@@ -265,7 +316,7 @@ c10::intrusive_ptr<c10d::Backend> ProcessGroupMPIGPU::split(
       [this, result, ranks, op] {
         result->child = mpi::splitComm(comm_, ranks, &result->made, op);
       },
-      timeout());
+      timeout(), givingUpOnFailed(comm_.handle, {}, c10::str("group '", groupName_, "'")));
   if (!done)
     MPIGPU_THROW_BACKEND(op, rank_, "the split of group '", groupName_,
                          "' did not complete within ", timeout().count(),
@@ -333,9 +384,9 @@ c10::intrusive_ptr<c10d::Backend> ProcessGroupMPIGPU::shrink(
   if (mpi::ft::active() &&
       (!mpi::ft::failedRanks(comm_.handle).empty() || mpi::ft::isRevoked(comm_.handle)))
     *made = shrinkSurvivors(ranksToExclude, isDefault);
-  auto makeComm = [made, members = std::vector<int>(stay.begin(), stay.end()), tag = tagFor(name),
-                   rank = rank_, isDefault] {
-    *made = mpi::createGroupComm(members, tag, rank);
+  auto makeComm = [made, members = std::vector<int>(stay.begin(), stay.end()), name, rank = rank_,
+                   isDefault] {
+    *made = mpi::createGroupComm(members, name, rank);
     if (isDefault) mpi::useJobComm(*made);
   };
   std::shared_ptr<Engine> engine;
@@ -387,9 +438,13 @@ MPI_Comm ProcessGroupMPIGPU::shrinkSurvivors(const std::vector<int64_t>& ranksTo
   abort();
   auto engine = Engine::create("mpigpu-shrink-" + groupName_);
   auto result = std::make_shared<Survivors>();
+  // The default group shrinks the job communicator (the same ranks): a creation left inside MPI
+  // by a failure (see givingUpOnFailed) holds Open MPI 5's context-id allocation for every
+  // communicator but its parent, the job's, whose MPIX_Comm_shrink still goes through (measured).
+  const MPI_Comm parent = isDefault ? mpi::jobComm().comm : comm_.handle;
   const bool done = engine->runAndWait(
       op, groupName_, rank_,
-      [parent = comm_.handle, result, stayRanks, isDefault, op, rank = rank_] {
+      [parent, result, stayRanks, isDefault, op, rank = rank_] {
         shrinkParent(parent, stayRanks, isDefault, op, rank, result.get());
       },
       timeout());
@@ -420,7 +475,10 @@ c10::intrusive_ptr<c10d::Backend::Options> ProcessGroupMPIGPU::getBackendOptions
 // and the node algorithm's state where shared memory is on.
 void ProcessGroupMPIGPU::makeComms(int hasGpu, MPI_Comm made) {
   comm_.handle =
-      made != MPI_COMM_NULL ? made : mpi::createGroupComm(globalRanks_, tagFor(groupName_), rank_);
+      made != MPI_COMM_NULL ? made : mpi::createGroupComm(globalRanks_, groupName_, rank_);
+  // ULFM: watched from here (pollFailures), so that a member failing while the group is made
+  // revokes it; registered again below with the algorithms' communicator
+  mpi::ft::addGroup(this, groupName_, comm_.handle, MPI_COMM_NULL, nullptr);
   int commRank = -1;
   MPI_Comm_rank(comm_.handle, &commRank);
   if (commRank != rank_) {

@@ -5,9 +5,10 @@
 Every rank trains one model on its shard of a synthetic regression set. With --kill-rank R, rank R
 SIGKILLs itself in the middle of an epoch (at --kill-step); the survivors' DDP step raises a
 DistBackendError, they ask which ranks failed (torch_mpi_gpu.failed_ranks), shrink the default
-group (torch.distributed.shrink_group), re-shard the data over the survivors, average gradients
-over them from their in-memory model, redo the step that failed and finish. At the end every survivor checks that
-its parameters equal the others' (an all_gather of them) and prints one line saying so.
+group (torch.distributed.shrink_group), wrap their in-memory model in a new DDP over the shrunk
+group, re-shard the data over the survivors, redo the step that failed and finish. At the end
+every survivor checks that its parameters equal the others' (an all_gather of them) and prints
+one line saying so.
 Rank 0 hosts the rendezvous store: it must not be the one that dies."""
 
 import argparse
@@ -67,13 +68,9 @@ def main():
                       flush=True)
                 os.kill(os.getpid(), signal.SIGKILL)
             try:
-                loss = torch.nn.functional.mse_loss((ddp or model)(x[idx]), y[idx])
+                loss = torch.nn.functional.mse_loss(ddp(x[idx]), y[idx])
                 opt.zero_grad()
                 loss.backward()  # DDP all-reduces the gradients here
-                if ddp is None:  # after the failure: the same averaging, by hand
-                    for q in model.parameters():
-                        dist.all_reduce(q.grad)
-                        q.grad /= world
                 total = loss.detach().clone()
                 dist.all_reduce(total)
             except dist.DistBackendError as e:
@@ -85,10 +82,9 @@ def main():
                 rank, world = dist.get_rank(), dist.get_world_size()
                 failure = (epoch, i, step, dead)
                 # the model is in memory and equal everywhere (the failed step's update was
-                # never applied); the data is re-sharded over the survivors. (A new DDP over the
-                # shrunk default group crashes in torch 2.13's c10d::Logger::set_env_variables,
-                # #70: the survivors average their gradients by hand instead.)
-                ddp = None
+                # never applied): a new DDP over the shrunk default group goes on from it, and
+                # the data is re-sharded over the survivors
+                ddp = torch.nn.parallel.DistributedDataParallel(model)
                 print(f"[rank {me}] now rank {rank} of {world}; recovered in "
                       f"{time.time() - t0:.2f} s; re-sharded, redoing the step", flush=True)
                 continue

@@ -8,7 +8,8 @@ and a markdown table (kill points x layouts: runs passed, times to the error) to
     python scripts/ft_stress.py --runs 1 --layouts one-host --points allreduce,idle
 
 Layouts: one-host-3 (victim 1), one-host-4 (victim 2), two-hosts-h1 (4 ranks, victim 1 on the
-second host), two-hosts-h0 (4 ranks, victim 2 on the first host beside rank 0); two-hosts-* need
+second host), two-hosts-h0 (4 ranks, victim 2 on the first host beside rank 0), two-hosts-3-h1 (3
+ranks, victim 1 the second host's only rank: that host loses all its ranks); two-hosts-* need
 root and scripts/two_hosts.sh (brought up here). Rank 0 hosts the store and never dies."""
 
 import argparse
@@ -25,7 +26,8 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 POINTS = ("allreduce", "p2p", "new_group", "ddp", "idle")
 LAYOUTS = {"one-host-3": (3, 1, False), "one-host-4": (4, 2, False),
-           "two-hosts-h1": (4, 1, True), "two-hosts-h0": (4, 2, True)}
+           "two-hosts-h1": (4, 1, True), "two-hosts-h0": (4, 2, True),
+           "two-hosts-3-h1": (3, 1, True)}
 
 
 def run_once(layout, point, timeout):

@@ -22,8 +22,7 @@ from torch_mpi_gpu import mpirun as ompirun  # noqa: E402
 
 # (kill point, ranks, victim): both hosts' victims at 4 ranks where the two simulated hosts run
 # (round-robin placement: ranks 0 and 2 on the first host, 1 and 3 on the second)
-# (new_group is not among them: a rank killed during group creation hung the survivors, #70)
-CASES = [("allreduce", 3, 1), ("p2p", 4, 2), ("ddp", 4, 3), ("idle", 4, 1)]
+CASES = [("allreduce", 3, 1), ("p2p", 4, 2), ("new_group", 3, 1), ("ddp", 4, 3), ("idle", 4, 1)]
 
 
 def require_ulfm():

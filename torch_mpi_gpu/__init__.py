@@ -134,6 +134,7 @@ def _install_abort_on_uncaught_exception():
 
 
 _register()
+groups.keep_shrunk_groups_mpigpu()
 rendezvous.register()  # init_method="mpi://"
 install_env_rendezvous_hook()
 _install_abort_on_uncaught_exception()

@@ -101,3 +101,28 @@ def failed_ranks(group=None):
     if not hasattr(backend, "failed_ranks"):
         raise TypeError(f"torch_mpi_gpu.failed_ranks: {type(backend).__name__} is not an mpigpu group")
     return list(backend.failed_ranks())
+
+
+def keep_shrunk_groups_mpigpu():
+    """torch's shrink_group registers the shrunk group's backend as NCCL's (a CUDA-bound group) or
+    gloo's type, for one device only (torch 2.11-2.15, `_create_shrunk_process_group`). An mpigpu
+    group then lost its other devices, and DDP's logger, reading the type as gloo's, read a
+    ProcessGroupGloo that is not there (a segfault in c10d::Logger::set_env_variables, torch
+    2.13). Register an mpigpu backend as the custom type it is, for every device mpigpu serves,
+    as init_process_group and new_group do."""
+    c10d = dist.distributed_c10d
+    create = getattr(c10d, "_create_shrunk_process_group", None)
+    if create is None or getattr(create, "_mpigpu", False):
+        return
+
+    def create_shrunk(new_backend, *args, **kwargs):
+        pg = create(new_backend, *args, **kwargs)
+        if isinstance(new_backend, _C.ProcessGroupMPIGPU):
+            custom = dist.ProcessGroup.BackendType.CUSTOM
+            for device in dist.Backend.backend_capability.get("mpigpu", ["cpu"]):
+                pg._register_backend(torch.device(device), custom, new_backend)
+            pg._set_default_backend(custom)
+        return pg
+
+    create_shrunk._mpigpu = True
+    c10d._create_shrunk_process_group = create_shrunk

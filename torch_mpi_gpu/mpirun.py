@@ -64,10 +64,13 @@ def launch_command(mpirun, np, env):
 # transport hung the survivors), the ob1 messaging layer, and without the hierarchical collectives
 # (coll/han segfaulted in the survivors' shrink across hosts), and TCP without its RDMA put: with
 # it, a large receive from the dead rank stays on ob1's pending list, and every later send retried
-# it against the dead peer (a survivor hung in its next collective, two hosts, ~1 in 10 runs).
+# it against the dead peer (a survivor hung in its next collective, two hosts, ~1 in 10 runs);
+# and MPI_Finalize without its closing PMIx fence: where a host lost every rank it ran, the fence
+# never completed (the survivors hung in MPI_Finalize); ULFM's finalize has already flushed every
+# message by its own barrier over the survivors.
 OPEN_MPI_FT_FLAGS = ["--with-ft", "ulfm", "--mca", "btl", "tcp,self", "--mca", "pml", "ob1",
                      "--mca", "coll", "^han", "--mca", "btl_tcp_flags",
-                     "send,inplace,need-ack,need-csum"]
+                     "send,inplace,need-ack,need-csum", "--mca", "async_mpi_finalize", "1"]
 # MPICH's Hydra: keep the other ranks running when one dies, and MPICH's FT mode on.
 HYDRA_FT_FLAGS = ["-disable-auto-cleanup", "-genv", "MPIR_CVAR_ENABLE_FT", "1"]
 

@@ -230,7 +230,8 @@ void Engine::callerWaiting(bool waiting) {
 }
 
 bool Engine::runAndWait(const char* opName, const std::string& group, int rank,
-                        std::function<void()> task, std::chrono::milliseconds timeout) {
+                        std::function<void()> task, std::chrono::milliseconds timeout,
+                        const std::function<std::string()>& peerFailed) {
   auto work =
       c10::make_intrusive<WorkMPIGPU>(rank, c10d::OpType::UNKNOWN, opName, 0,
                                       std::vector<at::Tensor>{}, timeout, nullptr, std::nullopt);
@@ -243,8 +244,29 @@ bool Engine::runAndWait(const char* opName, const std::string& group, int rank,
   // means. Never a polling loop: Open MPI 5 (TCP, two ranks bound to one core, as a hostfile
   // of two hosts gives) stalled for good, no packet moving, while this thread woke every
   // millisecond beside the worker spinning inside MPI; plain mpi4py does the same (#25).
-  if (!work->waitSettled(timeout)) return false;
+  // (`peerFailed`: a wake-up every 200 ms, only where ULFM is on.)
+  if (!peerFailed || shared_) {
+    if (!work->waitSettled(timeout)) return false;
+  } else if (!waitUnlessPeerFailed(*work, timeout, opName, rank, peerFailed)) {
+    return false;
+  }
   work->wait();  // rethrows the task's error
+  return true;
+}
+
+bool Engine::waitUnlessPeerFailed(WorkMPIGPU& work, std::chrono::milliseconds timeout,
+                                  const char* opName, int rank,
+                                  const std::function<std::string()>& peerFailed) {
+  constexpr auto kSlice = std::chrono::milliseconds(200);
+  const auto deadline = std::chrono::steady_clock::now() + timeout;
+  while (!work.waitSettled(kSlice)) {
+    const std::string why = peerFailed();
+    if (!why.empty()) {
+      abort(c10::str(opName, " gave up: ", why), /*peerFailed=*/true);
+      MPIGPU_THROW_BACKEND(opName, rank, why);
+    }
+    if (std::chrono::steady_clock::now() >= deadline) return false;
+  }
   return true;
 }
 
@@ -365,11 +387,11 @@ std::atomic<int> g_stuckWorkers{0};
 
 bool Engine::anyStuckInMpi() { return g_stuckWorkers.load() > 0; }
 
-bool Engine::abort(const std::string& why) {
-  return abortAll([why](const WorkMPIGPU&) { return why; }, kAborted);
+bool Engine::abort(const std::string& why, bool peerFailed) {
+  return abortAll([why](const WorkMPIGPU&) { return why; }, kAborted, peerFailed);
 }
 
-bool Engine::abortAll(const WhyFor& why, const std::string& stopReason) {
+bool Engine::abortAll(const WhyFor& why, const std::string& stopReason, bool peerFailed) {
   bool insideTask;
   bool inlineRunning;
   c10::intrusive_ptr<WorkMPIGPU> running;
@@ -397,7 +419,7 @@ bool Engine::abortAll(const WhyFor& why, const std::string& stopReason) {
       // Blocked in MPI (a collective its peers never joined): it cannot be interrupted. Leave it;
       // the caller keeps this engine alive, and the process cannot finalise MPI (see exit).
       thread_.detach();
-      ++g_stuckWorkers;
+      if (!peerFailed) ++g_stuckWorkers;
       return false;
     }
     thread_.join();

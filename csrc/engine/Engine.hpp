@@ -79,9 +79,15 @@ class Engine : public ProgressDriver {
   std::chrono::microseconds callerSpin() const override;
   // Runs `task` on the worker and waits for it (communicator creation and release) up to
   // `timeout`; false when it did not finish by then (it stays queued: abort() drops it).
+  // `peerFailed` (ULFM; not on a shared engine), asked about every 200 ms while the task runs:
+  // non-empty (why) when a peer of the task has failed and MPI may never return (Open MPI 5's
+  // MPI_Comm_create_group does not, revoked or not). Then this engine is aborted, its worker left
+  // inside MPI (MPI_Finalize goes through beside it under ULFM), and a DistBackendError naming
+  // `opName`, `rank` and why is thrown.
   bool runAndWait(const char* opName, const std::string& group, int rank,
                   std::function<void()> task,
-                  std::chrono::milliseconds timeout = std::chrono::hours(24 * 365));
+                  std::chrono::milliseconds timeout = std::chrono::hours(24 * 365),
+                  const std::function<std::string()>& peerFailed = nullptr);
   void addPending(std::vector<MPI_Request> requests, c10::intrusive_ptr<WorkMPIGPU> work,
                   Then then);
   // A receive MPI sees only once it can be matched (mpi/AnySource.hpp: probe): from any source,
@@ -103,7 +109,9 @@ class Engine : public ProgressDriver {
   // requests fail with `why` (the requests are cancelled and freed first, so MPI never writes
   // into their buffers later). Returns false when the worker is inside a blocking MPI call, which
   // nothing can interrupt: it is then left running, and the engine must be kept alive.
-  bool abort(const std::string& why);
+  // `peerFailed`: the worker is left inside MPI because a peer failed under ULFM, where
+  // MPI_Finalize still returns (not counted by anyStuckInMpi).
+  bool abort(const std::string& why, bool peerFailed = false);
   // c10d's abort() for one group (`group`: its name, as its Works carry it). An engine of the
   // group's own is aborted whole. A shared engine is aborted whole only when that group's op is
   // the one inside MPI (on the worker or inline): no other thread may enter MPI while it is
@@ -161,8 +169,11 @@ class Engine : public ProgressDriver {
   // false while another thread is inside MPI and the MPI grants less than THREAD_MULTIPLE; then
   // requests are not cancelled but their buffers are kept until exit.
   void failOutstanding(const WhyFor& why, bool mayCallMpi = true);
+  // runAndWait's wait where `peerFailed` is asked: false at `timeout`; throws where it answers.
+  bool waitUnlessPeerFailed(WorkMPIGPU& work, std::chrono::milliseconds timeout, const char* opName,
+                            int rank, const std::function<std::string()>& peerFailed);
   // abort() with a message per op (abortGroup() tells the other groups' ops what blocked them).
-  bool abortAll(const WhyFor& why, const std::string& stopReason);
+  bool abortAll(const WhyFor& why, const std::string& stopReason, bool peerFailed = false);
   // Cancels an abandoned op's requests; where that is not allowed (`mayCallMpi` false) or
   // fails, keeps its buffers until exit instead.
   static void cancelOrKeep(Pending& p, bool mayCallMpi);

@@ -57,7 +57,8 @@ void finishAverage(at::Tensor& out, const Reduction& red, int size) {
 
 uint64_t callCount() { return g_calls.load(std::memory_order_relaxed); }
 
-MPI_Comm createGroupComm(const std::vector<int>& jobRanks, int tag, int rankForErrors) {
+MPI_Comm createGroupComm(const std::vector<int>& jobRanks, const std::string& name,
+                         int rankForErrors) {
   const char* op = "new_group";
   MPI_Group world = MPI_GROUP_NULL, group = MPI_GROUP_NULL;
   MPI_Comm comm = MPI_COMM_NULL;
@@ -69,6 +70,12 @@ MPI_Comm createGroupComm(const std::vector<int>& jobRanks, int tag, int rankForE
   MPIGPU_MPI_CHECK(
       MPI_Group_incl(world, static_cast<int>(jobRanks.size()), jobRanks.data(), &group), op,
       rankForErrors);
+  // Same on every member (torch agrees group names), distinct per group: it tells apart
+  // creations that could be concurrent on this communicator.
+  const int tag = static_cast<int>(std::hash<std::string>{}(name) % 32000) + 1;
+  // (ULFM, Open MPI 5: a member failing in here can leave the survivors inside for good, holding
+  // the context-id allocation of every communicator made after the job's: see
+  // ProcessGroupMPIGPU::shrinkSurvivors. MPI_Comm_create_from_group crashed instead, 11 of 12.)
   const int rc = MPI_Comm_create_group(job, group, tag, &comm);
   MPI_Group_free(&group);
   MPI_Group_free(&world);

@@ -18,8 +18,10 @@ namespace mpigpu::mpi {
 
 // Members-only creation (MPI_Group_incl + MPI_Comm_create_group on the job communicator,
 // mpi/Env.hpp): the c10d creator runs on member ranks only, so nothing here may involve
-// non-members. `jobRanks` are torch's global ranks.
-MPI_Comm createGroupComm(const std::vector<int>& jobRanks, int tag, int rankForErrors);
+// non-members. `jobRanks` are torch's global ranks; `name` (the group's) tells concurrent
+// creations apart where ULFM is on (MPI_Comm_create_from_group, see there).
+MPI_Comm createGroupComm(const std::vector<int>& jobRanks, const std::string& name,
+                         int rankForErrors);
 // A communicator of the ranks `ranks` of `parent`, in that order, split from it: collective over
 // `parent`, each rank passing its own child's ranks, or another child's where it is in none (it
 // gets MPI_COMM_NULL). Children are told apart by their smallest rank, so they must not overlap.

@@ -63,7 +63,7 @@ void throwMpiError(int code, const char* call, const char* op, int rank, const c
   if (MPI_Error_string(code, text, &len) != MPI_SUCCESS) {
     std::snprintf(text, sizeof(text), "MPI error code %d", code);
   }
-  if (ft::isProcessFailure(code)) {
+  if (ft::isProcessFailure(code) || ft::anyGroupFailed()) {
     // ULFM: the groups holding the failed process are revoked on every survivor (so peers
     // blocked in their other ops wake too); groups without it go on
     MPIGPU_THROW_BACKEND(op, rank, "a process of the job failed (", text, ", from ", call, " at ",

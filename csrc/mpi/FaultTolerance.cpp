@@ -121,6 +121,7 @@ struct FtGroup {
   std::string name;
   MPI_Comm comm, algoComm;
   std::function<void()> abandon;
+  bool revoked = false;  // by pollFailures (once is enough)
 };
 std::mutex g_ftMutex;
 std::map<const void*, FtGroup> g_ftGroups;
@@ -239,6 +240,25 @@ std::vector<int> failedRanksOf(const void* key) {
   std::lock_guard<std::mutex> lock(g_ftMutex);
   const auto it = g_ftGroups.find(key);
   return it == g_ftGroups.end() ? std::vector<int>{} : failedRanks(it->second.comm);
+}
+
+bool anyGroupFailed() {
+  if (!active()) return false;
+  std::lock_guard<std::mutex> lock(g_ftMutex);
+  return std::any_of(g_ftGroups.begin(), g_ftGroups.end(),
+                     [](const auto& g) { return !failedRanks(g.second.comm).empty(); });
+}
+
+void pollFailures() {
+  if (!active()) return;
+  std::lock_guard<std::mutex> lock(g_ftMutex);
+  for (auto& [key, g] : g_ftGroups) {
+    if (g.revoked || failedRanks(g.comm).empty()) continue;
+    g.revoked = true;
+    revoke(g.comm);
+    revoke(g.algoComm);
+    if (g.abandon) g.abandon();
+  }
 }
 
 std::string onProcessFailure(int code) {

@@ -1,8 +1,8 @@
 """A rank SIGKILLed at a chosen point, under a fault-tolerant MPI (ULFM, `mpirun --with-ft ulfm`
 with the flags of torch_mpi_gpu.mpirun --fault-tolerant): every survivor must get a
 DistBackendError naming the failed rank within BOUND_S, see a group without the failed rank
-still work, shrink the default group, and compute right on the shrunk group and on a group made
-after it. Each survivor prints one line:
+still work, shrink the default group, and compute right on the shrunk group (a new DDP over it
+too, at the ddp point) and on a group made after it. Each survivor prints one line:
 
     SURVIVE OK rank R point P error_after S op OP
     SURVIVE FAIL rank R point P: why
@@ -148,6 +148,16 @@ def main():
     dist.all_reduce(t)
     if not torch.equal(t, torch.full((5,), want, dtype=torch.float64)):
         fail(f"all_reduce on the shrunk default group: {t.tolist()} != {want}")
+    if point == "ddp":  # a new DDP over the shrunk default group steps, and stays equal
+        ddp = torch.nn.parallel.DistributedDataParallel(DDP[0].module)
+        x = torch.randn(8, 64, generator=torch.Generator().manual_seed(rank))
+        ddp(x).sum().backward()
+        torch.optim.SGD(ddp.parameters(), lr=0.01).step()
+        flat = torch.cat([q.detach().reshape(-1) for q in ddp.parameters()])
+        every = torch.empty((world - 1) * flat.numel())
+        dist.all_gather_into_tensor(every, flat)
+        if not all(torch.equal(row, flat) for row in every.view(world - 1, -1)):
+            fail("parameters differ after a DDP step on the shrunk default group")
     g = dist.new_group(list(range(world - 1)))
     out = torch.empty(world - 1)
     dist.all_gather_into_tensor(out, torch.tensor([float(rank)]), group=g)
