@@ -485,7 +485,9 @@ void ProcessGroupMPIGPU::makeComms(int hasGpu, MPI_Comm made) {
     MPIGPU_THROW_BACKEND("new_group", rank_, "MPI placed this process at rank ", commRank,
                          " of the new communicator, torch at ", rank_);
   }
-  comm_.arrive = algoComm_.arrive = mpi::agreeArrival(comm_.handle, "new_group", rank_);
+  bool crowded = false;
+  comm_.arrive = algoComm_.arrive = mpi::agreeArrival(comm_.handle, "new_group", rank_, &crowded);
+  comm_.crowded = algoComm_.crowded = crowded;
   // One reduction, two agreements: whether any member has a GPU, and whether the settings that
   // choose the group's collectives are the same on every rank (the largest and smallest digest).
   // Where they differ, ranks would choose different collectives and hang or compute wrong
@@ -631,7 +633,7 @@ std::string ProcessGroupMPIGPU::describe() const {
     << (node_                        ? node_->describe()
         : !nodesWithoutNode_.empty() ? nodesWithoutNode_
                                      : std::string("one (a single rank)"))
-    << (comm_.arrive ? "; crowded: a member's host runs more ranks than cores" : "")
+    << (comm_.crowded ? "; crowded: a member's host runs more ranks than cores" : "")
     << "; reductions: " << algo::describeChoice(policy_, config_, groupHasGpu_)
     << "; receives from any source " << anySource_.why;
   return s.str();

@@ -137,7 +137,8 @@ MPI_Comm resolveComm(std::optional<int64_t> handle, const char* op) {
 
 // MPI calls Python makes outside any group's ops (the rendezvous, a program's communicator).
 // Below MPI_THREAD_MULTIPLE they run on the one shared MPI thread, as every group's ops do, so
-// no two threads are ever inside MPI at once; otherwise on the caller. Without the GIL.
+// every blocking MPI call is made there (the store's calls, which never block, take turns with
+// it: mpi/Wait.hpp); otherwise on the caller. Without the GIL.
 void onMpiThread(const char* op, const std::function<void()>& fn) {
   py::gil_scoped_release noGil;
   if (!mpigpu::mpi::needsSerializedAccess()) {
@@ -232,13 +233,11 @@ void bindStore(py::module_& m) {
         const auto handle = commHandle(comm);
         const char* op = "init_process_group";
         c10::intrusive_ptr<MpiStore> store;
-        MPI_Comm c = MPI_COMM_NULL;
-        onMpiThread(op, [&] { c = resolveComm(handle, op); });  // (it lets go of the GIL)
-        {
-          py::gil_scoped_release noGil;
-          store = mpigpu::store::makeMpiStore(
-              c, std::chrono::milliseconds(static_cast<int64_t>(timeoutSeconds * 1000)), op);
-        }
+        const auto timeout = std::chrono::milliseconds(static_cast<int64_t>(timeoutSeconds * 1000));
+        // (serialized: its blocking MPI_Comm_dup on the shared engine's thread, as blocking MPI
+        // calls all are there; it lets go of the GIL)
+        onMpiThread(
+            op, [&] { store = mpigpu::store::makeMpiStore(resolveComm(handle, op), timeout, op); });
         return py::make_tuple(store, store->rank(), store->size());
       },
       py::arg("comm") = py::none(), py::arg("timeout_seconds") = 1800.0,

@@ -26,8 +26,9 @@ DEFAULT_TIMEOUT = timedelta(minutes=30)
 def wanted(environ=None):
     """Whether the default env:// rendezvous should meet over MPI here: a launcher we know
     started this process (or, with `unlaunched`, none did and nobody set RANK/WORLD_SIZE), and the
-    user chose no TCP store (MASTER_ADDR, MASTER_PORT, TORCH_MPIGPU_MASTER_PORT), and MPI grants MPI_THREAD_MULTIPLE. May start MPI: select the
-    CUDA device first."""
+    user chose no TCP store (MASTER_ADDR, MASTER_PORT, TORCH_MPIGPU_MASTER_PORT), and MPI grants
+    MPI_THREAD_SERIALIZED or more (below that, asking MPI here raises the error that says which
+    level mpigpu needs). May start MPI: select the CUDA device first."""
     environ = os.environ if environ is None else environ
     if config.get("TORCH_MPIGPU_AUTO_ENV") == "0":
         return False
@@ -35,9 +36,8 @@ def wanted(environ=None):
         return False
     if "MASTER_ADDR" in environ or "MASTER_PORT" in environ:
         return False
-    # Below MPI_THREAD_MULTIPLE the store's server could not answer while rank 0's one MPI thread
-    # is inside a collective (csrc/store/Channel.cpp): the TCP store then. (MPI starts here.)
-    return _C.mpi_info()["thread_level"] == "MPI_THREAD_MULTIPLE"
+    # (MPI starts here)
+    return _C.mpi_info()["thread_level"] in ("MPI_THREAD_MULTIPLE", "MPI_THREAD_SERIALIZED")
 
 
 def _fill_env(found, rank, size, comm):

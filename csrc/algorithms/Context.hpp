@@ -45,7 +45,7 @@ struct Facts {
   // the op's tensors are on a device the node's ranks share, where its node ops take the leader
   // form (node::Node::leaderOnSharedDevice)
   bool onSharedDevice = false;
-  // some member's host runs more ranks than cores (the group's agreed mpi::Comm::arrive)
+  // some member's host runs more ranks than cores (the group's agreed mpi::Comm::crowded)
   bool crowded = false;
 };
 

@@ -5,6 +5,7 @@
 #include <c10/util/StringUtil.h>
 
 #include <algorithm>
+#include <optional>
 #include <thread>
 
 #include <ATen/core/grad_mode.h>
@@ -192,7 +193,11 @@ bool Engine::tryInline(const c10::intrusive_ptr<WorkMPIGPU>& work, c10::function
   work->markStarted();
   try {
     at::NoGradGuard noGrad;  // as on the worker: writing results into parameters is not autograd
-    const bool done = task();
+    bool done = false;
+    {
+      mpi::SerialGuard inMpi;  // (serialized: beside the store's calls, mpi/Wait.hpp)
+      done = task();
+    }
     TORCH_INTERNAL_ASSERT(done || post, "mpigpu: an inline collective left MPI requests pending");
     if (done) work->markCompleted();
   } catch (...) {
@@ -474,6 +479,8 @@ void Engine::failOutstanding(const WhyFor& why, bool mayCallMpi) {
     pendingCount_ = 0;
   }
   for (auto& q : orphans) q.work->markFailed(failedWith(*q.work, why(*q.work)));
+  std::optional<mpi::SerialGuard> inMpi;  // (not while another thread may block inside MPI)
+  if (mayCallMpi && !abandoned.empty()) inMpi.emplace();
   for (auto& p : abandoned) {
     cancelOrKeep(p, mayCallMpi);
     p.work->markFailed(failedWith(*p.work, p.abortedWhy.empty() ? why(*p.work) : p.abortedWhy));
@@ -554,6 +561,7 @@ void Engine::runQueued(Queued& item) {
   bool done = false;
   std::exception_ptr error;
   try {
+    mpi::SerialGuard inMpi;  // (serialized: beside the store's calls, mpi/Wait.hpp)
     done = item.task();
   } catch (...) {
     error = std::current_exception();
@@ -584,6 +592,7 @@ void Engine::progressPending(bool blocking) {
   std::vector<Pending> aborted;  // by abortGroup()
   std::vector<std::pair<Pending, std::exception_ptr>> failedToPost;
   {
+    mpi::SerialGuard inMpi;  // before progressMutex_, as a task that adds requests takes them
     std::unique_lock<std::mutex> lock(progressMutex_, std::defer_lock);
     if (blocking) {
       lock.lock();
@@ -622,7 +631,10 @@ void Engine::progressPending(bool blocking) {
 void Engine::completePending(Finished& f) {
   Pending& p = f.pending;
   try {
-    if (f.rc != MPI_SUCCESS) failPending(f);
+    if (f.rc != MPI_SUCCESS) {
+      mpi::SerialGuard inMpi;  // it cancels the requests still active
+      failPending(f);
+    }
     if (p.then) p.then(f.statuses[0]);
     p.work->markCompleted();
   } catch (...) {

@@ -12,7 +12,8 @@
 //   waiting on one of them tests too (assistProgress), one pass at a time (progressMutex_).
 //   Completion (copy back, Work completed) happens on whichever thread saw the requests finish.
 // - One engine per group, or one for all groups with less than MPI_THREAD_MULTIPLE (then only
-//   its worker, or one inline caller at a time, is inside MPI).
+//   its worker, or one inline caller at a time, runs ops, holding the MPI mutex that the MPI
+//   store's calls take too, mpi/Wait.hpp; its waits let the mutex go between tests).
 // - End: shutdown() joins the worker, then fails what is queued or pending; abort() fails it all
 //   at once and leaves a worker blocked inside MPI behind (see abort()). abortGroup() on a shared
 //   engine fails one group's ops and keeps serving the others, unless that group's op is the one

@@ -62,14 +62,17 @@ MPI_Comm createGroupComm(const std::vector<int>& jobRanks, const std::string& na
   const char* op = "new_group";
   MPI_Group world = MPI_GROUP_NULL, group = MPI_GROUP_NULL;
   MPI_Comm comm = MPI_COMM_NULL;
-  const MPI_Comm job = jobComm().comm;
+  const JobComm jc = jobComm();
+  const MPI_Comm job = jc.comm;
+  // Same on every member (torch agrees group names), distinct per group: it tells apart
+  // creations that could be concurrent on this communicator.
+  const int tag = static_cast<int>(std::hash<std::string>{}(name) % 32000) + 1;
+  // serialized: the blocking create starts once every member is here (mpi/Wait.hpp)
+  if (jc.arrivals != MPI_COMM_NULL) arriveAmong(jc.arrivals, jobRanks, tag, op, rankForErrors);
   MPIGPU_MPI_CHECK(MPI_Comm_group(job, &world), op, rankForErrors);
   MPIGPU_MPI_CHECK(
       MPI_Group_incl(world, static_cast<int>(jobRanks.size()), jobRanks.data(), &group), op,
       rankForErrors);
-  // Same on every member (torch agrees group names), distinct per group: it tells apart
-  // creations that could be concurrent on this communicator.
-  const int tag = static_cast<int>(std::hash<std::string>{}(name) % 32000) + 1;
   // (ULFM, Open MPI 5: a member failing in here can leave the survivors inside for good, holding
   // the context-id allocation of every communicator made after the job's: see
   // ProcessGroupMPIGPU::shrinkSurvivors. MPI_Comm_create_from_group crashed instead, 11 of 12.)

@@ -13,10 +13,11 @@ struct Comm {
   int rank = 0;
   int size = 1;
   int64_t maxCount = 2147483647;  // elements per MPI call
-  // Some member is crowded (mpi/Wait.hpp): its collectives begin with arriveTogether. Agreed
-  // when the group is made (agreeArrival) and inherited by the communicators made from it, so
-  // every member does the same.
+  // Some member is crowded or below MPI_THREAD_MULTIPLE (mpi/Wait.hpp): its collectives begin
+  // with arriveTogether. Agreed when the group is made (agreeArrival) and inherited by the
+  // communicators made from it, so every member does the same.
   bool arrive = false;
+  bool crowded = false;  // some member is crowded (algorithms choose by it)
 };
 
 // Communicators made by mpigpu and not yet freed (every one it makes is noted here and freed

@@ -143,6 +143,7 @@ const EnvInfo& ensureInitialized() {
                  "MPI with MPI_Init_thread(MPI_THREAD_MULTIPLE), e.g. leave "
                  "mpi4py.rc.thread_level at 'multiple', or import torch_mpi_gpu first."));
   }
+  setSerialized(g_info.threadLevel < MPI_THREAD_MULTIPLE);
   registerCustomTypes();
   // ULFM: a communicator made from MPI_COMM_WORLD after a failure must return the error, not
   // abort every survivor (MPI_Comm_create_group on a communicator with a failed process fails)
@@ -233,15 +234,27 @@ JobComm jobComm() {
   return g_job ? *g_job : JobComm{MPI_COMM_WORLD, env.worldRank, env.worldSize};
 }
 
+namespace {
+MPI_Comm duplicate(MPI_Comm comm, int rank) {
+  MPI_Comm dup = MPI_COMM_NULL;
+  MPIGPU_MPI_CHECK(MPI_Comm_dup(comm, &dup), "init_process_group", rank);
+  noteMade(dup);
+  MPIGPU_MPI_CHECK(MPI_Comm_set_errhandler(dup, MPI_ERRORS_RETURN), "init_process_group", rank);
+  return dup;
+}
+}  // namespace
+
 void useJobComm(MPI_Comm comm) {
   const auto& env = ensureInitialized();
   std::optional<JobComm> next;
-  if (comm != MPI_COMM_NULL && comm != MPI_COMM_WORLD) {
+  const bool own = comm != MPI_COMM_NULL && comm != MPI_COMM_WORLD;
+  if (own || serialized()) {
     next.emplace();
-    MPIGPU_MPI_CHECK(MPI_Comm_dup(comm, &next->comm), "init_process_group", env.worldRank);
-    noteMade(next->comm);
-    MPIGPU_MPI_CHECK(MPI_Comm_set_errhandler(next->comm, MPI_ERRORS_RETURN), "init_process_group",
-                     env.worldRank);
+    const MPI_Comm from = own ? comm : MPI_COMM_WORLD;
+    // serialized: the blocking dups start once every rank is here (mpi/Wait.hpp)
+    if (serialized()) arriveOn(from, "init_process_group", env.worldRank);
+    next->comm = own ? duplicate(from, env.worldRank) : MPI_COMM_WORLD;
+    if (serialized()) next->arrivals = duplicate(from, env.worldRank);
     MPI_Comm_rank(next->comm, &next->rank);
     MPI_Comm_size(next->comm, &next->size);
   }

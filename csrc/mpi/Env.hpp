@@ -53,6 +53,9 @@ bool needsSerializedAccess();
 struct JobComm {
   MPI_Comm comm = MPI_COMM_WORLD;
   int rank = 0, size = 1;
+  // Below MPI_THREAD_MULTIPLE: a duplicate of `comm` for the arrivals before a members-only
+  // creation (mpi::arriveAmong), whose messages no program's receive may take.
+  MPI_Comm arrivals = MPI_COMM_NULL;
 };
 JobComm jobComm();
 // Collective over `comm` (MPI_COMM_WORLD when null): makes a duplicate of it the job

@@ -56,7 +56,7 @@ void Topology::findNode(const mpi::Comm& group, int pretendNodes, const char* op
     shared = ls == 1 ? MPI_COMM_SELF : group.handle;
     nodeCommOwned = false;
   }
-  nodeComm = {shared, lr, ls, group.maxCount, group.arrive};
+  nodeComm = {shared, lr, ls, group.maxCount, group.arrive, group.crowded};
 }
 
 void Topology::split(const mpi::Comm& group, int pretendNodes, const char* op) {
@@ -80,7 +80,7 @@ void Topology::split(const mpi::Comm& group, int pretendNodes, const char* op) {
   if (nodes > 1) {
     // one rank per node: the cross communicator is the group, in its order
     if (uniform && ls == 1) {
-      crossComm = {group.handle, rank, nodes, group.maxCount, group.arrive};
+      crossComm = {group.handle, rank, nodes, group.maxCount, group.arrive, group.crowded};
       crossCommOwned = false;
     } else {
       MPI_Comm cross = MPI_COMM_NULL;
@@ -90,7 +90,7 @@ void Topology::split(const mpi::Comm& group, int pretendNodes, const char* op) {
         mpi::noteMade(cross);
         int cr = 0;
         MPI_Comm_rank(cross, &cr);
-        crossComm = {cross, cr, nodes, group.maxCount, group.arrive};
+        crossComm = {cross, cr, nodes, group.maxCount, group.arrive, group.crowded};
       }
     }
     if (uniform) {

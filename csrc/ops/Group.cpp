@@ -16,8 +16,8 @@ algo::Facts Group::facts(algo::OpKind kind, const std::vector<at::Tensor>& tenso
   for (const auto& t : tensors) bytes += t.numel() * static_cast<int64_t>(t.element_size());
   const bool nodeSuits = node && node->suits();
   const bool onSharedDevice = nodeSuits && node->leaderOnSharedDevice() && !tensors[0].is_cpu();
-  return {kind,      bytes,      tensors[0].scalar_type(), size,       hasGpu,
-          nodeSuits, spansNodes, onSharedDevice,           comm.arrive};
+  return {kind,      bytes,      tensors[0].scalar_type(), size,        hasGpu,
+          nodeSuits, spansNodes, onSharedDevice,           comm.crowded};
 }
 
 const algo::Algorithm* Group::choose(algo::OpKind kind,

@@ -8,6 +8,7 @@
 #include "core/Errors.hpp"
 #include "mpi/Check.hpp"
 #include "mpi/Env.hpp"
+#include "mpi/Wait.hpp"
 #include "store/StoreServer.hpp"
 #include "store/Wire.hpp"
 
@@ -25,22 +26,12 @@ std::vector<std::shared_ptr<Channel>> g_channels;  // open channels, closed at e
 std::shared_ptr<Channel> Channel::open(MPI_Comm source, const char* op) {
   const auto& env = mpi::ensureInitialized();
   const int worldRank = env.worldRank;
-  if (mpi::needsSerializedAccess()) {
-    // The server must answer while this process's one MPI thread blocks in a collective (rank 0
-    // in a barrier that rank 1 reaches only after a store call): that needs a second thread
-    // inside MPI.
-    C10_THROW_ERROR(DistStoreError,
-                    opMessage(op, worldRank,
-                              "the mpi:// rendezvous needs MPI_THREAD_MULTIPLE, "
-                              "and MPI granted ",
-                              mpi::threadLevelName(env.threadLevel),
-                              ": its store's server on rank 0 must answer while rank 0's one "
-                              "MPI thread is inside a collective. Use init_method='env://' or "
-                              "'tcp://...' (a TCP store), or initialise MPI with "
-                              "MPI_THREAD_MULTIPLE"));
-  }
   MPI_Comm dup = MPI_COMM_NULL;
   int rank = 0, size = 1;
+  // Serialized (on the shared engine's thread, csrc/init.cpp onMpiThread): the blocking dup
+  // starts once every rank is here, so no rank waits inside it for one that waits for a store.
+  mpi::SerialGuard inMpi;
+  if (mpi::serialized()) mpi::arriveOn(source, op, worldRank);
   MPIGPU_MPI_CHECK(MPI_Comm_dup(source, &dup), op, worldRank);
   MPIGPU_MPI_CHECK(MPI_Comm_set_errhandler(dup, MPI_ERRORS_RETURN), op, worldRank);
   MPI_Comm_rank(dup, &rank);
@@ -77,7 +68,10 @@ bool Channel::closed() const {
   return closed_;
 }
 
-void Channel::mpi(const char*, const std::function<void()>& fn) { fn(); }
+void Channel::mpi(const char*, const std::function<void()>& fn) {
+  mpi::SerialGuard inMpi;  // (serialized: beside the engine's calls, mpi/Wait.hpp)
+  fn();
+}
 
 int Channel::acquireTag() {
   std::lock_guard<std::mutex> lock(mutex_);

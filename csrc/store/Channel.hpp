@@ -21,7 +21,7 @@ class StoreServer;
 class Channel {
  public:
   // Collective over `source`: duplicates it; its rank 0 starts the server. `op` names the call
-  // in errors (init_process_group).
+  // in errors (init_process_group). Below MPI_THREAD_MULTIPLE, on the shared engine's thread.
   static std::shared_ptr<Channel> open(MPI_Comm source, const char* op);
   // At exit, before MPI_Finalize: every open channel says Bye to its server, and each server
   // stops once every rank of its channel has (bounded, see kByeWait).
@@ -37,9 +37,8 @@ class Channel {
   int size() const { return size_; }
   bool closed() const;
 
-  // Runs `fn` (MPI calls that never block). Every MPI call of the store goes through here: the
-  // one place to route them should the store ever run below MPI_THREAD_MULTIPLE, which open()
-  // refuses (see there).
+  // Runs `fn` (MPI calls that never block) holding the MPI mutex below MPI_THREAD_MULTIPLE
+  // (mpi::SerialGuard). Every MPI call of the store's callers goes through here.
   void mpi(const char* what, const std::function<void()>& fn);
 
   // A reply tag no other request of this process is using; -1 when all are in use.

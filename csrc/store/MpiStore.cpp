@@ -10,6 +10,7 @@
 
 #include "core/Errors.hpp"
 #include "mpi/Check.hpp"
+#include "mpi/Wait.hpp"
 
 namespace mpigpu::store {
 
@@ -169,11 +170,16 @@ std::vector<uint8_t> MpiStore::awaitReply(Op op, int tag, const std::vector<std:
       }
       sendCancel(tag, sends, cancel);
       deadline = now + kCancelWait;
-    } else if (now - start < kYieldFor) {
-      sched_yield();
     } else {
-      std::this_thread::sleep_for(pause);
-      pause = std::min(pause * 2, kMaxPause);
+      // A caller holding the MPI mutex (a task of the shared engine) lets it go: this process's
+      // own server may be the one to answer.
+      mpi::OutsideMpi outside;
+      if (now - start < kYieldFor) {
+        sched_yield();
+      } else {
+        std::this_thread::sleep_for(pause);
+        pause = std::min(pause * 2, kMaxPause);
+      }
     }
   }
   return reply;

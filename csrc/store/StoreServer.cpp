@@ -10,6 +10,7 @@
 #include "engine/ThreadName.hpp"
 #include "mpi/FaultTolerance.hpp"
 #include "mpi/Check.hpp"
+#include "mpi/Wait.hpp"
 
 namespace mpigpu::store {
 
@@ -34,8 +35,8 @@ const char* opName(Op op) {
 }
 
 namespace {
-// Requests served per pass before the pass tests its sends and lets the shared MPI thread (below
-// MPI_THREAD_MULTIPLE) run other work.
+// Requests served per pass before the pass tests its sends and lets go of the MPI mutex (below
+// MPI_THREAD_MULTIPLE) for the shared engine's work.
 constexpr int kRequestsPerPass = 256;
 // At exit, how long replies still in flight may take before their requests are let go.
 constexpr auto kSendDrain = std::chrono::seconds(2);
@@ -67,8 +68,10 @@ void StoreServer::loop() {
   while (true) {
     bool served = false;
     try {
+      mpi::SerialGuard inMpi;  // (serialized: beside the engine's calls, mpi/Wait.hpp)
       served = serveOnce();
     } catch (const std::exception& e) {
+      mpi::SerialGuard inMpi;
       // MPI failed: the clients' calls end at their timeouts, naming their keys; say once why.
       // ULFM: a client died; once acknowledged, receives from any source work again
       if (!mpi::ft::failedRanks(comm_).empty()) {
@@ -104,6 +107,7 @@ void StoreServer::loop() {
 
 // Whether the loop may end: asked to stop, and every rank said Bye (or the deadline passed).
 bool StoreServer::finished() {
+  mpi::SerialGuard inMpi;  // (failedRanks asks MPI)
   std::lock_guard<std::mutex> lock(mutex_);
   if (!stop_) return false;
   // ULFM: a rank that failed says no Bye (and MPI_Finalize waits for this rank on the others)
@@ -348,6 +352,7 @@ void StoreServer::releaseSends() {
   const auto until = Clock::now() + kSendDrain;
   while (!sends_.empty() && Clock::now() < until) {
     try {
+      mpi::SerialGuard inMpi;
       testSends();
     } catch (const std::exception&) {
       break;
@@ -356,6 +361,7 @@ void StoreServer::releaseSends() {
   }
   if (sends_.empty()) return;
   static auto* kept = new std::list<Send>();  // never freed: MPI may still read them
+  mpi::SerialGuard inMpi;
   for (auto& s : sends_) MPI_Request_free(&s.request);
   kept->splice(kept->end(), sends_);
 }

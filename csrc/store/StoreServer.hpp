@@ -55,7 +55,7 @@ class StoreServer {
   using WaiterId = std::pair<int, int>;  // (source rank, reply tag)
 
   void loop();
-  bool serveOnce();  // inside Channel::mpi; true when a request came
+  bool serveOnce();  // holding the MPI mutex (mpi::SerialGuard); true when a request came
   void handle(int source, const std::vector<uint8_t>& bytes);
   void handleWrite(Op op, int source, int tag, Reader& in);
   void handleRead(Op op, int source, int tag, Reader& in);

@@ -5,9 +5,9 @@ waits answered by another rank, threads), and the process groups made through it
 (subgroups, a DeviceMesh, object collectives, barriers). argv[1]: "mpi" (no new listening TCP
 socket in any rank; with OMPI_MCA_btl=self,sm none at all), "tcp" (the TCP control:
 TORCH_MPIGPU_MASTER_PORT set, where rank 0's store must be seen listening, so the check can fail)
-or "serialized" (MPI below MPI_THREAD_MULTIPLE: the default keeps the TCP store, and mpi:// says
-why it cannot run).
-Run by test_multirank.py."""
+or "serialized" (MPI at MPI_THREAD_SERIALIZED: all of "mpi", the store's calls taking turns with
+the one shared engine thread). In both, rank 0's engine meets ranks that first need a store reply
+from rank 0 (a collective and a new group). Run by test_multirank.py."""
 
 import datetime
 import os
@@ -24,7 +24,8 @@ from common import Checker, run
 TCP_SECTIONS = ["rendezvous over MPI", "store calls match HashStore", "listening TCP sockets"]
 SECTIONS = ["rendezvous over MPI", "store calls match HashStore", "ranks share the store",
             "waits end at their timeout, naming the key", "listening TCP sockets",
-            "subgroups, DeviceMesh, objects, barriers", "a rank leaving ends a wait"]
+            "subgroups, DeviceMesh, objects, barriers", "ops wait for ranks that need the store",
+            "a rank leaving ends a wait"]
 
 
 def listening_inodes():
@@ -197,6 +198,26 @@ def check_groups(c, rank, world):
     c.true("barriers", True)
 
 
+def check_store_first(c, store, rank, world):
+    """Rank 0 enters an all_reduce, then a new group, while the others first make store calls
+    that rank 0's server answers: its engine must let the server run while it waits for them."""
+    c.section("ops wait for ranks that need the store")
+    for what in ("all_reduce", "new_group"):
+        if rank != 0:
+            time.sleep(0.3)
+            store.set(f"first/{what}/{rank}", "x")
+            c.true(f"store answers before {what}", store.get(f"first/{what}/{rank}") == b"x", "")
+        if what == "all_reduce":
+            t = torch.ones(2)
+            dist.all_reduce(t)
+            c.close("all_reduce", t, torch.full((2,), float(world)))
+        else:
+            g = dist.new_group(list(range(world)))
+            t = torch.ones(2)
+            dist.all_reduce(t, group=g)
+            c.close("new group's all_reduce", t, torch.full((2,), float(world)))
+
+
 def check_leaving(c, store, rank, world):
     """The last rank leaves (exits normally); every other rank waits for a key nobody sets. Its
     departure must end those waits at once with an error naming the key and the rank."""
@@ -224,25 +245,23 @@ def main():
     c = Checker("mpi_store")
     store = base_store()
     c.section("rendezvous over MPI")
-    want_type = torch_mpi_gpu._C.MPIStore if mode == "mpi" else dist.TCPStore
+    over_mpi = mode in ("mpi", "serialized")
+    want_type = torch_mpi_gpu._C.MPIStore if over_mpi else dist.TCPStore
     c.true("store type", isinstance(store, want_type), type(store).__name__)
-    if mode == "serialized":
-        c.raises("mpi:// refused below MPI_THREAD_MULTIPLE", dist.DistStoreError,
-                 lambda: torch_mpi_gpu._C.mpi_store(None, 5.0),
-                 must_contain=("needs MPI_THREAD_MULTIPLE", "MPI_THREAD_SERIALIZED", f"[rank {rank}]"))
-    if mode == "mpi":
+    if over_mpi:
         c.true("no MASTER_*", "MASTER_ADDR" not in os.environ and "MASTER_PORT" not in os.environ,
                f"{os.environ.get('MASTER_ADDR')}:{os.environ.get('MASTER_PORT')}")
     c.true("RANK, LOCAL_RANK", os.environ.get("RANK") == str(rank)
            and int(os.environ.get("LOCAL_RANK", -1)) >= 0, str(os.environ.get("LOCAL_RANK")))
     check_calls(c, store, rank)
-    if mode == "mpi":  # (the TCP control checks only the listeners, and that the test can fail)
+    if over_mpi:  # (the TCP control checks only the listeners, and that the test can fail)
         check_shared(c, store, rank, world)
         check_timeouts(c, store, rank)
         check_groups(c, rank, world)
+        check_store_first(c, store, rank, world)
     c.section("listening TCP sockets")
     new = listening_inodes() - before
-    if mode == "mpi":
+    if over_mpi:
         c.true("no new listener", not new, f"inodes {sorted(new)}")
         if os.environ.get("OMPI_MCA_btl") == "self,sm":
             c.true("none at all", not listening_inodes(), f"inodes {sorted(listening_inodes())}")
@@ -250,7 +269,7 @@ def main():
         c.true("the TCP control listens on rank 0", bool(new) == (rank == 0),
                f"rank {rank}: new listening inodes {sorted(new)}")
     dist.barrier()
-    if mode == "mpi":
+    if over_mpi:
         check_leaving(c, store, rank, world)
     return c.finish()
 
