@@ -258,28 +258,31 @@ ProcessGroupMPIGPU::ProcessGroupMPIGPU(c10::intrusive_ptr<c10d::Store> store, in
   engine_ = Engine::create("mpigpu-" + groupName_);
   watchFailures();
   const int hasGpu = at::hasCUDA() ? 1 : 0;
-  // (the job's ranks, torch's global ranks; a given communicator: all its ranks)
-  std::vector<int> members;
-  if (made == MPI_COMM_NULL) members.assign(globalRanks_.begin(), globalRanks_.end());
-  auto peerFailed = givingUpOnFailed(made != MPI_COMM_NULL ? made : mpi::jobComm().comm, members,
-                                     c10::str("the job (new group '", groupName_, "')"));
-  engine_->runAndWait(
-      "new_group", groupName_, rank,
-      [this, hasGpu, made] {
-        try {
-          makeComms(hasGpu, made);
-        } catch (...) {
-          // No destructor runs for a group that failed to be made: free what it made (a cap on
-          // communicators is the likely failure, and the caller may retry after destroying others).
-          mpi::ft::removeGroup(this);
-          if (node_) node_->free();
-          node_.reset();
-          mpi::freeComm(&algoComm_.handle);
-          mpi::freeComm(&comm_.handle);
-          throw;
-        }
-      },
-      std::chrono::hours(24 * 365), peerFailed);
+  const auto peerFailed = givingUpOnFailedMember(made);
+  try {
+    engine_->runAndWait(
+        "new_group", groupName_, rank,
+        [this, hasGpu, made] {
+          try {
+            makeComms(hasGpu, made);
+          } catch (...) {
+            // No destructor runs for a group that failed to be made: free what it made (a cap on
+            // communicators is the likely failure, and the caller may retry after destroying
+            // others).
+            mpi::ft::removeGroup(this);
+            if (node_) node_->free();
+            node_.reset();
+            mpi::freeComm(&algoComm_.handle);
+            mpi::freeComm(&comm_.handle);
+            throw;
+          }
+        },
+        std::chrono::hours(24 * 365), peerFailed);
+  } catch (...) {
+    if (!engine_->leftInsideMpi()) throw;
+    gaveUp_ = std::current_exception();  // make() keeps this group and throws it
+    return;
+  }
   if (config_.debug) {
     // c10 logging: INFO lines show with TORCH_CPP_LOG_LEVEL=INFO, as torch's own backends' do
     if (FLAGS_caffe2_log_level > c10::GLOG_INFO) {
@@ -291,6 +294,27 @@ ProcessGroupMPIGPU::ProcessGroupMPIGPU(c10::intrusive_ptr<c10d::Store> store, in
   }
   if (store_) Watchdog::addGroup({groupName_, rank_, size_, store_, collectives_});
   flightRecorderId_ = fr::Recorder::get().addGroup(groupName_, globalRanks_);
+}
+
+// ULFM: when the constructor gives up waiting for its communicators (see givingUpOnFailed).
+std::function<std::string()> ProcessGroupMPIGPU::givingUpOnFailedMember(MPI_Comm made) const {
+  // (the job's ranks, torch's global ranks; a given communicator: all its ranks)
+  std::vector<int> members;
+  if (made == MPI_COMM_NULL) members.assign(globalRanks_.begin(), globalRanks_.end());
+  return givingUpOnFailed(made != MPI_COMM_NULL ? made : mpi::jobComm().comm, members,
+                          c10::str("the job (new group '", groupName_, "')"));
+}
+
+c10::intrusive_ptr<ProcessGroupMPIGPU> ProcessGroupMPIGPU::make(
+    c10::intrusive_ptr<c10d::Store> store, int rank, int size, std::vector<int64_t> globalRanks,
+    milliseconds timeout, std::string groupName, MPI_Comm made) {
+  auto pg = c10::make_intrusive<ProcessGroupMPIGPU>(
+      std::move(store), rank, size, std::move(globalRanks), timeout, std::move(groupName), made);
+  if (pg->gaveUp_) {
+    keepUntilExit(pg);
+    std::rethrow_exception(pg->gaveUp_);
+  }
+  return pg;
 }
 
 c10::intrusive_ptr<c10d::Backend> ProcessGroupMPIGPU::split(
@@ -340,7 +364,7 @@ c10::intrusive_ptr<c10d::Backend> ProcessGroupMPIGPU::split(
   for (int r : ranks) global.push_back(globalRanks_[r]);
   const std::string asked = opts ? compat::groupName(*opts) : "";
   const std::string name = !asked.empty() ? asked : c10::str(groupName_, ":split:", ranks.front());
-  c10::intrusive_ptr<c10d::Backend> child = c10::make_intrusive<ProcessGroupMPIGPU>(
+  c10::intrusive_ptr<c10d::Backend> child = ProcessGroupMPIGPU::make(
       store, static_cast<int>(mine - ranks.begin()), static_cast<int>(ranks.size()),
       std::move(global), opts ? opts->timeout : timeout(), name, result->child);
   lastSplit_ = {store, ranks, c10::weak_intrusive_ptr<c10d::Backend>(child)};
@@ -405,8 +429,8 @@ c10::intrusive_ptr<c10d::Backend> ProcessGroupMPIGPU::shrink(
                          "excluded rank, say) holds it: pass shrink_flags=SHRINK_ABORT to fail "
                          "such ops first");
   if (isDefault) stay.clear();  // (the default group's members: the whole job communicator)
-  return c10::make_intrusive<ProcessGroupMPIGPU>(store_, newRank, static_cast<int>(size),
-                                                 std::move(stay), childTimeout, name, *made);
+  return ProcessGroupMPIGPU::make(store_, newRank, static_cast<int>(size), std::move(stay),
+                                  childTimeout, name, *made);
 }
 
 // ULFM (mpi/FaultTolerance.hpp), a group with failed members: revoke it (its ops fail on every

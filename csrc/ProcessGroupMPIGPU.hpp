@@ -7,6 +7,7 @@
 
 #include <atomic>
 #include <exception>
+#include <functional>
 #include <memory>
 #include <mutex>
 #include <optional>
@@ -37,6 +38,12 @@ class ProcessGroupMPIGPU : public c10d::Backend {
                      std::vector<int64_t> globalRanks, std::chrono::milliseconds timeout,
                      std::string groupName, MPI_Comm made = MPI_COMM_NULL);
   ~ProcessGroupMPIGPU() override;
+  // Makes one (every caller goes through here): a group whose making was given up with its
+  // engine's worker still inside MPI (ULFM, a member failed: Engine::runAndWait) is kept until
+  // exit, since that call may yet return into it, and its error is thrown.
+  static c10::intrusive_ptr<ProcessGroupMPIGPU> make(
+      c10::intrusive_ptr<c10d::Store> store, int rank, int size, std::vector<int64_t> globalRanks,
+      std::chrono::milliseconds timeout, std::string groupName, MPI_Comm made = MPI_COMM_NULL);
 
   const std::string getBackendName() const override { return "mpigpu"; }
   bool supportsCoalescing() const override { return true; }
@@ -173,6 +180,7 @@ class ProcessGroupMPIGPU : public c10d::Backend {
                                             int peer, int tag);
   // at creation, on the engine: the communicators, the agreed GPU presence, the node topology
   void makeComms(int hasGpu, MPI_Comm made);
+  std::function<std::string()> givingUpOnFailedMember(MPI_Comm made) const;
   void readNodes(int hasGpu);  // at creation: node_, spansNodes_
   // The engine, or a ValueError naming `op` when the group was destroyed or aborted.
   std::shared_ptr<Engine> currentEngine(const char* op) const;
@@ -214,6 +222,7 @@ class ProcessGroupMPIGPU : public c10d::Backend {
   // Read by callers, cleared by shutdown()/abort() from any thread: through currentEngine().
   mutable std::mutex engineMutex_;
   std::shared_ptr<Engine> engine_;
+  std::exception_ptr gaveUp_;  // making it was given up with MPI still inside (see make())
   // Collectives issued: the same numbering on every rank, published by the watchdog.
   std::shared_ptr<std::atomic<uint64_t>> collectives_ = std::make_shared<std::atomic<uint64_t>>(0);
   // Point-to-point ops issued by this rank (numbered apart: they differ from rank to rank).

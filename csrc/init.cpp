@@ -51,7 +51,7 @@ void bindProcessGroup(py::module_& m) {
                      std::string groupName) {
            // Communicator creation blocks in MPI; other Python threads may run meanwhile.
            py::gil_scoped_release noGil;
-           return c10::make_intrusive<ProcessGroupMPIGPU>(
+           return ProcessGroupMPIGPU::make(
                store, rank, size, std::move(globalRanks),
                std::chrono::milliseconds(static_cast<int64_t>(timeoutSeconds * 1000)),
                std::move(groupName));

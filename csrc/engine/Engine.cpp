@@ -387,6 +387,11 @@ std::atomic<int> g_stuckWorkers{0};
 
 bool Engine::anyStuckInMpi() { return g_stuckWorkers.load() > 0; }
 
+bool Engine::leftInsideMpi() const {
+  std::lock_guard<std::mutex> lock(mutex_);
+  return leftInside_;
+}
+
 bool Engine::abort(const std::string& why, bool peerFailed) {
   return abortAll([why](const WorkMPIGPU&) { return why; }, kAborted, peerFailed);
 }
@@ -419,6 +424,10 @@ bool Engine::abortAll(const WhyFor& why, const std::string& stopReason, bool pee
       // Blocked in MPI (a collective its peers never joined): it cannot be interrupted. Leave it;
       // the caller keeps this engine alive, and the process cannot finalise MPI (see exit).
       thread_.detach();
+      {
+        std::lock_guard<std::mutex> lock(mutex_);
+        leftInside_ = true;
+      }
       if (!peerFailed) ++g_stuckWorkers;
       return false;
     }

@@ -123,6 +123,8 @@ class Engine : public ProgressDriver {
   bool stopped() const;
   // An aborted engine's worker still inside MPI: MPI cannot be finalised in this process.
   static bool anyStuckInMpi();
+  // This engine's worker was left inside MPI by an abort (its thread detached).
+  bool leftInsideMpi() const;
   bool onWorkerThread() const { return std::this_thread::get_id() == thread_.get_id(); }
 
  private:
@@ -188,6 +190,7 @@ class Engine : public ProgressDriver {
   std::deque<Queued> queue_;
   bool stop_ = false;
   bool running_ = false;                       // the worker is inside a task
+  bool leftInside_ = false;                    // abortAll detached the worker inside a task
   c10::intrusive_ptr<WorkMPIGPU> current_;     // that task's Work (abort() fails it)
   c10::intrusive_ptr<WorkMPIGPU> inlineWork_;  // the op a caller runs inline (inlineBusy_)
   std::string stopReason_;                     // why ops submitted after the stop are refused
