@@ -181,6 +181,9 @@ def no_shared_segment_left():
     left = dead_jobs_segments() - before
     for path in left:
         path.unlink(missing_ok=True)
+    if os.environ.get("MPIGPU_TEST_LANES_SHARE_DEV_SHM") == "1":
+        # (scripts/test.sh's two lanes: a segment may be the other lane's killed job's)
+        return
     assert not left, f"shared-memory segments left in /dev/shm by this test's jobs: {sorted(left)}"
 
 
