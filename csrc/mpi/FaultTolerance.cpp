@@ -126,6 +126,15 @@ struct FtGroup {
 std::mutex g_ftMutex;
 std::map<const void*, FtGroup> g_ftGroups;
 
+// A group holding a failed rank: revoked (its ops fail on every survivor), waits outside MPI
+// ended. Under g_ftMutex.
+void giveUpGroup(FtGroup& g) {
+  g.revoked = true;
+  revoke(g.comm);
+  revoke(g.algoComm);
+  if (g.abandon) g.abandon();
+}
+
 std::string ftRankList(const std::vector<int>& ranks) {
   std::string out;
   for (int r : ranks) out += c10::str(out.empty() ? "" : ", ", r);
@@ -252,13 +261,8 @@ bool anyGroupFailed() {
 void pollFailures() {
   if (!active()) return;
   std::lock_guard<std::mutex> lock(g_ftMutex);
-  for (auto& [key, g] : g_ftGroups) {
-    if (g.revoked || failedRanks(g.comm).empty()) continue;
-    g.revoked = true;
-    revoke(g.comm);
-    revoke(g.algoComm);
-    if (g.abandon) g.abandon();
-  }
+  for (auto& [key, g] : g_ftGroups)
+    if (!g.revoked && !failedRanks(g.comm).empty()) giveUpGroup(g);
 }
 
 std::string onProcessFailure(int code) {
@@ -272,9 +276,7 @@ std::string onProcessFailure(int code) {
       for (auto& [key, g] : g_ftGroups) {
         const std::vector<int> dead = failedRanks(g.comm);
         if (dead.empty()) continue;
-        revoke(g.comm);
-        revoke(g.algoComm);
-        if (g.abandon) g.abandon();
+        giveUpGroup(g);
         found += c10::str(found.empty() ? "" : "; ", "group '", g.name, "': rank",
                           dead.size() > 1 ? "s " : " ", ftRankList(dead));
       }
